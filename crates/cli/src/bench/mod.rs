@@ -1,0 +1,29 @@
+//! `tessera bench …`: benchmarks that print a table, or one JSON document with `--json`.
+
+pub mod agent;
+pub mod guard;
+pub mod sandbox;
+pub mod sched;
+
+use clap::Subcommand;
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Batch scheduler throughput and decision latency on a synthetic cluster.
+    Sched(sched::Args),
+    /// Agent scheduler: parallel workers with optimistic concurrency.
+    Agent(agent::Args),
+    /// Guard: command-check latency and secret-scan throughput.
+    Guard(guard::Args),
+    /// Sandbox: cold create, warm claim, first exec, creations per minute.
+    Sandbox(sandbox::Args),
+}
+
+pub fn run(c: BenchCommand) -> i32 {
+    match c {
+        BenchCommand::Sched(a) => sched::run(a),
+        BenchCommand::Agent(a) => agent::run(a),
+        BenchCommand::Guard(a) => guard::run(a),
+        BenchCommand::Sandbox(a) => sandbox::run(a),
+    }
+}

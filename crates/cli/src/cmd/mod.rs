@@ -1,0 +1,4 @@
+pub mod guard;
+pub mod sandbox;
+pub mod sched;
+pub mod sim;

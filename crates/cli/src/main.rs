@@ -1,0 +1,55 @@
+//! `tessera`: the one binary. Each subcommand lives in its own module under
+//! `cmd/` (people-facing commands) or `bench/` (benchmarks); this file only
+//! parses the command line and dispatches.
+//!
+//! Conventions for every command: data on stdout, logs and progress on stderr,
+//! `--json` for scripts, exit status 0 on success, 1 on failure at run time, 2 on
+//! bad input (a file, a field or a flag), with a message that says what to do.
+
+mod bench;
+mod cmd;
+mod output;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "tessera",
+    version,
+    about = "One control plane for GPU training, inference and AI agents.",
+    propagate_version = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Batch scheduler: plan a scenario file.
+    #[command(subcommand)]
+    Sched(cmd::sched::SchedCommand),
+    /// Replay GPU-cluster traces through placement policies.
+    Sim(cmd::sim::SimArgs),
+    /// Benchmarks that print a table, or JSON with --json.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+    /// Runtime guard: check commands, scan output for secrets, check paths.
+    #[command(subcommand)]
+    Guard(cmd::guard::GuardCommand),
+    /// Isolated Linux sandboxes.
+    #[command(subcommand)]
+    Sandbox(cmd::sandbox::SandboxCommand),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let code = match cli.command {
+        Command::Sched(c) => cmd::sched::run(c),
+        Command::Sim(a) => cmd::sim::run(a),
+        Command::Bench(c) => bench::run(c),
+        Command::Guard(c) => cmd::guard::run(c),
+        Command::Sandbox(c) => cmd::sandbox::run(c),
+    };
+    std::process::exit(code);
+}

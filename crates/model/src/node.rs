@@ -1,0 +1,191 @@
+//! Nodes, their taints, and the GPU devices on them.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::resources::Resources;
+
+/// A machine the scheduler may place tasks on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Node {
+    pub name: String,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub taints: Vec<Taint>,
+    /// What the node offers to tasks in total (free capacity is derived from the
+    /// tasks running on it). `gpu_milli` and `gpu_memory` must equal the sum over
+    /// `gpus`, when `gpus` is given.
+    pub allocatable: Resources,
+    /// The GPU devices, in index order. Empty when the node has no GPUs or when only
+    /// a count is known (then `allocatable.gpu_milli` still counts them).
+    #[serde(default)]
+    pub gpus: Vec<GpuDevice>,
+    /// Cordoned: no new tasks are placed here.
+    #[serde(default)]
+    pub unschedulable: bool,
+}
+
+impl Node {
+    pub fn new(name: impl Into<String>, allocatable: Resources) -> Self {
+        Node {
+            name: name.into(),
+            labels: BTreeMap::new(),
+            taints: Vec::new(),
+            allocatable,
+            gpus: Vec::new(),
+            unschedulable: false,
+        }
+    }
+
+    /// The GPU model of the node (of its first GPU), if it has GPUs.
+    pub fn gpu_model(&self) -> Option<&str> {
+        self.gpus.first().map(|g| g.model.as_str())
+    }
+}
+
+/// One GPU on a node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuDevice {
+    /// Index on the node (as `CUDA_VISIBLE_DEVICES` counts).
+    pub index: u32,
+    /// Product name, e.g. `H100-80GB`, `A100-40GB`, `T4`.
+    pub model: String,
+    /// Bytes of device memory.
+    pub memory: u64,
+    /// NVLink domain on the node (GPUs with the same value are connected by
+    /// NVLink/NVSwitch); the `nvidia.com/gpu.clique` idea.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvlink_domain: Option<u32>,
+    /// PCIe root complex (`resource.kubernetes.io/pcieRoot`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcie_root: Option<String>,
+    /// NUMA node the GPU is attached to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa: Option<u32>,
+}
+
+impl GpuDevice {
+    pub fn new(index: u32, model: impl Into<String>, memory: u64) -> Self {
+        GpuDevice {
+            index,
+            model: model.into(),
+            memory,
+            nvlink_domain: None,
+            pcie_root: None,
+            numa: None,
+        }
+    }
+}
+
+/// What a taint does to tasks that do not tolerate it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum TaintEffect {
+    NoSchedule,
+    PreferNoSchedule,
+    NoExecute,
+}
+
+/// A node taint, as in Kubernetes.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Taint {
+    pub key: String,
+    #[serde(default)]
+    pub value: String,
+    pub effect: TaintEffect,
+}
+
+/// How a toleration matches a taint's value.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
+pub enum TolerationOperator {
+    #[default]
+    Equal,
+    Exists,
+}
+
+/// A task's toleration of taints, as in Kubernetes.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Toleration {
+    /// Empty key with `Exists` tolerates every taint.
+    #[serde(default)]
+    pub key: String,
+    #[serde(default)]
+    pub operator: TolerationOperator,
+    #[serde(default)]
+    pub value: String,
+    /// `None` tolerates every effect.
+    #[serde(default)]
+    pub effect: Option<TaintEffect>,
+}
+
+impl Toleration {
+    pub fn tolerates(&self, t: &Taint) -> bool {
+        if let Some(e) = self.effect {
+            if e != t.effect {
+                return false;
+            }
+        }
+        match self.operator {
+            TolerationOperator::Exists => self.key.is_empty() || self.key == t.key,
+            TolerationOperator::Equal => self.key == t.key && self.value == t.value,
+        }
+    }
+}
+
+/// The first taint with a hard effect that none of `tolerations` tolerates.
+pub fn untolerated<'a>(taints: &'a [Taint], tolerations: &[Toleration]) -> Option<&'a Taint> {
+    taints.iter().find(|t| {
+        t.effect != TaintEffect::PreferNoSchedule && !tolerations.iter().any(|tol| tol.tolerates(t))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn taint(k: &str, v: &str, e: TaintEffect) -> Taint {
+        Taint {
+            key: k.into(),
+            value: v.into(),
+            effect: e,
+        }
+    }
+
+    #[test]
+    fn tolerations() {
+        let t = taint("gpu", "h100", TaintEffect::NoSchedule);
+        let eq = Toleration {
+            key: "gpu".into(),
+            operator: TolerationOperator::Equal,
+            value: "h100".into(),
+            effect: None,
+        };
+        assert!(eq.tolerates(&t));
+        let wrong = Toleration {
+            value: "a100".into(),
+            ..eq.clone()
+        };
+        assert!(!wrong.tolerates(&t));
+        let exists_all = Toleration {
+            key: String::new(),
+            operator: TolerationOperator::Exists,
+            value: String::new(),
+            effect: None,
+        };
+        assert!(exists_all.tolerates(&t));
+        let other_effect = Toleration {
+            effect: Some(TaintEffect::NoExecute),
+            ..eq
+        };
+        assert!(!other_effect.tolerates(&t));
+        let soft = [taint("x", "", TaintEffect::PreferNoSchedule)];
+        assert!(untolerated(&soft, &[]).is_none());
+    }
+}

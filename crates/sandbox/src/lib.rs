@@ -1,0 +1,1 @@
+//! tessera-sandbox (being built).

@@ -1,0 +1,1 @@
+//! The agent scheduler: parallel workers with optimistic concurrency (being built).

@@ -1,0 +1,255 @@
+//! Scheduler configuration: which actions run, in which order, and which plugins
+//! are enabled in which tier, in the spirit of Volcano's scheduler configuration.
+//!
+//! ```yaml
+//! actions: [enqueue, allocate, preempt, reclaim, backfill]
+//! tiers:
+//!   - plugins: [priority, gang]
+//!   - plugins: [drf, predicates, proportion, binpack]
+//! ```
+//!
+//! Tiers order the plugins: when two plugins disagree on which job or queue goes
+//! first, the one in the earlier tier wins.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// A scheduling action, run in the order the configuration lists them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Action {
+    /// Admit pending groups whose minimum resources fit their queue.
+    Enqueue,
+    /// Place admitted groups, gang by gang, in fair-share order.
+    Allocate,
+    /// Place best-effort tasks (no resource request) wherever predicates allow.
+    Backfill,
+    /// Within a queue, evict lower-priority tasks for a starving higher-priority group.
+    Preempt,
+    /// Between queues, take back what queues hold above their deserved share.
+    Reclaim,
+}
+
+impl Action {
+    pub const ALL: [Action; 5] = [
+        Action::Enqueue,
+        Action::Allocate,
+        Action::Backfill,
+        Action::Preempt,
+        Action::Reclaim,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Action::Enqueue => "enqueue",
+            Action::Allocate => "allocate",
+            Action::Backfill => "backfill",
+            Action::Preempt => "preempt",
+            Action::Reclaim => "reclaim",
+        }
+    }
+}
+
+/// A plugin that actions consult.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PluginName {
+    /// Job order by priority; preemption only of lower priority.
+    Priority,
+    /// All-or-nothing placement of `min_member` tasks; partially running gangs first.
+    Gang,
+    /// Dominant resource fairness between jobs of a queue.
+    Drf,
+    /// Hierarchical queue shares: weights, guarantee, capability; queue order and reclaim.
+    Proportion,
+    /// Node feasibility: resources, node selectors, taints and tolerations, GPU models.
+    Predicates,
+    /// Node scoring that fills nodes up (training default).
+    Binpack,
+    /// Node scoring that spreads load (inference default).
+    Spread,
+}
+
+impl PluginName {
+    pub const ALL: [PluginName; 7] = [
+        PluginName::Priority,
+        PluginName::Gang,
+        PluginName::Drf,
+        PluginName::Proportion,
+        PluginName::Predicates,
+        PluginName::Binpack,
+        PluginName::Spread,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PluginName::Priority => "priority",
+            PluginName::Gang => "gang",
+            PluginName::Drf => "drf",
+            PluginName::Proportion => "proportion",
+            PluginName::Predicates => "predicates",
+            PluginName::Binpack => "binpack",
+            PluginName::Spread => "spread",
+        }
+    }
+}
+
+impl fmt::Display for PluginName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A word in a configuration that is not an action or plugin.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ConfigError {
+    #[error("unknown action `{0}`; known actions: enqueue, allocate, backfill, preempt, reclaim")]
+    UnknownAction(String),
+    #[error(
+        "unknown plugin `{0}`; known plugins: priority, gang, drf, proportion, predicates, binpack, spread"
+    )]
+    UnknownPlugin(String),
+    #[error("`{0}` is listed twice")]
+    Duplicate(String),
+    #[error("plugins `binpack` and `spread` pull in opposite directions; enable one of them")]
+    Conflicting,
+}
+
+impl FromStr for Action {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Action::ALL
+            .into_iter()
+            .find(|a| a.name() == s)
+            .ok_or_else(|| ConfigError::UnknownAction(s.to_string()))
+    }
+}
+
+impl FromStr for PluginName {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        PluginName::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| ConfigError::UnknownPlugin(s.to_string()))
+    }
+}
+
+/// A validated scheduler configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Actions in the order they run.
+    pub actions: Vec<Action>,
+    /// Plugin tiers; earlier tiers take precedence.
+    pub tiers: Vec<Vec<PluginName>>,
+}
+
+impl Default for Config {
+    /// Volcano's usual configuration: enqueue, allocate, preempt, reclaim, backfill;
+    /// tier 1 priority and gang; tier 2 drf, predicates, proportion, binpack.
+    fn default() -> Self {
+        Config {
+            actions: vec![
+                Action::Enqueue,
+                Action::Allocate,
+                Action::Preempt,
+                Action::Reclaim,
+                Action::Backfill,
+            ],
+            tiers: vec![
+                vec![PluginName::Priority, PluginName::Gang],
+                vec![
+                    PluginName::Drf,
+                    PluginName::Predicates,
+                    PluginName::Proportion,
+                    PluginName::Binpack,
+                ],
+            ],
+        }
+    }
+}
+
+impl Config {
+    /// Builds a configuration from names, checking each.
+    pub fn from_names<A: AsRef<str>, P: AsRef<str>>(
+        actions: &[A],
+        tiers: &[Vec<P>],
+    ) -> Result<Config, ConfigError> {
+        let mut acts = Vec::new();
+        for a in actions {
+            let a: Action = a.as_ref().parse()?;
+            if acts.contains(&a) {
+                return Err(ConfigError::Duplicate(a.name().into()));
+            }
+            acts.push(a);
+        }
+        let mut seen = Vec::new();
+        let mut out = Vec::new();
+        for tier in tiers {
+            let mut t = Vec::new();
+            for p in tier {
+                let p: PluginName = p.as_ref().parse()?;
+                if seen.contains(&p) {
+                    return Err(ConfigError::Duplicate(p.name().into()));
+                }
+                seen.push(p);
+                t.push(p);
+            }
+            out.push(t);
+        }
+        let c = Config {
+            actions: acts,
+            tiers: out,
+        };
+        if c.enabled(PluginName::Binpack) && c.enabled(PluginName::Spread) {
+            return Err(ConfigError::Conflicting);
+        }
+        Ok(c)
+    }
+
+    pub fn enabled(&self, p: PluginName) -> bool {
+        self.tiers.iter().any(|t| t.contains(&p))
+    }
+
+    pub fn runs(&self, a: Action) -> bool {
+        self.actions.contains(&a)
+    }
+
+    /// Enabled plugins in precedence order.
+    pub fn plugins(&self) -> impl Iterator<Item = PluginName> + '_ {
+        self.tiers.iter().flatten().copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        let c = Config::from_names(&["allocate"], &[vec!["gang", "drf"]]).unwrap();
+        assert!(c.enabled(PluginName::Gang));
+        assert!(!c.enabled(PluginName::Priority));
+        assert_eq!(
+            Config::from_names(&["allocat"], &[Vec::<&str>::new()]),
+            Err(ConfigError::UnknownAction("allocat".into()))
+        );
+        assert_eq!(
+            Config::from_names(&["allocate"], &[vec!["gnag"]]),
+            Err(ConfigError::UnknownPlugin("gnag".into()))
+        );
+        assert_eq!(
+            Config::from_names(&["allocate"], &[vec!["binpack"], vec!["spread"]]),
+            Err(ConfigError::Conflicting)
+        );
+    }
+}

@@ -1,0 +1,346 @@
+//! `PgStore`: the PostgreSQL backend, for several control-plane replicas sharing
+//! one database.
+//!
+//! Writers serialise on one counter row (`tessera_revision`): a commit takes the
+//! row lock, reserves revisions for its operations, applies them and commits, so
+//! revisions become visible in order and a watcher reading "changes after N" never
+//! skips a change that commits later with a smaller revision. Bodies are stored as
+//! text, byte for byte.
+
+use std::str::FromStr;
+
+use serde_json::Value;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
+use sqlx::{PgPool, Row};
+
+use crate::sqlite::check_version;
+use crate::{Change, ChangeOp, Key, Listing, Object, Op, Store, StoreError, check_ops};
+
+/// The PostgreSQL backend. Cheap to clone.
+#[derive(Clone)]
+pub struct PgStore {
+    pool: PgPool,
+    notify: std::sync::Arc<tokio::sync::watch::Sender<u64>>,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore").finish_non_exhaustive()
+    }
+}
+
+fn be(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend(e.to_string())
+}
+
+const SCHEMA: &[&str] = &[
+    "CREATE TABLE IF NOT EXISTS tessera_objects (
+        kind TEXT NOT NULL, tenant TEXT NOT NULL, name TEXT NOT NULL,
+        version BIGINT NOT NULL, body TEXT NOT NULL,
+        PRIMARY KEY (kind, tenant, name))",
+    "CREATE TABLE IF NOT EXISTS tessera_changes (
+        version BIGINT PRIMARY KEY, op SMALLINT NOT NULL,
+        kind TEXT NOT NULL, tenant TEXT NOT NULL, name TEXT NOT NULL, body TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS tessera_revision (id INT PRIMARY KEY, version BIGINT NOT NULL)",
+    "INSERT INTO tessera_revision (id, version) VALUES (1, 0) ON CONFLICT (id) DO NOTHING",
+];
+
+/// Advisory lock key that serialises schema creation between replicas.
+const MIGRATE_LOCK: i64 = 0x7e55_e7a0;
+
+impl PgStore {
+    /// Connects to `url` (`postgres://user:pass@host:port/db`) and creates the tables
+    /// if needed, in the connection's default schema.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        Self::connect_in_schema(url, None).await
+    }
+
+    /// Like [`PgStore::connect`], inside `schema` (created if needed). Tests use one
+    /// schema each so they can run side by side on one database.
+    pub async fn connect_in_schema(url: &str, schema: Option<&str>) -> Result<Self, StoreError> {
+        let mut opts = PgConnectOptions::from_str(url)
+            .map_err(|e| StoreError::Invalid(format!("PostgreSQL URL: {e}")))?;
+        if let Some(s) = schema {
+            if s.is_empty() || !s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                return Err(StoreError::Invalid(format!(
+                    "schema name {s:?}: use letters, digits and _"
+                )));
+            }
+            let boot = PgPoolOptions::new()
+                .max_connections(1)
+                .connect_with(opts.clone())
+                .await
+                .map_err(|e| StoreError::Backend(format!("connecting to PostgreSQL: {e}")))?;
+            // The name was checked above: letters, digits and _ only.
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "CREATE SCHEMA IF NOT EXISTS {s}"
+            )))
+            .execute(&boot)
+            .await
+            .map_err(be)?;
+            boot.close().await;
+            opts = opts.options([("search_path", s)]);
+        }
+        let pool = PgPoolOptions::new()
+            .max_connections(16)
+            .connect_with(opts)
+            .await
+            .map_err(|e| StoreError::Backend(format!("connecting to PostgreSQL: {e}")))?;
+        {
+            let mut conn = pool.acquire().await.map_err(be)?;
+            sqlx::query("SELECT pg_advisory_lock($1)")
+                .bind(MIGRATE_LOCK)
+                .execute(&mut *conn)
+                .await
+                .map_err(be)?;
+            let mut res = Ok(());
+            for stmt in SCHEMA {
+                if let Err(e) = sqlx::query(*stmt).execute(&mut *conn).await {
+                    res = Err(be(e));
+                    break;
+                }
+            }
+            sqlx::query("SELECT pg_advisory_unlock($1)")
+                .bind(MIGRATE_LOCK)
+                .execute(&mut *conn)
+                .await
+                .map_err(be)?;
+            res?;
+        }
+        let top = revision(&pool).await?;
+        let (notify, _) = tokio::sync::watch::channel(top);
+        Ok(PgStore {
+            pool,
+            notify: std::sync::Arc::new(notify),
+        })
+    }
+
+    /// Drops `schema` with everything in it (tests clean up with this).
+    pub async fn drop_schema(url: &str, schema: &str) -> Result<(), StoreError> {
+        if !schema
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_')
+        {
+            return Err(StoreError::Invalid(format!("schema name {schema:?}")));
+        }
+        let opts = PgConnectOptions::from_str(url).map_err(be)?;
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .connect_with(opts)
+            .await
+            .map_err(be)?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP SCHEMA IF EXISTS {schema} CASCADE"
+        )))
+        .execute(&pool)
+        .await
+        .map_err(be)?;
+        pool.close().await;
+        Ok(())
+    }
+}
+
+async fn revision(pool: &PgPool) -> Result<u64, StoreError> {
+    let v: i64 = sqlx::query("SELECT version FROM tessera_revision WHERE id = 1")
+        .fetch_one(pool)
+        .await
+        .map_err(be)?
+        .try_get(0)
+        .map_err(be)?;
+    Ok(v as u64)
+}
+
+fn to_object(r: &PgRow) -> Result<Object, StoreError> {
+    let body: String = r.try_get(4).map_err(be)?;
+    Ok(Object {
+        kind: r.try_get(0).map_err(be)?,
+        tenant: r.try_get(1).map_err(be)?,
+        name: r.try_get(2).map_err(be)?,
+        version: r.try_get::<i64, _>(3).map_err(be)? as u64,
+        body: serde_json::from_str(&body).map_err(be)?,
+    })
+}
+
+impl Store for PgStore {
+    async fn get(&self, key: &Key) -> Result<Option<Object>, StoreError> {
+        let row = sqlx::query(
+            "SELECT kind, tenant, name, version, body FROM tessera_objects WHERE kind=$1 AND tenant=$2 AND name=$3",
+        )
+        .bind(&key.kind)
+        .bind(&key.tenant)
+        .bind(&key.name)
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(be)?;
+        row.as_ref().map(to_object).transpose()
+    }
+
+    async fn list(&self, kind: &str, tenant: Option<&str>) -> Result<Listing, StoreError> {
+        // One REPEATABLE READ transaction: the revision and the rows agree.
+        let mut tx = self.pool.begin().await.map_err(be)?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            .execute(&mut *tx)
+            .await
+            .map_err(be)?;
+        let rev: i64 = sqlx::query("SELECT version FROM tessera_revision WHERE id = 1")
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(be)?
+            .try_get(0)
+            .map_err(be)?;
+        let rows = match tenant {
+            Some(t) => {
+                sqlx::query(
+                    "SELECT kind, tenant, name, version, body FROM tessera_objects WHERE kind=$1 AND tenant=$2 ORDER BY tenant COLLATE \"C\", name COLLATE \"C\"",
+                )
+                .bind(kind)
+                .bind(t)
+                .fetch_all(&mut *tx)
+                .await
+            }
+            None => {
+                sqlx::query(
+                    "SELECT kind, tenant, name, version, body FROM tessera_objects WHERE kind=$1 ORDER BY tenant COLLATE \"C\", name COLLATE \"C\"",
+                )
+                .bind(kind)
+                .fetch_all(&mut *tx)
+                .await
+            }
+        }
+        .map_err(be)?;
+        tx.commit().await.map_err(be)?;
+        let objects = rows.iter().map(to_object).collect::<Result<_, _>>()?;
+        Ok(Listing {
+            objects,
+            revision: rev as u64,
+        })
+    }
+
+    async fn commit(&self, ops: Vec<Op>) -> Result<Vec<Object>, StoreError> {
+        check_ops(&ops)?;
+        let mut tx = self.pool.begin().await.map_err(be)?;
+        let top: i64 = sqlx::query(
+            "UPDATE tessera_revision SET version = version + $1 WHERE id = 1 RETURNING version",
+        )
+        .bind(ops.len() as i64)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(be)?
+        .try_get(0)
+        .map_err(be)?;
+        let mut version = top - ops.len() as i64;
+        let mut out = Vec::with_capacity(ops.len());
+        for op in &ops {
+            // Dropping `tx` on an early return rolls the whole commit back.
+            version += 1;
+            let key = op.key();
+            let cur = sqlx::query(
+                "SELECT version, body FROM tessera_objects WHERE kind=$1 AND tenant=$2 AND name=$3",
+            )
+            .bind(&key.kind)
+            .bind(&key.tenant)
+            .bind(&key.name)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(be)?;
+            let cur: Option<(u64, String)> = match cur {
+                Some(r) => Some((
+                    r.try_get::<i64, _>(0).map_err(be)? as u64,
+                    r.try_get(1).map_err(be)?,
+                )),
+                None => None,
+            };
+            let (change, text, body): (ChangeOp, String, Value) = match (op, cur) {
+                (Op::Create { .. }, Some(_)) => return Err(StoreError::AlreadyExists(key.clone())),
+                (Op::Create { body, .. }, None) => {
+                    (ChangeOp::Created, body.to_string(), body.clone())
+                }
+                (Op::Update { .. } | Op::Delete { .. }, None) => {
+                    return Err(StoreError::NotFound(key.clone()));
+                }
+                (Op::Update { expected, body, .. }, Some((v, _))) => {
+                    check_version(key, *expected, v)?;
+                    (ChangeOp::Updated, body.to_string(), body.clone())
+                }
+                (Op::Delete { expected, .. }, Some((v, old))) => {
+                    check_version(key, *expected, v)?;
+                    let body = serde_json::from_str(&old).map_err(be)?;
+                    (ChangeOp::Deleted, old, body)
+                }
+            };
+            let written = match change {
+                ChangeOp::Deleted => {
+                    sqlx::query("DELETE FROM tessera_objects WHERE kind=$1 AND tenant=$2 AND name=$3")
+                        .bind(&key.kind)
+                        .bind(&key.tenant)
+                        .bind(&key.name)
+                        .execute(&mut *tx)
+                        .await
+                }
+                _ => {
+                    sqlx::query(
+                        "INSERT INTO tessera_objects (kind, tenant, name, version, body) VALUES ($1, $2, $3, $4, $5)
+                         ON CONFLICT (kind, tenant, name) DO UPDATE SET version = EXCLUDED.version, body = EXCLUDED.body",
+                    )
+                    .bind(&key.kind)
+                    .bind(&key.tenant)
+                    .bind(&key.name)
+                    .bind(version)
+                    .bind(&text)
+                    .execute(&mut *tx)
+                    .await
+                }
+            };
+            written.map_err(be)?;
+            sqlx::query(
+                "INSERT INTO tessera_changes (version, op, kind, tenant, name, body) VALUES ($1, $2, $3, $4, $5, $6)",
+            )
+            .bind(version)
+            .bind(change.code() as i16)
+            .bind(&key.kind)
+            .bind(&key.tenant)
+            .bind(&key.name)
+            .bind(&text)
+            .execute(&mut *tx)
+            .await
+            .map_err(be)?;
+            out.push(Object {
+                kind: key.kind.clone(),
+                tenant: key.tenant.clone(),
+                name: key.name.clone(),
+                version: version as u64,
+                body,
+            });
+        }
+        tx.commit().await.map_err(be)?;
+        self.notify.send_replace(top as u64);
+        Ok(out)
+    }
+
+    async fn changes(&self, after: u64, limit: usize) -> Result<Vec<Change>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT kind, tenant, name, version, body, op FROM tessera_changes WHERE version > $1 ORDER BY version LIMIT $2",
+        )
+        .bind(after as i64)
+        .bind(limit as i64)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(be)?;
+        rows.iter()
+            .map(|r| {
+                Ok(Change {
+                    op: ChangeOp::from_code(i64::from(r.try_get::<i16, _>(5).map_err(be)?))?,
+                    object: to_object(r)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn revision(&self) -> Result<u64, StoreError> {
+        revision(&self.pool).await
+    }
+
+    fn notifier(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.notify.subscribe()
+    }
+}

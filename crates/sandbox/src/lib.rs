@@ -1,1 +1,39 @@
-//! tessera-sandbox (being built).
+//! tessera-sandbox: isolated Linux sandboxes.
+//!
+//! A sandbox is a process tree in its own user, pid, mount, uts, ipc, cgroup and network
+//! namespaces, under a cgroup with memory, CPU and pids limits, whose every command runs
+//! as an unprivileged user with no capabilities, under Landlock and a seccomp filter.
+//! See `THREAT_MODEL.md` (sandbox section) for what each layer stops and what it does not.
+//!
+//! ```no_run
+//! use tessera_sandbox::{SandboxBuilder, SandboxSpec, ExecRequest};
+//! let sb = SandboxBuilder::new(SandboxSpec::default()).spawn()?;
+//! let out = sb.exec(&ExecRequest::shell("echo hi"))?;
+//! assert_eq!(out.stdout, b"hi\n");
+//! sb.destroy()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! This is the one crate of the workspace allowed `unsafe` (raw `clone`, `execveat`,
+//! `ioctl`, `capset`); each block says why it is sound.
+#![allow(unsafe_code)]
+
+pub mod cgroup;
+pub mod error;
+pub mod guard;
+pub mod init;
+pub mod pool;
+mod proto;
+pub mod sandbox;
+pub mod seccomp;
+pub mod spec;
+
+pub use cgroup::{CgroupManager, SandboxCgroup};
+pub use error::{CgroupError, ExecError, FileError, SpawnError, StepError};
+pub use guard::{AllowAll, CheckDecision, CommandCheck};
+// pool: being built
+pub use sandbox::{InitProgram, Runtime, RuntimeConfig, Sandbox, SandboxBuilder};
+pub use spec::{
+    Command, DirEntry, ExecOutput, ExecRequest, ExitStatus, FileKind, Limits, Network, PathAccess,
+    Rlimits, SandboxSpec, Template,
+};

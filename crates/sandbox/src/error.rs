@@ -1,0 +1,138 @@
+//! One error enum per operation; each names the syscall, path or value that failed.
+
+use std::io;
+use thiserror::Error;
+
+/// A step inside the sandbox failed; sent back by the init or a job.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, Error)]
+#[error("{step} {target}: {message} (errno {errno})")]
+pub struct StepError {
+    /// The syscall or step (`mount`, `pivot_root`, `execve`, ...).
+    pub step: String,
+    /// The path or value it acted on.
+    pub target: String,
+    pub errno: i32,
+    pub message: String,
+}
+
+impl StepError {
+    pub fn new(step: &str, target: &str, err: impl Into<ErrnoLike>) -> Self {
+        let e = err.into();
+        StepError {
+            step: step.into(),
+            target: target.into(),
+            errno: e.errno,
+            message: e.message,
+        }
+    }
+}
+
+/// Anything with an errno and a message.
+pub struct ErrnoLike {
+    pub errno: i32,
+    pub message: String,
+}
+
+impl From<nix::Error> for ErrnoLike {
+    fn from(e: nix::Error) -> Self {
+        ErrnoLike {
+            errno: e as i32,
+            message: e.desc().to_string(),
+        }
+    }
+}
+
+impl From<io::Error> for ErrnoLike {
+    fn from(e: io::Error) -> Self {
+        ErrnoLike {
+            errno: e.raw_os_error().unwrap_or(0),
+            message: e.to_string(),
+        }
+    }
+}
+
+impl From<String> for ErrnoLike {
+    fn from(message: String) -> Self {
+        ErrnoLike { errno: 0, message }
+    }
+}
+
+impl From<&str> for ErrnoLike {
+    fn from(message: &str) -> Self {
+        ErrnoLike {
+            errno: 0,
+            message: message.into(),
+        }
+    }
+}
+
+/// Creating a sandbox failed.
+#[derive(Debug, Error)]
+pub enum SpawnError {
+    #[error("init program {path}: {source}")]
+    InitProgram { path: String, source: io::Error },
+    #[error("{syscall} failed while spawning the sandbox: {source}")]
+    Syscall {
+        syscall: &'static str,
+        source: io::Error,
+    },
+    #[error("writing {path}: {source}")]
+    IdMap { path: String, source: io::Error },
+    #[error(transparent)]
+    Cgroup(#[from] CgroupError),
+    #[error("sandbox setup failed: {0}")]
+    Setup(StepError),
+    #[error("sandbox init exited during setup (status {0})")]
+    InitDied(String),
+    #[error("talking to sandbox init: {0}")]
+    Protocol(String),
+    #[error("seccomp policy: {0}")]
+    Seccomp(String),
+}
+
+/// A cgroup operation failed.
+#[derive(Debug, Error)]
+pub enum CgroupError {
+    #[error("no usable cgroup hierarchy with the {0} controller")]
+    NoController(&'static str),
+    #[error("{op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: String,
+        source: io::Error,
+    },
+    #[error("cgroup {path} still has processes after kill")]
+    Busy { path: String },
+}
+
+/// Running a command failed (a command that runs and fails is not an error: see
+/// [`crate::ExecOutput::status`]).
+#[derive(Debug, Error)]
+pub enum ExecError {
+    #[error("blocked by guard: {0}")]
+    Blocked(String),
+    #[error("empty command")]
+    EmptyCommand,
+    #[error("command could not start: {0}")]
+    Start(StepError),
+    #[error("{syscall}: {source}")]
+    Syscall {
+        syscall: &'static str,
+        source: io::Error,
+    },
+    #[error("talking to sandbox init: {0}")]
+    Protocol(String),
+    #[error("sandbox {0} is destroyed")]
+    Destroyed(String),
+}
+
+/// A file operation failed.
+#[derive(Debug, Error)]
+pub enum FileError {
+    #[error("{path}: {source}")]
+    Op { path: String, source: StepError },
+    #[error("path {0:?} must be absolute and must not contain NUL")]
+    BadPath(String),
+    #[error(transparent)]
+    Exec(#[from] ExecError),
+}

@@ -1,0 +1,991 @@
+//! The sandbox's init: PID 1 of the sandbox's pid namespace, root of its user
+//! namespace. It builds the root file system, then serves the supervisor's requests
+//! over fd 3 until that socket closes, when it exits and the kernel kills everything
+//! left in the namespace.
+//!
+//! Every request runs as a *job*: init forks a runner (a child subreaper, so nothing the
+//! job starts can slip out of its tree), the runner forks the job process, which drops
+//! into the confinement (rlimits, uid 1000, no capabilities, Landlock, no_new_privs,
+//! seccomp) and then runs the command or the file operation.
+
+use crate::error::StepError;
+use crate::proto::{self, Job, JobKind, JobStatus, Reply, Request};
+use crate::spec::{DirEntry, FileKind, SandboxSpec, Template};
+use landlock::{
+    ABI, Access, AccessFs, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset, RulesetAttr,
+    RulesetCreated, RulesetCreatedAttr, Scope,
+};
+use nix::errno::Errno;
+use nix::fcntl::{OFlag, open};
+use nix::mount::{MntFlags, MsFlags, mount, umount2};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::signal::{SigSet, SigmaskHow, Signal, kill, sigprocmask};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::stat::Mode;
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::{ForkResult, Gid, Pid, Uid, fork};
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::CString;
+use std::fs;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+
+/// The control socket's fd number in the init.
+pub const CTRL_FD: RawFd = 3;
+
+/// Where the new root is assembled before `pivot_root`. It covers the host's `/tmp`
+/// only inside this private mount namespace; the host never sees it.
+const STAGE: &str = "/tmp";
+
+/// Entries of the host's root used by the default template.
+const HOST_ENTRIES: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
+/// Entries of a template directory the sandbox owns instead.
+const RESERVED: &[&str] = &["tmp", "home", "workspace", "proc", "dev", "sys", "run"];
+/// Device nodes bound from the host.
+const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
+
+/// Entry point of the init binary (and of `tessera sandbox __init`). Never returns.
+pub fn main() -> ! {
+    let code = match run() {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("tessera-sandbox-init: {e}");
+            1
+        }
+    };
+    std::process::exit(code)
+}
+
+struct State {
+    uid: u32,
+    gid: u32,
+    seccomp: Vec<seccompiler::BpfProgram>,
+    landlock: Option<RulesetCreated>,
+    rlimits: crate::spec::Rlimits,
+}
+
+fn close_from(first: u32) {
+    // SAFETY: close_range only closes descriptors; none of those >= `first` is owned by
+    // a live Rust object at the points where this is called (start of init).
+    unsafe {
+        libc::syscall(libc::SYS_close_range, first, u32::MAX, 0u32);
+    }
+}
+
+fn run() -> Result<(), String> {
+    // SAFETY: the supervisor placed our end of the control socket at fd 3 before
+    // execve; nothing else in this process owns it.
+    let ctrl = unsafe { OwnedFd::from_raw_fd(CTRL_FD) };
+    // Nothing of the supervisor's but fds 0-3 may reach the sandbox.
+    close_from(4);
+    let ctrl_fd = ctrl.as_fd();
+    let Some((req, _)) = proto::recv::<Request>(ctrl_fd)? else {
+        return Ok(());
+    };
+    let Request::Setup { spec, uid, gid } = req else {
+        return Err("first request was not Setup".into());
+    };
+    let mut st = match setup(&spec, uid, gid) {
+        Ok(st) => st,
+        Err(e) => {
+            let _ = proto::send(ctrl_fd, &Reply::Failed(e), &[]);
+            return Ok(());
+        }
+    };
+    // Block SIGCHLD and read it from a signalfd in the poll loop.
+    let mut mask = SigSet::empty();
+    mask.add(Signal::SIGCHLD);
+    sigprocmask(SigmaskHow::SIG_BLOCK, Some(&mask), None).map_err(|e| e.to_string())?;
+    let sfd = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
+        .map_err(|e| format!("signalfd: {e}"))?;
+    proto::send(
+        ctrl_fd,
+        &Reply::Ready {
+            init_pid_in_ns: nix::unistd::getpid().as_raw(),
+        },
+        &[],
+    )?;
+    serve(&ctrl, &sfd, &mut st)
+}
+
+fn serve(ctrl: &OwnedFd, sfd: &SignalFd, st: &mut State) -> Result<(), String> {
+    let mut runners: BTreeSet<i32> = BTreeSet::new();
+    loop {
+        let (ctrl_ready, sig_ready) = {
+            let mut fds = [
+                PollFd::new(ctrl.as_fd(), PollFlags::POLLIN),
+                PollFd::new(sfd.as_fd(), PollFlags::POLLIN),
+            ];
+            match poll(&mut fds, PollTimeout::NONE) {
+                Ok(_) => {}
+                Err(Errno::EINTR) => continue,
+                Err(e) => return Err(format!("poll: {e}")),
+            }
+            let r = |f: &PollFd| f.revents().is_some_and(|r| !r.is_empty());
+            (r(&fds[0]), r(&fds[1]))
+        };
+        if sig_ready {
+            while let Ok(Some(_)) = sfd.read_signal() {}
+            reap(&mut runners);
+        }
+        if !ctrl_ready {
+            continue;
+        }
+        let Some((req, fds)) = proto::recv::<Request>(ctrl.as_fd())? else {
+            // The supervisor is gone: exiting kills the whole namespace.
+            return Ok(());
+        };
+        let reply = match req {
+            Request::Ping => Reply::Pong,
+            Request::Setup { .. } => Reply::Failed(StepError::new("setup", "", "already set up")),
+            Request::Kill { pid } => {
+                if runners.contains(&pid) {
+                    kill_tree(pid, false);
+                }
+                Reply::Done
+            }
+            Request::Job(job) => match start_job(ctrl, st, job, fds) {
+                Ok(pid) => {
+                    runners.insert(pid);
+                    Reply::Started { pid }
+                }
+                Err(e) => Reply::Failed(e),
+            },
+        };
+        proto::send(ctrl.as_fd(), &reply, &[])?;
+    }
+}
+
+fn reap(runners: &mut BTreeSet<i32>) {
+    loop {
+        match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) | Err(_) => return,
+            Ok(s) => {
+                if let Some(p) = s.pid() {
+                    runners.remove(&p.as_raw());
+                }
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------------ setup
+
+fn se<E: Into<crate::error::ErrnoLike>>(
+    step: &'static str,
+    target: impl AsRef<Path>,
+) -> impl FnOnce(E) -> StepError {
+    move |e| StepError::new(step, &target.as_ref().display().to_string(), e)
+}
+
+fn mnt(
+    src: Option<&str>,
+    target: &str,
+    fstype: Option<&str>,
+    flags: MsFlags,
+    data: Option<&str>,
+) -> Result<(), StepError> {
+    mount(src, target, fstype, flags, data).map_err(se("mount", target))
+}
+
+/// Flags of an existing mount that a user namespace may not clear on remount.
+fn locked_flags(path: &str) -> MsFlags {
+    use nix::sys::statvfs::{FsFlags, statvfs};
+    let mut f = MsFlags::empty();
+    if let Ok(s) = statvfs(path) {
+        let fl = s.flags();
+        for (a, b) in [
+            (FsFlags::ST_NOSUID, MsFlags::MS_NOSUID),
+            (FsFlags::ST_NODEV, MsFlags::MS_NODEV),
+            (FsFlags::ST_NOEXEC, MsFlags::MS_NOEXEC),
+            (FsFlags::ST_NOATIME, MsFlags::MS_NOATIME),
+            (FsFlags::ST_NODIRATIME, MsFlags::MS_NODIRATIME),
+            (FsFlags::ST_RELATIME, MsFlags::MS_RELATIME),
+        ] {
+            if fl.contains(a) {
+                f |= b;
+            }
+        }
+    }
+    f
+}
+
+fn bind_ro(src_fd: &OwnedFd, target: &str) -> Result<(), StepError> {
+    let src = format!("/proc/self/fd/{}", src_fd.as_raw_fd());
+    mnt(
+        Some(&src),
+        target,
+        None,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None,
+    )?;
+    let flags = MsFlags::MS_REMOUNT
+        | MsFlags::MS_BIND
+        | MsFlags::MS_RDONLY
+        | MsFlags::MS_NOSUID
+        | locked_flags(target);
+    mnt(None, target, None, flags, None)
+}
+
+enum Entry {
+    Link(String, std::path::PathBuf),
+    Dir(String, OwnedFd),
+    File(String, OwnedFd),
+}
+
+fn open_path(p: &Path) -> Result<OwnedFd, StepError> {
+    open(
+        p,
+        OFlag::O_PATH | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW,
+        Mode::empty(),
+    )
+    .map_err(se("open", p))
+}
+
+fn template_entries(t: &Template) -> Result<Vec<Entry>, StepError> {
+    let (root, names): (std::path::PathBuf, Vec<String>) = match t {
+        Template::Host => (
+            "/".into(),
+            HOST_ENTRIES.iter().map(|s| s.to_string()).collect(),
+        ),
+        Template::Dir(p) => {
+            let rd = fs::read_dir(p).map_err(se("read_dir", p))?;
+            let mut names: Vec<String> = rd
+                .flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|n| !RESERVED.contains(&n.as_str()))
+                .collect();
+            names.sort();
+            (p.clone(), names)
+        }
+    };
+    let mut out = Vec::new();
+    for n in names {
+        let p = root.join(&n);
+        let Ok(md) = fs::symlink_metadata(&p) else {
+            continue;
+        };
+        if md.file_type().is_symlink() {
+            out.push(Entry::Link(
+                n,
+                fs::read_link(&p).map_err(se("readlink", &p))?,
+            ));
+        } else if md.is_dir() {
+            out.push(Entry::Dir(n, open_path(&p)?));
+        } else if md.is_file() {
+            out.push(Entry::File(n, open_path(&p)?));
+        }
+    }
+    Ok(out)
+}
+
+fn write_file(path: &str, content: &str) -> Result<(), StepError> {
+    fs::write(path, content).map_err(se("write", path))
+}
+
+fn setup(spec: &SandboxSpec, uid: u32, gid: u32) -> Result<State, StepError> {
+    // The cgroup namespace is made now, after the supervisor moved us into our cgroup,
+    // so that cgroup is the namespace's root.
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP)
+        .map_err(se("unshare", "CLONE_NEWCGROUP"))?;
+    nix::unistd::sethostname(&spec.hostname).map_err(se("sethostname", &spec.hostname))?;
+    mnt(None, "/", None, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None)?;
+
+    // Open every source before the stage covers anything.
+    let entries = template_entries(&spec.template)?;
+    let devs: Vec<(&str, OwnedFd)> = DEVICES
+        .iter()
+        .filter_map(|d| {
+            open_path(Path::new(&format!("/dev/{d}")))
+                .ok()
+                .map(|fd| (*d, fd))
+        })
+        .collect();
+
+    let nosuid_nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    mnt(
+        Some("tmpfs"),
+        STAGE,
+        Some("tmpfs"),
+        nosuid_nodev,
+        Some("size=4m,mode=0755"),
+    )?;
+    let s = |p: &str| format!("{STAGE}/{p}");
+    let mut has_etc = false;
+    for e in &entries {
+        match e {
+            Entry::Link(n, target) => {
+                std::os::unix::fs::symlink(target, s(n)).map_err(se("symlink", s(n)))?;
+            }
+            Entry::Dir(n, fd) => {
+                has_etc |= n == "etc";
+                fs::create_dir(s(n)).map_err(se("mkdir", s(n)))?;
+                bind_ro(fd, &s(n))?;
+            }
+            Entry::File(n, fd) => {
+                fs::write(s(n), b"").map_err(se("create", s(n)))?;
+                bind_ro(fd, &s(n))?;
+            }
+        }
+    }
+    if !has_etc {
+        fs::create_dir(s("etc")).map_err(se("mkdir", s("etc")))?;
+        write_file(
+            &s("etc/passwd"),
+            &format!(
+                "root:x:0:0:root:/root:/bin/sh\nuser:x:{uid}:{gid}:user:/home/user:/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+            ),
+        )?;
+        write_file(
+            &s("etc/group"),
+            &format!("root:x:0:\nuser:x:{gid}:\nnogroup:x:65534:\n"),
+        )?;
+        write_file(
+            &s("etc/hosts"),
+            &format!(
+                "127.0.0.1 localhost\n::1 localhost\n127.0.1.1 {}\n",
+                spec.hostname
+            ),
+        )?;
+        write_file(&s("etc/hostname"), &format!("{}\n", spec.hostname))?;
+        write_file(&s("etc/resolv.conf"), "")?;
+        write_file(
+            &s("etc/nsswitch.conf"),
+            "passwd: files\ngroup: files\nhosts: files dns\n",
+        )?;
+    }
+    for d in [
+        "tmp",
+        "home",
+        "home/user",
+        "workspace",
+        "proc",
+        "dev",
+        "root",
+    ] {
+        fs::create_dir(s(d)).map_err(se("mkdir", s(d)))?;
+    }
+    let disk = spec.limits.disk_bytes.max(4096);
+    mnt(
+        Some("tmpfs"),
+        &s("tmp"),
+        Some("tmpfs"),
+        nosuid_nodev,
+        Some(&format!("size={disk},mode=1777")),
+    )?;
+    for d in ["home/user", "workspace"] {
+        mnt(
+            Some("tmpfs"),
+            &s(d),
+            Some("tmpfs"),
+            nosuid_nodev,
+            Some(&format!("size={disk},mode=0755,uid={uid},gid={gid}")),
+        )?;
+    }
+    mnt(
+        Some("proc"),
+        &s("proc"),
+        Some("proc"),
+        nosuid_nodev | MsFlags::MS_NOEXEC,
+        None,
+    )?;
+    mnt(
+        Some("tmpfs"),
+        &s("dev"),
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some("size=64k,mode=0755"),
+    )?;
+    for (d, fd) in &devs {
+        let t = s(&format!("dev/{d}"));
+        fs::write(&t, b"").map_err(se("create", &t))?;
+        let src = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        mnt(Some(&src), &t, None, MsFlags::MS_BIND, None)?;
+    }
+    for (l, t) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        std::os::unix::fs::symlink(t, s(&format!("dev/{l}")))
+            .map_err(se("symlink", s(&format!("dev/{l}"))))?;
+    }
+    fs::create_dir(s("dev/shm")).map_err(se("mkdir", s("dev/shm")))?;
+    mnt(
+        Some("tmpfs"),
+        &s("dev/shm"),
+        Some("tmpfs"),
+        nosuid_nodev,
+        Some(&format!("size={disk},mode=1777")),
+    )?;
+    mnt(
+        None,
+        &s("dev"),
+        None,
+        MsFlags::MS_REMOUNT
+            | MsFlags::MS_BIND
+            | MsFlags::MS_RDONLY
+            | MsFlags::MS_NOSUID
+            | MsFlags::MS_NOEXEC,
+        None,
+    )?;
+    drop(entries);
+    drop(devs);
+
+    // pivot_root(".", ".") stacks the old root under the new one; detaching it leaves
+    // no path back to the host's file systems.
+    nix::unistd::chdir(STAGE).map_err(se("chdir", STAGE))?;
+    nix::unistd::pivot_root(".", ".").map_err(se("pivot_root", STAGE))?;
+    umount2(".", MntFlags::MNT_DETACH).map_err(se("umount2", "old root"))?;
+    nix::unistd::chdir("/").map_err(se("chdir", "/"))?;
+    mnt(
+        None,
+        "/",
+        None,
+        MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | nosuid_nodev,
+        None,
+    )?;
+
+    loopback_up()?;
+
+    let landlock = landlock_ruleset(spec)?;
+    let seccomp = crate::seccomp::compile(&crate::seccomp::default_rules())
+        .map_err(|e| StepError::new("seccomp", "compile", e))?;
+    // Keep sandboxed processes (another uid) out of our memory and fds.
+    nix::sys::prctl::set_dumpable(false).map_err(se("prctl", "PR_SET_DUMPABLE"))?;
+    Ok(State {
+        uid,
+        gid,
+        seccomp,
+        landlock,
+        rlimits: spec.rlimits,
+    })
+}
+
+fn loopback_up() -> Result<(), StepError> {
+    let sock = nix::sys::socket::socket(
+        nix::sys::socket::AddressFamily::Inet,
+        nix::sys::socket::SockType::Datagram,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(se("socket", "AF_INET"))?;
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (i, b) in b"lo".iter().enumerate() {
+        ifr.ifr_name[i] = *b as libc::c_char;
+    }
+    // SAFETY: `sock` is a valid socket and `ifr` a valid ifreq that outlives the call.
+    let r = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut ifr) };
+    if r < 0 {
+        return Err(StepError::new(
+            "ioctl",
+            "SIOCGIFFLAGS lo",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    // SAFETY: SIOCGIFFLAGS filled the flags member of the union.
+    unsafe {
+        ifr.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+    }
+    // SAFETY: as above.
+    let r = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &ifr) };
+    if r < 0 {
+        return Err(StepError::new(
+            "ioctl",
+            "SIOCSIFFLAGS lo",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
+}
+
+fn landlock_ruleset(spec: &SandboxSpec) -> Result<Option<RulesetCreated>, StepError> {
+    let abi = ABI::V6;
+    let lerr = |what: &str| {
+        let what = what.to_string();
+        move |e: landlock::RulesetError| StepError::new("landlock", &what, e.to_string())
+    };
+    let all = AccessFs::from_all(abi);
+    let read = AccessFs::from_read(abi);
+    let mut rs = Ruleset::default()
+        .set_compatibility(CompatLevel::BestEffort)
+        .handle_access(all)
+        .map_err(lerr("handle_access"))?
+        .scope(Scope::AbstractUnixSocket | Scope::Signal)
+        .map_err(lerr("scope"))?
+        .create()
+        .map_err(lerr("create"))?;
+    let rule = |rs: RulesetCreated,
+                path: &str,
+                access: landlock::BitFlags<AccessFs>|
+     -> Result<RulesetCreated, StepError> {
+        match PathFd::new(path) {
+            Ok(fd) => rs
+                .add_rule(PathBeneath::new(fd, access))
+                .map_err(lerr(path)),
+            Err(_) => Ok(rs), // absent in this template
+        }
+    };
+    rs = rule(rs, "/", AccessFs::ReadDir.into())?;
+    let mut ro: Vec<String> = vec!["/usr".into(), "/etc".into(), "/proc".into()];
+    if let Template::Dir(p) = &spec.template
+        && let Ok(rd) = fs::read_dir("/")
+    {
+        let _ = p;
+        for e in rd.flatten() {
+            let n = e.file_name().to_string_lossy().to_string();
+            if !RESERVED.contains(&n.as_str()) && n != "root" {
+                ro.push(format!("/{n}"));
+            }
+        }
+    }
+    for p in &ro {
+        rs = rule(rs, p, read)?;
+    }
+    rs = rule(
+        rs,
+        "/dev",
+        read | AccessFs::WriteFile | landlock::make_bitflags!(AccessFs::{IoctlDev}),
+    )?;
+    for p in ["/tmp", "/home/user", "/workspace", "/dev/shm"] {
+        rs = rule(rs, p, all)?;
+    }
+    for r in &spec.extra_rules {
+        let mut a = landlock::BitFlags::<AccessFs>::empty();
+        if r.read {
+            a |= AccessFs::ReadFile | AccessFs::ReadDir;
+        }
+        if r.execute {
+            a |= AccessFs::Execute;
+        }
+        if r.write {
+            a |= all & !read;
+        }
+        if !a.is_empty() {
+            rs = rule(rs, &r.path, a)?;
+        }
+    }
+    Ok(Some(rs))
+}
+
+// ------------------------------------------------------------------ jobs
+
+fn start_job(
+    ctrl: &OwnedFd,
+    st: &mut State,
+    job: Job,
+    fds: Vec<OwnedFd>,
+) -> Result<i32, StepError> {
+    let [stdin, stdout, stderr, status]: [OwnedFd; 4] = fds
+        .try_into()
+        .map_err(|_| StepError::new("job", "fds", "want 4 descriptors"))?;
+    // SAFETY: init is single-threaded, so the child may run any code after fork.
+    match unsafe { fork() }.map_err(se("fork", "job runner"))? {
+        ForkResult::Parent { child } => Ok(child.as_raw()),
+        ForkResult::Child => {
+            let _ = ctrl;
+            close_from_except(&[
+                stdin.as_raw_fd(),
+                stdout.as_raw_fd(),
+                stderr.as_raw_fd(),
+                status.as_raw_fd(),
+            ]);
+            runner(st, job, stdin, stdout, stderr, status)
+        }
+    }
+}
+
+/// Marks every fd >= 3 close-on-exec, and closes the control socket and signalfd (the
+/// runner must not hold them).
+fn close_from_except(keep: &[RawFd]) {
+    // SAFETY: closing fd 3 (control socket) in the forked runner: the Rust object owning
+    // it lives in the parent's stack frame copy and is never used or dropped here,
+    // because the runner only leaves through _exit.
+    unsafe {
+        libc::close(CTRL_FD);
+        libc::syscall(
+            libc::SYS_close_range,
+            4u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        );
+    }
+    let _ = keep;
+}
+
+fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit ends the process at once; skipping destructors and atexit handlers
+    // is what a forked child must do.
+    unsafe { libc::_exit(code) }
+}
+
+/// The job's runner: a child subreaper that starts the job process, reaps everything
+/// the job leaves, kills stragglers, and reports on the status pipe.
+fn runner(
+    st: &mut State,
+    job: Job,
+    stdin: OwnedFd,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+    status: OwnedFd,
+) -> ! {
+    let _ = nix::sys::prctl::set_child_subreaper(true);
+    let Ok((err_r, err_w)) = nix::unistd::pipe2(OFlag::O_CLOEXEC) else {
+        exit_now(1)
+    };
+    // SAFETY: the runner is single-threaded (forked from the single-threaded init).
+    let child = match unsafe { fork() } {
+        Err(_) => exit_now(1),
+        Ok(ForkResult::Child) => {
+            drop(err_r);
+            let e = confine_and_run(st, &job, stdin, stdout, stderr);
+            let mut f = fs::File::from(err_w);
+            let _ = f.write_all(&serde_json::to_vec(&e).unwrap_or_default());
+            exit_now(127)
+        }
+        Ok(ForkResult::Parent { child }) => child,
+    };
+    drop((stdin, stdout, stderr, err_w));
+    let mut err = Vec::new();
+    let _ = fs::File::from(err_r).read_to_end(&mut err);
+    let mut job_status = None;
+    loop {
+        match waitpid(Pid::from_raw(-1), None) {
+            Ok(WaitStatus::Exited(p, c)) if p == child => {
+                job_status = Some(JobStatus::Exited(c));
+                kill_tree(nix::unistd::getpid().as_raw(), true);
+            }
+            Ok(WaitStatus::Signaled(p, s, _)) if p == child => {
+                job_status = Some(JobStatus::Signaled(s as i32));
+                kill_tree(nix::unistd::getpid().as_raw(), true);
+            }
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(_) => break,
+        }
+    }
+    let out = if !err.is_empty() {
+        match serde_json::from_slice::<StepError>(&err) {
+            Ok(e) => JobStatus::Failed(e),
+            Err(_) => JobStatus::Failed(StepError::new("job", "", "bad error report")),
+        }
+    } else {
+        job_status.unwrap_or(JobStatus::Failed(StepError::new(
+            "wait",
+            "job",
+            "no status",
+        )))
+    };
+    let mut f = fs::File::from(status);
+    let _ = f.write_all(&serde_json::to_vec(&out).unwrap_or_default());
+    exit_now(0)
+}
+
+/// Kills every live descendant of `root` (not `root` itself) until none is left. With
+/// `reap`, the caller is `root` and reaps as it goes.
+pub(crate) fn kill_tree(root: i32, reap: bool) {
+    for _ in 0..10_000 {
+        let d = descendants(root);
+        if d.is_empty() {
+            return;
+        }
+        for p in d {
+            let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
+        }
+        if reap {
+            while let Ok(s) = waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+                if s == WaitStatus::StillAlive {
+                    break;
+                }
+            }
+        } else {
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// Live (non-zombie) descendants of `root`, from `/proc`.
+fn descendants(root: i32) -> Vec<i32> {
+    let mut children: BTreeMap<i32, Vec<i32>> = BTreeMap::new();
+    let mut live = BTreeSet::new();
+    if let Ok(rd) = fs::read_dir("/proc") {
+        for e in rd.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                continue;
+            };
+            let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+                continue;
+            };
+            let mut it = rest.split_whitespace();
+            let state = it.next().unwrap_or("");
+            let ppid: i32 = it.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+            children.entry(ppid).or_default().push(pid);
+            if state != "Z" && state != "X" {
+                live.insert(pid);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let mut todo = vec![root];
+    while let Some(p) = todo.pop() {
+        if let Some(cs) = children.get(&p) {
+            for &c in cs {
+                if live.contains(&c) {
+                    out.push(c);
+                }
+                todo.push(c);
+            }
+        }
+    }
+    out
+}
+
+fn cstr(s: &str, what: &str) -> Result<CString, StepError> {
+    CString::new(s).map_err(|_| StepError::new("argument", what, "contains NUL"))
+}
+
+/// Drops into the confinement, then runs the job. Returns only on failure.
+fn confine_and_run(
+    st: &mut State,
+    job: &Job,
+    stdin: OwnedFd,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+) -> StepError {
+    match confine(st, job, stdin, stdout, stderr) {
+        Err(e) => e,
+        Ok(()) => match run_job(st, job) {
+            Ok(()) => exit_now(0),
+            Err(e) => e,
+        },
+    }
+}
+
+fn confine(
+    st: &mut State,
+    job: &Job,
+    stdin: OwnedFd,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+) -> Result<(), StepError> {
+    nix::unistd::dup2_stdin(&stdin).map_err(se("dup2", "stdin"))?;
+    nix::unistd::dup2_stdout(&stdout).map_err(se("dup2", "stdout"))?;
+    nix::unistd::dup2_stderr(&stderr).map_err(se("dup2", "stderr"))?;
+    drop((stdin, stdout, stderr));
+    // Signals: nothing blocked, nothing ignored (init's Rust runtime ignores SIGPIPE).
+    sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
+        .map_err(se("sigprocmask", ""))?;
+    for sig in [
+        Signal::SIGPIPE,
+        Signal::SIGCHLD,
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGHUP,
+    ] {
+        // SAFETY: restoring the default disposition installs no Rust handler.
+        let _ = unsafe { nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigDfl) };
+    }
+    nix::unistd::setsid().map_err(se("setsid", ""))?;
+    // Prefer the job's processes over init when the OOM killer picks a victim.
+    let _ = fs::write("/proc/self/oom_score_adj", "500");
+    let rl = &st.rlimits;
+    use nix::sys::resource::{Resource, setrlimit};
+    for (r, v, name) in [
+        (Resource::RLIMIT_NOFILE, rl.nofile, "RLIMIT_NOFILE"),
+        (Resource::RLIMIT_CORE, rl.core, "RLIMIT_CORE"),
+        (Resource::RLIMIT_STACK, rl.stack, "RLIMIT_STACK"),
+    ] {
+        setrlimit(r, v, v).map_err(se("setrlimit", name))?;
+    }
+    if let Some(f) = rl.fsize {
+        setrlimit(Resource::RLIMIT_FSIZE, f, f).map_err(se("setrlimit", "RLIMIT_FSIZE"))?;
+    }
+    // Capabilities: empty the bounding set, then become the unprivileged user (which
+    // clears the permitted and effective sets), then clear whatever is left.
+    for cap in 0..64 {
+        // SAFETY: prctl with integer arguments only.
+        let r = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) };
+        if r < 0 && Errno::last() == Errno::EINVAL {
+            break;
+        }
+    }
+    let _ = nix::unistd::setgroups(&[]);
+    let (u, g) = (Uid::from_raw(st.uid), Gid::from_raw(st.gid));
+    nix::unistd::setresgid(g, g, g).map_err(se("setresgid", st.gid.to_string()))?;
+    nix::unistd::setresuid(u, u, u).map_err(se("setresuid", st.uid.to_string()))?;
+    clear_caps()?;
+    nix::sys::prctl::set_no_new_privs().map_err(se("prctl", "PR_SET_NO_NEW_PRIVS"))?;
+    if let Some(rs) = st.landlock.take() {
+        rs.restrict_self()
+            .map_err(|e| StepError::new("landlock_restrict_self", "", e.to_string()))?;
+    }
+    nix::unistd::chdir(job.cwd.as_str()).map_err(se("chdir", &job.cwd))?;
+    Ok(())
+}
+
+fn clear_caps() -> Result<(), StepError> {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let mut h = Header {
+        version: 0x2008_0522,
+        pid: 0,
+    }; // _LINUX_CAPABILITY_VERSION_3
+    let d = [Data {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    // SAFETY: capset reads a v3 header and two data structs, which we pass.
+    let r = unsafe { libc::syscall(libc::SYS_capset, &mut h as *mut Header, d.as_ptr()) };
+    if r < 0 {
+        return Err(StepError::new(
+            "capset",
+            "empty",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    // SAFETY: prctl with integer arguments only.
+    unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0,
+        );
+    }
+    Ok(())
+}
+
+fn env_path(env: &[(String, String)]) -> &str {
+    env.iter()
+        .rev()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.as_str())
+        .unwrap_or("/usr/local/bin:/usr/bin:/bin")
+}
+
+fn resolve(argv0: &str, env: &[(String, String)]) -> Result<String, StepError> {
+    if argv0.contains('/') {
+        return Ok(argv0.to_string());
+    }
+    for dir in env_path(env).split(':').filter(|d| !d.is_empty()) {
+        let cand = format!("{dir}/{argv0}");
+        if let Ok(md) = fs::metadata(&cand)
+            && md.is_file()
+            && nix::unistd::access(cand.as_str(), nix::unistd::AccessFlags::X_OK).is_ok()
+        {
+            return Ok(cand);
+        }
+    }
+    Err(StepError::new("execve", argv0, "command not found in PATH"))
+}
+
+fn run_job(st: &mut State, job: &Job) -> Result<(), StepError> {
+    match &job.kind {
+        JobKind::Exec { argv } => {
+            let first = argv
+                .first()
+                .ok_or_else(|| StepError::new("execve", "", "empty argv"))?;
+            let path = resolve(first, &job.env)?;
+            let cpath = cstr(&path, "path")?;
+            let args = argv
+                .iter()
+                .map(|a| cstr(a, "argv"))
+                .collect::<Result<Vec<_>, _>>()?;
+            let envs = job
+                .env
+                .iter()
+                .map(|(k, v)| cstr(&format!("{k}={v}"), "env"))
+                .collect::<Result<Vec<_>, _>>()?;
+            crate::seccomp::apply(&st.seccomp)
+                .map_err(|e| StepError::new("seccomp", "apply", e))?;
+            let e = nix::unistd::execve(&cpath, &args, &envs).unwrap_err();
+            Err(StepError::new("execve", &path, e))
+        }
+        kind => {
+            crate::seccomp::apply(&st.seccomp)
+                .map_err(|e| StepError::new("seccomp", "apply", e))?;
+            file_op(kind)
+        }
+    }
+}
+
+fn file_op(kind: &JobKind) -> Result<(), StepError> {
+    let mut out = std::io::stdout().lock();
+    match kind {
+        JobKind::Exec { .. } => unreachable!("handled by run_job"),
+        JobKind::ReadFile { path } => {
+            let mut f = fs::File::open(path).map_err(se("open", path))?;
+            std::io::copy(&mut f, &mut out).map_err(se("read", path))?;
+        }
+        JobKind::WriteFile { path, mode } => {
+            if let Some(parent) = Path::new(path).parent() {
+                fs::create_dir_all(parent).map_err(se("mkdir", parent))?;
+            }
+            let mut f = fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(*mode)
+                .open(path)
+                .map_err(se("open", path))?;
+            std::io::copy(&mut std::io::stdin().lock(), &mut f).map_err(se("write", path))?;
+            f.set_permissions(fs::Permissions::from_mode(*mode))
+                .map_err(se("chmod", path))?;
+        }
+        JobKind::List { path } => {
+            let mut v = Vec::new();
+            for e in fs::read_dir(path).map_err(se("read_dir", path))?.flatten() {
+                let md = e.path().symlink_metadata().ok();
+                let kind = match md.as_ref().map(|m| m.file_type()) {
+                    Some(t) if t.is_symlink() => FileKind::Symlink,
+                    Some(t) if t.is_dir() => FileKind::Dir,
+                    Some(t) if t.is_file() => FileKind::File,
+                    _ => FileKind::Other,
+                };
+                v.push(DirEntry {
+                    name: e.file_name().to_string_lossy().into_owned(),
+                    kind,
+                    size: md.map(|m| m.len()).unwrap_or(0),
+                });
+            }
+            v.sort_by(|a, b| a.name.cmp(&b.name));
+            serde_json::to_writer(&mut out, &v)
+                .map_err(|e| StepError::new("write", "stdout", e.to_string()))?;
+        }
+        JobKind::Remove { path, recursive } => {
+            let md = fs::symlink_metadata(path).map_err(se("stat", path))?;
+            if md.is_dir() {
+                if *recursive {
+                    fs::remove_dir_all(path).map_err(se("rmdir", path))?;
+                } else {
+                    fs::remove_dir(path).map_err(se("rmdir", path))?;
+                }
+            } else {
+                fs::remove_file(path).map_err(se("unlink", path))?;
+            }
+        }
+        JobKind::Mkdir { path } => {
+            fs::create_dir_all(path).map_err(se("mkdir", path))?;
+        }
+    }
+    out.flush().map_err(se("write", "stdout"))?;
+    Ok(())
+}

@@ -1,0 +1,1 @@
+//! Warm pool (being built).

@@ -1,0 +1,924 @@
+//! The supervisor side: create a sandbox (`SandboxBuilder::new(spec).spawn()`), run
+//! commands and file operations in it, pause, resume and destroy it.
+
+use crate::cgroup::{self, CgroupManager, SandboxCgroup};
+use crate::error::{ExecError, FileError, SpawnError, StepError};
+use crate::guard::{CheckDecision, CommandCheck};
+use crate::proto::{self, Job, JobKind, JobStatus, Reply, Request};
+use crate::spec::{DirEntry, ExecOutput, ExecRequest, ExitStatus, Network, SandboxSpec};
+use nix::errno::Errno;
+use nix::fcntl::{OFlag, open};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::signal::{Signal, kill};
+use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+use nix::sys::stat::Mode;
+use nix::sys::wait::waitpid;
+use nix::unistd::{Pid, pipe2};
+use std::ffi::CString;
+use std::fs;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// The program that becomes each sandbox's init.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InitProgram {
+    pub path: PathBuf,
+    /// Arguments after argv[0] (for instance `["sandbox", "__init"]` for `tessera`).
+    pub args: Vec<String>,
+}
+
+impl InitProgram {
+    /// `$TESSERA_SANDBOX_INIT`, else `tessera-sandbox-init` next to the running program
+    /// or one directory up (where cargo puts binaries for tests in `deps/`).
+    pub fn locate() -> Option<InitProgram> {
+        if let Some(p) = std::env::var_os("TESSERA_SANDBOX_INIT") {
+            return Some(InitProgram {
+                path: p.into(),
+                args: vec![],
+            });
+        }
+        let exe = std::env::current_exe().ok()?;
+        let dir = exe.parent()?;
+        for d in [Some(dir), dir.parent()].into_iter().flatten() {
+            let p = d.join("tessera-sandbox-init");
+            if p.is_file() {
+                return Some(InitProgram {
+                    path: p,
+                    args: vec![],
+                });
+            }
+        }
+        None
+    }
+}
+
+/// How a [`Runtime`] is set up.
+#[derive(Clone, Default)]
+pub struct RuntimeConfig {
+    /// `None`: [`InitProgram::locate`].
+    pub init: Option<InitProgram>,
+    /// Use cgroups (detected v1 or v2). Without them limits are not enforced.
+    pub cgroups: bool,
+    /// Checks every command; `None` allows all.
+    pub guard: Option<Arc<dyn CommandCheck>>,
+    /// Tenant passed to the guard.
+    pub tenant: Option<String>,
+}
+
+impl std::fmt::Debug for RuntimeConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RuntimeConfig")
+            .field("init", &self.init)
+            .field("cgroups", &self.cgroups)
+            .field("guard", &self.guard.is_some())
+            .field("tenant", &self.tenant)
+            .finish()
+    }
+}
+
+/// Shared, per-process state for creating sandboxes: the opened init program, the
+/// cgroup backend, the id mapping, the guard.
+pub struct Runtime {
+    init_fd: OwnedFd,
+    init_path: PathBuf,
+    argv: Vec<CString>,
+    devnull: OwnedFd,
+    cgroups: Option<Box<dyn CgroupManager>>,
+    guard: Option<Arc<dyn CommandCheck>>,
+    tenant: Option<String>,
+    /// uid/gid the sandbox's commands run as (inside), and the id maps.
+    inner_uid: u32,
+    uid_map: String,
+    gid_map: String,
+    deny_setgroups: bool,
+    debug: bool,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("init", &self.init_path)
+            .field("cgroups", &self.cgroups.as_ref().map(|c| c.version()))
+            .field("uid_map", &self.uid_map)
+            .finish()
+    }
+}
+
+/// First host uid (and gid) of the range sandboxes map to when the supervisor is root:
+/// root inside is this unprivileged id outside.
+pub const HOST_ID_BASE: u32 = 100_000;
+/// Size of the mapped range.
+pub const HOST_ID_COUNT: u32 = 65_536;
+/// The user commands run as, inside.
+pub const SANDBOX_UID: u32 = 1000;
+
+static SEQ: AtomicU64 = AtomicU64::new(0);
+
+impl Runtime {
+    pub fn new(config: RuntimeConfig) -> Result<Arc<Runtime>, SpawnError> {
+        let init =
+            config
+                .init
+                .or_else(InitProgram::locate)
+                .ok_or_else(|| SpawnError::InitProgram {
+                    path: "tessera-sandbox-init".into(),
+                    source: io::Error::new(
+                        io::ErrorKind::NotFound,
+                        "not found next to this program; set TESSERA_SANDBOX_INIT",
+                    ),
+                })?;
+        let init_fd =
+            open(&init.path, OFlag::O_PATH | OFlag::O_CLOEXEC, Mode::empty()).map_err(|e| {
+                SpawnError::InitProgram {
+                    path: init.path.display().to_string(),
+                    source: e.into(),
+                }
+            })?;
+        let mut argv = vec![CString::new("tessera-sandbox-init").expect("no NUL")];
+        for a in &init.args {
+            argv.push(
+                CString::new(a.as_str()).map_err(|_| SpawnError::InitProgram {
+                    path: init.path.display().to_string(),
+                    source: io::Error::new(io::ErrorKind::InvalidInput, "argument contains NUL"),
+                })?,
+            );
+        }
+        let devnull =
+            open("/dev/null", OFlag::O_RDWR | OFlag::O_CLOEXEC, Mode::empty()).map_err(|e| {
+                SpawnError::Syscall {
+                    syscall: "open /dev/null",
+                    source: e.into(),
+                }
+            })?;
+        let euid = nix::unistd::geteuid().as_raw();
+        let egid = nix::unistd::getegid().as_raw();
+        let root = euid == 0;
+        let (uid_map, gid_map, inner_uid) = if root {
+            (
+                format!("0 {HOST_ID_BASE} {HOST_ID_COUNT}\n"),
+                format!("0 {HOST_ID_BASE} {HOST_ID_COUNT}\n"),
+                SANDBOX_UID,
+            )
+        } else {
+            (format!("0 {euid} 1\n"), format!("0 {egid} 1\n"), 0)
+        };
+        let cgroups = if config.cgroups && root {
+            cgroup::detect()
+        } else {
+            None
+        };
+        Ok(Arc::new(Runtime {
+            init_fd,
+            init_path: init.path,
+            argv,
+            devnull,
+            cgroups,
+            guard: config.guard,
+            tenant: config.tenant,
+            inner_uid,
+            uid_map,
+            gid_map,
+            deny_setgroups: !root,
+            debug: std::env::var_os("TESSERA_SANDBOX_DEBUG").is_some(),
+        }))
+    }
+
+    /// A process-wide runtime with defaults (cgroups on), made on first use.
+    pub fn global() -> Result<Arc<Runtime>, SpawnError> {
+        static G: OnceLock<Arc<Runtime>> = OnceLock::new();
+        if let Some(r) = G.get() {
+            return Ok(r.clone());
+        }
+        let r = Runtime::new(RuntimeConfig {
+            cgroups: true,
+            ..Default::default()
+        })?;
+        Ok(G.get_or_init(|| r).clone())
+    }
+
+    /// The cgroup backend in use (`None`: limits are not enforced).
+    pub fn cgroups(&self) -> Option<&dyn CgroupManager> {
+        self.cgroups.as_deref()
+    }
+
+    /// Creates a sandbox from `spec`.
+    pub fn spawn(self: &Arc<Self>, spec: &SandboxSpec) -> Result<Sandbox, SpawnError> {
+        let id = format!(
+            "sb-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        );
+        let cg = match &self.cgroups {
+            Some(m) => Some(m.create(&id, &spec.limits)?),
+            None => None,
+        };
+        match self.spawn_in(spec, &id, cg.as_deref()) {
+            Ok((pid, ctrl)) => Ok(Sandbox {
+                id,
+                pid,
+                ctrl: Mutex::new(ctrl),
+                cgroup: cg,
+                rt: self.clone(),
+                spec: spec.clone(),
+                destroyed: AtomicBool::new(false),
+                paused: AtomicBool::new(false),
+            }),
+            Err(e) => {
+                if let Some(c) = cg {
+                    let _ = c.destroy();
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn spawn_in(
+        &self,
+        spec: &SandboxSpec,
+        id: &str,
+        cg: Option<&dyn SandboxCgroup>,
+    ) -> Result<(Pid, OwnedFd), SpawnError> {
+        let sys = |syscall: &'static str| {
+            move |e: Errno| SpawnError::Syscall {
+                syscall,
+                source: e.into(),
+            }
+        };
+        let (sup, child_end) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .map_err(sys("socketpair"))?;
+        let (sync_r, sync_w) = pipe2(OFlag::O_CLOEXEC).map_err(sys("pipe2"))?;
+        let mut flags = libc::CLONE_NEWUSER
+            | libc::CLONE_NEWPID
+            | libc::CLONE_NEWNS
+            | libc::CLONE_NEWUTS
+            | libc::CLONE_NEWIPC;
+        match spec.network {
+            Network::None => flags |= libc::CLONE_NEWNET,
+        }
+        // Everything the child touches is prepared here: after clone it may only make
+        // async-signal-safe calls (the supervisor may be multi-threaded).
+        let mut argv_ptrs: Vec<*const libc::c_char> =
+            self.argv.iter().map(|a| a.as_ptr()).collect();
+        argv_ptrs.push(std::ptr::null());
+        let envp: [*const libc::c_char; 1] = [std::ptr::null()];
+        let empty = c"";
+        let fds = ChildFds {
+            sync_r: sync_r.as_raw_fd(),
+            sync_w: sync_w.as_raw_fd(),
+            ctrl: child_end.as_raw_fd(),
+            devnull: self.devnull.as_raw_fd(),
+            init: self.init_fd.as_raw_fd(),
+            keep_stderr: self.debug,
+        };
+        // SAFETY: clone without CLONE_VM is fork with namespace flags: the child gets a
+        // copy of the address space and returns here with 0. It then runs only
+        // `child_after_clone`, which makes async-signal-safe libc calls and ends in
+        // execveat or _exit, so no lock held by another thread at the time of the clone
+        // can be touched.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_clone,
+                (flags | libc::SIGCHLD) as libc::c_ulong,
+                0usize,
+                0usize,
+                0usize,
+                0usize,
+            )
+        };
+        if ret == 0 {
+            child_after_clone(&fds, empty.as_ptr(), argv_ptrs.as_ptr(), envp.as_ptr());
+        }
+        if ret < 0 {
+            return Err(SpawnError::Syscall {
+                syscall: "clone",
+                source: io::Error::last_os_error(),
+            });
+        }
+        let pid = Pid::from_raw(ret as i32);
+        drop(child_end);
+        drop(sync_r);
+        let abort = |e: SpawnError| {
+            let _ = kill(pid, Signal::SIGKILL);
+            let _ = waitpid(pid, None);
+            e
+        };
+        if let Some(c) = cg {
+            c.attach(pid.as_raw()).map_err(|e| abort(e.into()))?;
+        }
+        let map = |file: &str, content: &str| -> Result<(), SpawnError> {
+            let path = format!("/proc/{pid}/{file}");
+            fs::write(&path, content).map_err(|source| SpawnError::IdMap { path, source })
+        };
+        let r = (|| {
+            if self.deny_setgroups {
+                map("setgroups", "deny")?;
+            }
+            map("uid_map", &self.uid_map)?;
+            map("gid_map", &self.gid_map)
+        })();
+        r.map_err(&abort)?;
+        nix::unistd::write(&sync_w, &[1]).map_err(|e| abort(sys("write sync pipe")(e)))?;
+        drop(sync_w);
+        let setup = Request::Setup {
+            spec: spec.clone(),
+            uid: self.inner_uid,
+            gid: self.inner_uid,
+        };
+        proto::send(sup.as_fd(), &setup, &[]).map_err(|e| abort(SpawnError::Protocol(e)))?;
+        match recv_timeout::<Reply>(&sup, Duration::from_secs(30)) {
+            Ok(Reply::Ready { .. }) => Ok((pid, sup)),
+            Ok(Reply::Failed(e)) => Err(abort(SpawnError::Setup(e))),
+            Ok(other) => Err(abort(SpawnError::Protocol(format!(
+                "unexpected reply {other:?}"
+            )))),
+            Err(RecvError::Eof) => {
+                let st = waitpid(pid, None);
+                Err(SpawnError::InitDied(format!(
+                    "{st:?} (id {id}; set TESSERA_SANDBOX_DEBUG=1 to see its stderr)"
+                )))
+            }
+            Err(e) => Err(abort(SpawnError::Protocol(e.to_string()))),
+        }
+    }
+}
+
+struct ChildFds {
+    sync_r: RawFd,
+    sync_w: RawFd,
+    ctrl: RawFd,
+    devnull: RawFd,
+    init: RawFd,
+    keep_stderr: bool,
+}
+
+/// Runs in the cloned child. Only async-signal-safe calls; never returns.
+fn child_after_clone(
+    f: &ChildFds,
+    empty: *const libc::c_char,
+    argv: *const *const libc::c_char,
+    envp: *const *const libc::c_char,
+) -> ! {
+    // SAFETY: plain syscalls on descriptors inherited from the parent; the pointers were
+    // built by the parent before clone and stay valid in this copy of its memory.
+    unsafe {
+        libc::close(f.sync_w);
+        let mut b = 0u8;
+        loop {
+            let r = libc::read(f.sync_r, (&mut b as *mut u8).cast(), 1);
+            if r == 1 {
+                break;
+            }
+            if r < 0 && *libc::__errno_location() == libc::EINTR {
+                continue;
+            }
+            libc::_exit(1);
+        }
+        // Become root of the new user namespace (the map is written by now). Raw
+        // syscalls: glibc's wrappers would try to signal the parent's other threads.
+        libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>());
+        if libc::syscall(libc::SYS_setresgid, 0u32, 0u32, 0u32) != 0
+            || libc::syscall(libc::SYS_setresuid, 0u32, 0u32, 0u32) != 0
+        {
+            libc::_exit(126);
+        }
+        // Move what we keep above any fd we are about to overwrite.
+        let ctrl = libc::fcntl(f.ctrl, libc::F_DUPFD, 10);
+        let null = libc::fcntl(f.devnull, libc::F_DUPFD, 10);
+        let init = libc::fcntl(f.init, libc::F_DUPFD_CLOEXEC, 10);
+        if ctrl < 0 || null < 0 || init < 0 {
+            libc::_exit(1);
+        }
+        libc::dup2(null, 0);
+        libc::dup2(null, 1);
+        if !f.keep_stderr {
+            libc::dup2(null, 2);
+        }
+        libc::dup2(ctrl, crate::init::CTRL_FD);
+        libc::syscall(
+            libc::SYS_execveat,
+            init,
+            empty,
+            argv,
+            envp,
+            libc::AT_EMPTY_PATH,
+        );
+        libc::_exit(127)
+    }
+}
+
+#[derive(Debug)]
+enum RecvError {
+    Eof,
+    Timeout,
+    Other(String),
+}
+
+impl std::fmt::Display for RecvError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RecvError::Eof => write!(f, "init closed the connection"),
+            RecvError::Timeout => write!(f, "init did not answer in time"),
+            RecvError::Other(s) => write!(f, "{s}"),
+        }
+    }
+}
+
+fn recv_timeout<T: for<'de> serde::Deserialize<'de>>(
+    sock: &OwnedFd,
+    t: Duration,
+) -> Result<T, RecvError> {
+    let deadline = Instant::now() + t;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(RecvError::Timeout);
+        }
+        let mut fds = [PollFd::new(sock.as_fd(), PollFlags::POLLIN)];
+        let ms = PollTimeout::try_from(left.as_millis().min(60_000) as i32 + 1)
+            .unwrap_or(PollTimeout::MAX);
+        match poll(&mut fds, ms) {
+            Ok(0) | Err(Errno::EINTR) => continue,
+            Ok(_) => break,
+            Err(e) => return Err(RecvError::Other(format!("poll: {e}"))),
+        }
+    }
+    match proto::recv::<T>(sock.as_fd()) {
+        Ok(Some((m, _))) => Ok(m),
+        Ok(None) => Err(RecvError::Eof),
+        Err(e) => Err(RecvError::Other(e)),
+    }
+}
+
+/// Creates sandboxes: `SandboxBuilder::new(spec).spawn()`.
+#[derive(Debug, Clone)]
+pub struct SandboxBuilder {
+    spec: SandboxSpec,
+    runtime: Option<Arc<Runtime>>,
+}
+
+impl SandboxBuilder {
+    pub fn new(spec: SandboxSpec) -> Self {
+        SandboxBuilder {
+            spec,
+            runtime: None,
+        }
+    }
+    /// Use this runtime instead of [`Runtime::global`].
+    pub fn runtime(mut self, rt: Arc<Runtime>) -> Self {
+        self.runtime = Some(rt);
+        self
+    }
+    pub fn spawn(&self) -> Result<Sandbox, SpawnError> {
+        let rt = match &self.runtime {
+            Some(r) => r.clone(),
+            None => Runtime::global()?,
+        };
+        rt.spawn(&self.spec)
+    }
+}
+
+/// A running sandbox. Dropping it destroys it.
+pub struct Sandbox {
+    id: String,
+    pid: Pid,
+    ctrl: Mutex<OwnedFd>,
+    cgroup: Option<Box<dyn SandboxCgroup>>,
+    rt: Arc<Runtime>,
+    spec: SandboxSpec,
+    destroyed: AtomicBool,
+    paused: AtomicBool,
+}
+
+impl std::fmt::Debug for Sandbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sandbox")
+            .field("id", &self.id)
+            .field("pid", &self.pid)
+            .finish()
+    }
+}
+
+struct JobResult {
+    status: ExitStatus,
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    stdout_truncated: bool,
+    stderr_truncated: bool,
+    timed_out: bool,
+    oom_killed: bool,
+}
+
+fn set_nonblocking(fd: &OwnedFd) {
+    let _ = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFL(OFlag::O_NONBLOCK));
+}
+
+impl Sandbox {
+    /// The sandbox's id (also its cgroup's name).
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+    /// Host pid of the sandbox's init.
+    pub fn pid(&self) -> i32 {
+        self.pid.as_raw()
+    }
+    pub fn spec(&self) -> &SandboxSpec {
+        &self.spec
+    }
+    /// The sandbox's cgroup, if cgroups are in use.
+    pub fn cgroup(&self) -> Option<&dyn SandboxCgroup> {
+        self.cgroup.as_deref()
+    }
+
+    /// Resident memory of the idle sandbox's init, in KiB.
+    pub fn init_rss_kib(&self) -> Option<u64> {
+        let s = fs::read_to_string(format!("/proc/{}/status", self.pid)).ok()?;
+        s.lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+    }
+
+    fn check_alive(&self) -> Result<(), ExecError> {
+        if self.destroyed.load(Ordering::Acquire) {
+            return Err(ExecError::Destroyed(self.id.clone()));
+        }
+        if self.paused.load(Ordering::Acquire) {
+            return Err(ExecError::Protocol(format!(
+                "sandbox {} is paused; resume it first",
+                self.id
+            )));
+        }
+        Ok(())
+    }
+
+    fn request(&self, req: &Request, fds: &[RawFd]) -> Result<Reply, ExecError> {
+        let ctrl = self.ctrl.lock().unwrap_or_else(|p| p.into_inner());
+        proto::send(ctrl.as_fd(), req, fds).map_err(ExecError::Protocol)?;
+        recv_timeout::<Reply>(&ctrl, Duration::from_secs(30))
+            .map_err(|e| ExecError::Protocol(e.to_string()))
+    }
+
+    /// Round trip to init (liveness).
+    pub fn ping(&self) -> Result<(), ExecError> {
+        self.check_alive()?;
+        match self.request(&Request::Ping, &[])? {
+            Reply::Pong => Ok(()),
+            r => Err(ExecError::Protocol(format!("unexpected reply {r:?}"))),
+        }
+    }
+
+    fn base_env(&self) -> Vec<(String, String)> {
+        let mut env: Vec<(String, String)> = [
+            (
+                "PATH",
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            ),
+            ("HOME", "/home/user"),
+            ("USER", "user"),
+            ("LANG", "C.UTF-8"),
+            ("TERM", "dumb"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        env.extend(self.spec.env.iter().cloned());
+        env
+    }
+
+    /// Runs a command and waits for it (and everything it started) to finish. The guard
+    /// checks it first; a blocked command is an `Err`, a failing one an `Ok` with its
+    /// status. On timeout the whole tree is killed.
+    pub fn exec(&self, req: &ExecRequest) -> Result<ExecOutput, ExecError> {
+        self.check_alive()?;
+        let argv = req.command.argv();
+        if argv.is_empty() || argv[0].is_empty() {
+            return Err(ExecError::EmptyCommand);
+        }
+        let mut alerts = Vec::new();
+        if let Some(g) = &self.rt.guard {
+            match g.check(self.rt.tenant.as_deref(), &req.command) {
+                CheckDecision::Allow => {}
+                CheckDecision::Alert(a) => alerts = a,
+                CheckDecision::Block(r) => return Err(ExecError::Blocked(r.join("; "))),
+            }
+        }
+        let mut env = self.base_env();
+        env.extend(req.env.iter().cloned());
+        let job = Job {
+            kind: JobKind::Exec { argv },
+            env,
+            cwd: req.cwd.clone().unwrap_or_else(|| "/workspace".into()),
+        };
+        let r = self.run_job(job, req.stdin.as_deref(), req.timeout, req.max_output)?;
+        let mut out = ExecOutput {
+            status: r.status,
+            stdout: r.stdout,
+            stderr: r.stderr,
+            stdout_truncated: r.stdout_truncated,
+            stderr_truncated: r.stderr_truncated,
+            timed_out: r.timed_out,
+            oom_killed: r.oom_killed,
+            alerts,
+            redacted: false,
+        };
+        if let Some(g) = &self.rt.guard {
+            if let Some(s) = g.redact(&out.stdout) {
+                out.stdout = s;
+                out.redacted = true;
+            }
+            if let Some(s) = g.redact(&out.stderr) {
+                out.stderr = s;
+                out.redacted = true;
+            }
+        }
+        Ok(out)
+    }
+
+    fn run_job(
+        &self,
+        job: Job,
+        stdin: Option<&[u8]>,
+        timeout: Option<Duration>,
+        max_output: usize,
+    ) -> Result<JobResult, ExecError> {
+        let sys = |syscall: &'static str| {
+            move |e: Errno| ExecError::Syscall {
+                syscall,
+                source: e.into(),
+            }
+        };
+        let (in_r, in_w) = pipe2(OFlag::O_CLOEXEC).map_err(sys("pipe2"))?;
+        let (out_r, out_w) = pipe2(OFlag::O_CLOEXEC).map_err(sys("pipe2"))?;
+        let (err_r, err_w) = pipe2(OFlag::O_CLOEXEC).map_err(sys("pipe2"))?;
+        let (st_r, st_w) = pipe2(OFlag::O_CLOEXEC).map_err(sys("pipe2"))?;
+        let oom_before = self.cgroup.as_ref().map(|c| c.oom_kills()).unwrap_or(0);
+        let reply = self.request(
+            &Request::Job(job),
+            &[
+                in_r.as_raw_fd(),
+                out_w.as_raw_fd(),
+                err_w.as_raw_fd(),
+                st_w.as_raw_fd(),
+            ],
+        )?;
+        drop((in_r, out_w, err_w, st_w));
+        let runner = match reply {
+            Reply::Started { pid } => pid,
+            Reply::Failed(e) => return Err(ExecError::Start(e)),
+            r => return Err(ExecError::Protocol(format!("unexpected reply {r:?}"))),
+        };
+        let mut stdin_w = match stdin {
+            Some(d) if !d.is_empty() => {
+                set_nonblocking(&in_w);
+                Some((in_w, d, 0usize))
+            }
+            _ => {
+                drop(in_w);
+                None
+            }
+        };
+        let mut bufs: [Vec<u8>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+        let mut trunc = [false; 3];
+        let mut open = [Some(out_r), Some(err_r), Some(st_r)];
+        let start = Instant::now();
+        let mut deadline = timeout.map(|t| start + t);
+        let mut timed_out = false;
+        let mut chunk = vec![0u8; 64 * 1024];
+        while open.iter().any(Option::is_some) {
+            let now = Instant::now();
+            if let Some(d) = deadline
+                && now >= d
+            {
+                if timed_out {
+                    return Err(ExecError::Protocol(format!(
+                        "job {runner} in sandbox {} did not die after kill",
+                        self.id
+                    )));
+                }
+                timed_out = true;
+                let _ = self.request(&Request::Kill { pid: runner }, &[])?;
+                stdin_w = None;
+                deadline = Some(Instant::now() + Duration::from_secs(10));
+                continue;
+            }
+            let wait_ms = deadline
+                .map(|d| d.saturating_duration_since(now).as_millis().min(10_000) as i32 + 1)
+                .unwrap_or(-1);
+            let mut pfds: Vec<PollFd> = Vec::with_capacity(4);
+            let mut which: Vec<usize> = Vec::with_capacity(4);
+            for (i, o) in open.iter().enumerate() {
+                if let Some(fd) = o {
+                    pfds.push(PollFd::new(fd.as_fd(), PollFlags::POLLIN));
+                    which.push(i);
+                }
+            }
+            if let Some((fd, _, _)) = &stdin_w {
+                pfds.push(PollFd::new(fd.as_fd(), PollFlags::POLLOUT));
+                which.push(3);
+            }
+            let timeout = PollTimeout::try_from(wait_ms).unwrap_or(PollTimeout::NONE);
+            match poll(&mut pfds, timeout) {
+                Ok(_) | Err(Errno::EINTR) => {}
+                Err(e) => return Err(sys("poll")(e)),
+            }
+            let ready: Vec<(usize, bool)> = pfds
+                .iter()
+                .zip(&which)
+                .map(|(p, &i)| (i, p.revents().is_some_and(|r| !r.is_empty())))
+                .collect();
+            drop(pfds);
+            for (i, is_ready) in ready {
+                if !is_ready {
+                    continue;
+                }
+                if i == 3 {
+                    let mut done = false;
+                    if let Some((fd, data, off)) = &mut stdin_w {
+                        match nix::unistd::write(&*fd, &data[*off..]) {
+                            Ok(n) => {
+                                *off += n;
+                                done = *off >= data.len();
+                            }
+                            Err(Errno::EAGAIN) | Err(Errno::EINTR) => {}
+                            Err(_) => done = true,
+                        }
+                    }
+                    if done {
+                        stdin_w = None;
+                    }
+                    continue;
+                }
+                let Some(fd) = &open[i] else { continue };
+                match nix::unistd::read(fd, &mut chunk) {
+                    Ok(0) => open[i] = None,
+                    Ok(n) => {
+                        let cap = if i == 2 { 1 << 20 } else { max_output };
+                        let room = cap.saturating_sub(bufs[i].len());
+                        if n > room {
+                            trunc[i] = true;
+                        }
+                        bufs[i].extend_from_slice(&chunk[..n.min(room)]);
+                    }
+                    Err(Errno::EINTR) | Err(Errno::EAGAIN) => {}
+                    Err(_) => open[i] = None,
+                }
+            }
+        }
+        let [stdout, stderr, status] = bufs;
+        let status: JobStatus = serde_json::from_slice(&status)
+            .map_err(|e| ExecError::Protocol(format!("job status: {e}")))?;
+        let status = match status {
+            JobStatus::Exited(c) => ExitStatus::Exited(c),
+            JobStatus::Signaled(s) => ExitStatus::Signaled(s),
+            JobStatus::Failed(e) => return Err(ExecError::Start(e)),
+        };
+        let oom_killed = self.cgroup.as_ref().map(|c| c.oom_kills()).unwrap_or(0) > oom_before;
+        Ok(JobResult {
+            status,
+            stdout,
+            stderr,
+            stdout_truncated: trunc[0],
+            stderr_truncated: trunc[1],
+            timed_out,
+            oom_killed,
+        })
+    }
+
+    fn file_job(
+        &self,
+        kind: JobKind,
+        path: &str,
+        input: Option<&[u8]>,
+    ) -> Result<Vec<u8>, FileError> {
+        if !path.starts_with('/') || path.contains('\0') {
+            return Err(FileError::BadPath(path.to_string()));
+        }
+        self.check_alive()?;
+        let job = Job {
+            kind,
+            env: Vec::new(),
+            cwd: "/".into(),
+        };
+        match self.run_job(
+            job,
+            Some(input.unwrap_or(b"")),
+            Some(Duration::from_secs(60)),
+            1 << 30,
+        ) {
+            Ok(r) if r.status.success() => Ok(r.stdout),
+            Ok(r) => Err(FileError::Op {
+                path: path.into(),
+                source: StepError::new("file", path, format!("helper ended with {:?}", r.status)),
+            }),
+            Err(ExecError::Start(e)) => Err(FileError::Op {
+                path: path.into(),
+                source: e,
+            }),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Reads a whole file.
+    pub fn read_file(&self, path: &str) -> Result<Vec<u8>, FileError> {
+        self.file_job(JobKind::ReadFile { path: path.into() }, path, None)
+    }
+    /// Writes a file (mode 0644), creating parent directories.
+    pub fn write_file(&self, path: &str, data: &[u8]) -> Result<(), FileError> {
+        self.file_job(
+            JobKind::WriteFile {
+                path: path.into(),
+                mode: 0o644,
+            },
+            path,
+            Some(data),
+        )
+        .map(drop)
+    }
+    /// Lists a directory, sorted by name.
+    pub fn list(&self, path: &str) -> Result<Vec<DirEntry>, FileError> {
+        let out = self.file_job(JobKind::List { path: path.into() }, path, None)?;
+        serde_json::from_slice(&out).map_err(|e| FileError::Op {
+            path: path.into(),
+            source: StepError::new("list", path, e.to_string()),
+        })
+    }
+    /// Removes a file, or a directory (with its contents when `recursive`).
+    pub fn remove(&self, path: &str, recursive: bool) -> Result<(), FileError> {
+        self.file_job(
+            JobKind::Remove {
+                path: path.into(),
+                recursive,
+            },
+            path,
+            None,
+        )
+        .map(drop)
+    }
+    /// Creates a directory and its parents.
+    pub fn mkdir(&self, path: &str) -> Result<(), FileError> {
+        self.file_job(JobKind::Mkdir { path: path.into() }, path, None)
+            .map(drop)
+    }
+
+    /// Freezes every process of the sandbox (cgroup freezer).
+    pub fn pause(&self) -> Result<(), crate::CgroupError> {
+        let cg = self
+            .cgroup
+            .as_ref()
+            .ok_or(crate::CgroupError::NoController("freezer"))?;
+        cg.set_frozen(true)?;
+        self.paused.store(true, Ordering::Release);
+        Ok(())
+    }
+    /// Thaws a paused sandbox.
+    pub fn resume(&self) -> Result<(), crate::CgroupError> {
+        let cg = self
+            .cgroup
+            .as_ref()
+            .ok_or(crate::CgroupError::NoController("freezer"))?;
+        cg.set_frozen(false)?;
+        self.paused.store(false, Ordering::Release);
+        Ok(())
+    }
+
+    /// Kills every process of the sandbox and removes its cgroup. Its mounts and
+    /// namespaces go with its last process. Idempotent.
+    pub fn destroy(&self) -> Result<(), crate::CgroupError> {
+        if self.destroyed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        if self.paused.load(Ordering::Acquire)
+            && let Some(cg) = &self.cgroup
+        {
+            // Frozen tasks cannot die until thawed.
+            let _ = cg.set_frozen(false);
+        }
+        // Killing a pid namespace's init kills every process in it; waitpid returns
+        // only once they are all gone.
+        let _ = kill(self.pid, Signal::SIGKILL);
+        while let Err(Errno::EINTR) = waitpid(self.pid, None) {}
+        if let Some(cg) = &self.cgroup {
+            cg.destroy()?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        let _ = self.destroy();
+    }
+}
+
+/// Is `path` the host path of a sandbox's init program? (For diagnostics.)
+pub fn init_program_path(rt: &Runtime) -> &Path {
+    &rt.init_path
+}

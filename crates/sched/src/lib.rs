@@ -12,8 +12,13 @@
 pub mod agent;
 pub mod config;
 pub mod gpu;
+mod index;
+pub mod proportion;
+mod session;
+mod state;
 
 pub use config::{Action, Config, ConfigError, PluginName};
+pub use session::{NoObserver, Observer};
 
 use tessera_model::{Plan, Snapshot};
 
@@ -21,6 +26,15 @@ use tessera_model::{Plan, Snapshot};
 /// The same snapshot and configuration always give the same plan, whatever the
 /// order of nodes, queues, groups or tasks in the snapshot.
 pub fn schedule(snapshot: &Snapshot, config: &Config) -> Plan {
-    let _ = (snapshot, config);
-    Plan::default()
+    session::run(snapshot, config, &mut NoObserver)
+}
+
+/// [`schedule`], calling `observer` after every placement decision (for
+/// benchmarks that time decisions; the scheduler itself reads no clock).
+pub fn schedule_observed(
+    snapshot: &Snapshot,
+    config: &Config,
+    observer: &mut dyn Observer,
+) -> Plan {
+    session::run(snapshot, config, observer)
 }

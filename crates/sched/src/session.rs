@@ -1,0 +1,1121 @@
+//! One scheduling session: the actions, run in the configured order over the
+//! session state, and the plan they leave behind.
+
+use std::cmp::{Ordering, Reverse};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
+
+use tessera_model::{
+    Binding, Dim, Eviction, GpuRequest, Pending, Plan, Resources, Snapshot, TaskId,
+};
+
+use crate::config::{Action, Config, PluginName};
+use crate::index::{NodeIndex, cpu_mag};
+use crate::proportion::water_fill_resources;
+use crate::state::{JobId, NodeId, QueueId, State, TaskStatus, class_failure};
+
+/// Hooks a caller can observe the session through (benchmarks time decisions
+/// with it; the scheduler itself never reads a clock).
+pub trait Observer {
+    /// Called after each placement decision for one task, placed or not.
+    fn decision(&mut self) {}
+}
+
+/// An observer that does nothing.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoObserver;
+impl Observer for NoObserver {}
+
+/// How many feasible nodes of the best bucket are scored before choosing.
+const CANDIDATES: usize = 4;
+
+/// An undo log for gang placement: either the whole group lands, or nothing does.
+#[derive(Debug, Default)]
+struct Stmt {
+    ops: Vec<Op>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Placed(u32),
+    Evicted(u32),
+}
+
+struct Session<'s, 'c, 'o> {
+    st: State<'s>,
+    cfg: &'c Config,
+    obs: &'o mut dyn Observer,
+    gang: bool,
+    proportion: bool,
+    spread: bool,
+    /// Committed placements, in decision order.
+    placed: Vec<u32>,
+    /// Committed evictions, in decision order, with reasons.
+    evicted: Vec<(u32, String)>,
+    /// Eviction reasons of the current statement.
+    pending_evictions: Vec<(u32, String)>,
+    /// Reasons for groups that were not admitted.
+    enqueue_reason: BTreeMap<JobId, String>,
+    max_cpu_mag: u32,
+    /// Bumped on every commit: diagnoses cached under an older generation are stale.
+    generation: u64,
+    diag_cache: HashMap<(u32, Resources, GpuRequest), (u64, String)>,
+}
+
+/// Runs a session; see [`crate::schedule`].
+pub fn run(snapshot: &Snapshot, cfg: &Config, obs: &mut dyn Observer) -> Plan {
+    let st = State::new(snapshot, cfg.enabled(PluginName::Predicates));
+    let max_cpu_mag = st
+        .nodes
+        .iter()
+        .map(|n| cpu_mag(n.src.allocatable.cpu_milli))
+        .max()
+        .unwrap_or(0);
+    let mut s = Session {
+        st,
+        cfg,
+        obs,
+        gang: cfg.enabled(PluginName::Gang),
+        proportion: cfg.enabled(PluginName::Proportion),
+        spread: cfg.enabled(PluginName::Spread),
+        placed: Vec::new(),
+        evicted: Vec::new(),
+        pending_evictions: Vec::new(),
+        enqueue_reason: BTreeMap::new(),
+        max_cpu_mag,
+        generation: 0,
+        diag_cache: HashMap::new(),
+    };
+    // Groups that already hold resources are admitted; without an enqueue
+    // action, every group is.
+    let enqueue = cfg.runs(Action::Enqueue);
+    for j in 0..s.st.jobs.len() {
+        let job = &mut s.st.jobs[j];
+        job.admitted = job.queue.is_some() && (!enqueue || job.occupied > 0);
+    }
+    s.compute_deserved();
+    for &a in &cfg.actions {
+        match a {
+            Action::Enqueue => {
+                s.enqueue();
+                s.compute_deserved();
+            }
+            Action::Allocate => s.allocate(),
+            Action::Backfill => s.backfill(),
+            Action::Preempt => s.preempt(),
+            Action::Reclaim => s.reclaim(),
+        }
+    }
+    s.into_plan()
+}
+
+impl Session<'_, '_, '_> {
+    // ----- proportion -------------------------------------------------------
+
+    /// Demand per queue subtree: what it holds plus what admitted groups ask for.
+    fn compute_demand(&mut self) {
+        for q in &mut self.st.queues {
+            q.demand = q.allocated.clone();
+        }
+        for j in 0..self.st.jobs.len() {
+            let job = &self.st.jobs[j];
+            let Some(q) = job.queue else { continue };
+            if !job.admitted {
+                continue;
+            }
+            let mut want = Resources::default();
+            for &t in &job.tasks {
+                if self.st.tasks[t as usize].status == TaskStatus::Pending {
+                    want.add_assign_saturating(&self.st.tasks[t as usize].request);
+                }
+            }
+            let mut cur = Some(q);
+            while let Some(c) = cur {
+                self.st.queues[c as usize]
+                    .demand
+                    .add_assign_saturating(&want);
+                cur = self.st.queues[c as usize].parent;
+            }
+        }
+    }
+
+    fn compute_deserved(&mut self) {
+        self.compute_demand();
+        let order = self.st.queues_top_down();
+        let roots: Vec<QueueId> = order
+            .iter()
+            .copied()
+            .filter(|&q| self.st.queues[q as usize].parent.is_none())
+            .collect();
+        let total = self.st.total.clone();
+        self.fill_children(&total, &roots);
+        for &q in &order {
+            let children = self.st.queues[q as usize].children.clone();
+            if !children.is_empty() {
+                let d = self.st.queues[q as usize].deserved.clone();
+                self.fill_children(&d, &children);
+            }
+        }
+    }
+
+    fn fill_children(&mut self, total: &Resources, children: &[QueueId]) {
+        let weights: Vec<u64> = children
+            .iter()
+            .map(|&c| self.st.queues[c as usize].weight)
+            .collect();
+        let guarantees: Vec<Resources> = children
+            .iter()
+            .map(|&c| self.st.queues[c as usize].guarantee.clone())
+            .collect();
+        let caps: Vec<Resources> = children
+            .iter()
+            .map(|&c| {
+                let q = &self.st.queues[c as usize];
+                match &q.capability {
+                    Some(cap) => q.demand.min(cap),
+                    None => q.demand.clone(),
+                }
+            })
+            .collect();
+        let parts = water_fill_resources(total, &weights, &guarantees, &caps);
+        for (&c, mut d) in children.iter().zip(parts) {
+            // A queue's deserved share never falls below its guarantee.
+            d = d.max(&self.st.queues[c as usize].guarantee);
+            self.st.queues[c as usize].deserved = d;
+        }
+    }
+
+    /// Checks that `req` may be added to leaf queue `q`: every queue on the path
+    /// to the root stays within capability, and (with `proportion`) the leaf
+    /// stays within its deserved share.
+    fn queue_allows(&self, q: QueueId, req: &Resources, use_deserved: bool) -> Result<(), String> {
+        let mut cur = Some(q);
+        while let Some(c) = cur {
+            let qs = &self.st.queues[c as usize];
+            if let Some(cap) = &qs.capability {
+                if let Some(d) = over(&qs.allocated, req, cap) {
+                    return Err(format!(
+                        "queue {} would exceed its capability of {d} ({} of {})",
+                        qs.name,
+                        fmt_dim(&d, qs.allocated.get(&d).saturating_add(req.get(&d))),
+                        fmt_dim(&d, cap.get(&d))
+                    ));
+                }
+            }
+            cur = qs.parent;
+        }
+        if self.proportion && use_deserved {
+            let qs = &self.st.queues[q as usize];
+            // A deserved share as large as the whole cluster bounds nothing that
+            // node fit does not already bound; skip it so that the reason for
+            // waiting names the nodes.
+            let mut limit = qs.deserved.clone();
+            for (d, v) in self.st.total.dims() {
+                if limit.get(&d) >= v {
+                    limit.set(&d, u64::MAX);
+                }
+            }
+            if let Some(d) = over(&qs.allocated, req, &limit) {
+                return Err(format!(
+                    "queue {} is at its deserved share of {d} ({} held, {} deserved)",
+                    qs.name,
+                    fmt_dim(&d, qs.allocated.get(&d)),
+                    fmt_dim(&d, qs.deserved.get(&d))
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Queue order key: the dominant share of allocated over deserved.
+    fn queue_share(&self, q: QueueId) -> u64 {
+        let qs = &self.st.queues[q as usize];
+        let mut share: f64 = 0.0;
+        for (d, v) in qs.allocated.dims() {
+            if d == Dim::Pods || v == 0 {
+                continue;
+            }
+            let des = qs.deserved.get(&d);
+            let s = if des == 0 { 1e6 } else { v as f64 / des as f64 };
+            share = share.max(s);
+        }
+        (share * 1e9) as u64
+    }
+
+    // ----- ordering ---------------------------------------------------------
+
+    fn job_cmp(&self, a: JobId, b: JobId, drf: &[f64]) -> Ordering {
+        let (ja, jb) = (&self.st.jobs[a as usize], &self.st.jobs[b as usize]);
+        for p in self.cfg.plugins() {
+            let o = match p {
+                PluginName::Priority => jb.src.priority.cmp(&ja.src.priority),
+                // A gang running below its minimum (it lost members) goes
+                // before fresh jobs, so that it is not starved.
+                PluginName::Gang => {
+                    let starved = |j: &crate::state::JobState<'_>| j.occupied > 0 && !j.ready();
+                    starved(jb).cmp(&starved(ja))
+                }
+                PluginName::Drf => drf[a as usize]
+                    .partial_cmp(&drf[b as usize])
+                    .unwrap_or(Ordering::Equal),
+                _ => Ordering::Equal,
+            };
+            if o != Ordering::Equal {
+                return o;
+            }
+        }
+        ja.src
+            .creation
+            .cmp(&jb.src.creation)
+            .then_with(|| ja.order.cmp(&jb.order))
+    }
+
+    /// Admitted jobs per queue, each list in job order.
+    fn jobs_by_queue(&self, want: impl Fn(&Self, JobId) -> bool) -> Vec<VecDeque<JobId>> {
+        let drf: Vec<f64> = self
+            .st
+            .jobs
+            .iter()
+            .map(|j| j.allocated.dominant_share(&self.st.total))
+            .collect();
+        let mut per: Vec<Vec<JobId>> = vec![Vec::new(); self.st.queues.len()];
+        for j in 0..self.st.jobs.len() as JobId {
+            if let Some(q) = self.st.jobs[j as usize].queue {
+                if want(self, j) {
+                    per[q as usize].push(j);
+                }
+            }
+        }
+        per.into_iter()
+            .map(|mut v| {
+                v.sort_by(|&a, &b| self.job_cmp(a, b, &drf));
+                v.into()
+            })
+            .collect()
+    }
+
+    fn has_pending(&self, j: JobId, best_effort: bool) -> bool {
+        self.st.jobs[j as usize].tasks.iter().any(|&t| {
+            let ts = &self.st.tasks[t as usize];
+            ts.status == TaskStatus::Pending && ts.request.is_best_effort() == best_effort
+        })
+    }
+
+    // ----- placement --------------------------------------------------------
+
+    /// Finds a node for task `t` through the index: the first bucket (in binpack
+    /// or spread order) that holds a feasible node; the best of up to
+    /// [`CANDIDATES`] feasible nodes there.
+    fn find_node(&self, t: u32) -> Option<(NodeId, Vec<u32>)> {
+        let task = &self.st.tasks[t as usize];
+        let ix = &self.st.index;
+        let max_g = ix.max_gpus();
+        let (g_lo, shared) = match &task.src.gpu {
+            GpuRequest::None => (0, false),
+            GpuRequest::Whole { count, .. } => (*count, false),
+            GpuRequest::Shared { .. } => (0, true),
+        };
+        if g_lo > max_g {
+            return None;
+        }
+        let c_lo = cpu_mag(task.request.cpu_milli);
+        let c_hi = self.max_cpu_mag.max(c_lo);
+        let classes: Vec<u32> = (0..self.st.classes.len() as u32)
+            .filter(|&c| !self.st.predicates || self.st.sig_classes[task.sig as usize][c as usize])
+            .collect();
+        if classes.is_empty() {
+            return None;
+        }
+        // Binpack fills the fullest node that fits; spread the emptiest. A
+        // shared-GPU task looks at every GPU bucket (partly used GPUs sit in the
+        // low ones), binpack first.
+        let gpu_order: Vec<u32> = if self.spread && !shared {
+            (g_lo..=max_g).rev().collect()
+        } else {
+            (g_lo..=max_g).collect()
+        };
+        let mut found: Vec<(NodeId, Vec<u32>)> = Vec::new();
+        for &g in &gpu_order {
+            for step in 0..=(c_hi - c_lo) {
+                let c = if self.spread {
+                    c_hi - step
+                } else {
+                    c_lo + step
+                };
+                if c > NodeIndex::MAX_CPU_MAG {
+                    continue;
+                }
+                for &class in &classes {
+                    for &n in ix.bucket(class, g, c) {
+                        if let Some(gpus) = self.st.fits(t, n) {
+                            found.push((n, gpus));
+                            if found.len() >= CANDIDATES {
+                                break;
+                            }
+                        }
+                    }
+                    if found.len() >= CANDIDATES {
+                        break;
+                    }
+                }
+                if !found.is_empty() {
+                    return self.best(t, found);
+                }
+            }
+        }
+        None
+    }
+
+    /// Scores candidates: binpack prefers the node left fullest, spread the node
+    /// left emptiest; ties go to the lower node id.
+    fn best(&self, t: u32, found: Vec<(NodeId, Vec<u32>)>) -> Option<(NodeId, Vec<u32>)> {
+        let req = &self.st.tasks[t as usize].request;
+        let score = |n: NodeId| -> u64 {
+            let ns = &self.st.nodes[n as usize];
+            let a = &ns.src.allocatable;
+            let used = |alloc: u64, free: u64, r: u64| -> u64 {
+                if alloc == 0 {
+                    0
+                } else {
+                    (alloc - free.saturating_sub(r)) * 1000 / alloc
+                }
+            };
+            used(a.cpu_milli, ns.free.cpu_milli, req.cpu_milli)
+                + used(a.memory, ns.free.memory, req.memory)
+        };
+        found.into_iter().max_by(|(na, _), (nb, _)| {
+            let (sa, sb) = (score(*na), score(*nb));
+            let o = if self.spread {
+                sb.cmp(&sa)
+            } else {
+                sa.cmp(&sb)
+            };
+            o.then_with(|| nb.cmp(na))
+        })
+    }
+
+    fn commit(&mut self, stmt: Stmt) {
+        self.generation += 1;
+        for op in stmt.ops {
+            if let Op::Placed(t) = op {
+                self.placed.push(t);
+            }
+        }
+        self.evicted.append(&mut self.pending_evictions);
+    }
+
+    fn rollback(&mut self, stmt: Stmt) {
+        for op in stmt.ops.into_iter().rev() {
+            match op {
+                Op::Placed(t) => self.st.unplace(t, TaskStatus::Pending),
+                Op::Evicted(t) => {
+                    let n = self.st.tasks[t as usize].node.unwrap_or(0);
+                    let gpus = std::mem::take(&mut self.st.tasks[t as usize].gpus);
+                    self.st.place(t, n, gpus, TaskStatus::Running);
+                }
+            }
+        }
+        self.pending_evictions.clear();
+    }
+
+    /// Ends a job's attempt: keeps it if the gang is satisfied, else undoes it.
+    fn settle(&mut self, j: JobId, stmt: Stmt) -> bool {
+        let job = &self.st.jobs[j as usize];
+        if !self.gang || job.ready() {
+            self.commit(stmt);
+            true
+        } else {
+            let job = &mut self.st.jobs[j as usize];
+            job.placeable = job.placeable.max(job.occupied);
+            self.rollback(stmt);
+            false
+        }
+    }
+
+    // ----- actions ----------------------------------------------------------
+
+    /// Admission: a group whose queue can take its minimum resources within
+    /// capability, and which could fit in the cluster at all, becomes admitted.
+    fn enqueue(&mut self) {
+        let per = self.jobs_by_queue(|s, j| !s.st.jobs[j as usize].admitted);
+        for (q, jobs) in per.into_iter().enumerate() {
+            for j in jobs {
+                let job = &self.st.jobs[j as usize];
+                let min = job.min_request.clone();
+                let min_member = job.src.min_member as usize;
+                if min_member > job.tasks.len() {
+                    self.enqueue_reason.insert(
+                        j,
+                        format!(
+                            "min_member {} is more than the group's {} tasks",
+                            min_member,
+                            job.tasks.len()
+                        ),
+                    );
+                    continue;
+                }
+                if let Some(d) = min.exceeding(&self.st.total).first() {
+                    self.enqueue_reason.insert(
+                        j,
+                        format!(
+                            "needs more {d} than the whole cluster has ({} of {})",
+                            fmt_dim(d, min.get(d)),
+                            fmt_dim(d, self.st.total.get(d))
+                        ),
+                    );
+                    continue;
+                }
+                // Capability along the path, counting what earlier admitted
+                // groups reserved.
+                let mut reserved_ok = Ok(());
+                let mut cur = Some(q as QueueId);
+                while let Some(c) = cur {
+                    let qs = &self.st.queues[c as usize];
+                    if let Some(cap) = &qs.capability {
+                        let held = qs.allocated.checked_add(&qs.inqueue).unwrap_or_default();
+                        if let Some(d) = over(&held, &min, cap) {
+                            reserved_ok = Err(format!(
+                                "queue {} capability of {d} is {}; held and admitted would be {}",
+                                qs.name,
+                                fmt_dim(&d, cap.get(&d)),
+                                fmt_dim(&d, held.get(&d).saturating_add(min.get(&d)))
+                            ));
+                            break;
+                        }
+                    }
+                    cur = qs.parent;
+                }
+                match reserved_ok {
+                    Ok(()) => {
+                        self.st.jobs[j as usize].admitted = true;
+                        let mut cur = Some(q as QueueId);
+                        while let Some(c) = cur {
+                            self.st.queues[c as usize]
+                                .inqueue
+                                .add_assign_saturating(&min);
+                            cur = self.st.queues[c as usize].parent;
+                        }
+                    }
+                    Err(r) => {
+                        self.enqueue_reason.insert(j, r);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Places admitted groups, queue by queue in fair-share order, gang by gang.
+    fn allocate(&mut self) {
+        let mut per =
+            self.jobs_by_queue(|s, j| s.st.jobs[j as usize].admitted && s.has_pending(j, false));
+        let mut heap: BinaryHeap<Reverse<(u64, QueueId)>> = BinaryHeap::new();
+        let mut turns = vec![0u64; per.len()];
+        for (q, jobs) in per.iter().enumerate() {
+            if !jobs.is_empty() {
+                heap.push(Reverse((self.order_key(q as QueueId, 0), q as QueueId)));
+            }
+        }
+        while let Some(Reverse((_, q))) = heap.pop() {
+            let Some(j) = per[q as usize].pop_front() else {
+                continue;
+            };
+            self.allocate_job(j);
+            turns[q as usize] += 1;
+            if !per[q as usize].is_empty() {
+                heap.push(Reverse((self.order_key(q, turns[q as usize]), q)));
+            }
+        }
+    }
+
+    fn order_key(&self, q: QueueId, turns: u64) -> u64 {
+        if self.proportion {
+            self.queue_share(q)
+        } else {
+            turns
+        }
+    }
+
+    fn allocate_job(&mut self, j: JobId) {
+        let Some(q) = self.st.jobs[j as usize].queue else {
+            return;
+        };
+        let mut stmt = Stmt::default();
+        let tasks = self.st.jobs[j as usize].tasks.clone();
+        for t in tasks {
+            let ts = &self.st.tasks[t as usize];
+            if ts.status != TaskStatus::Pending || ts.request.is_best_effort() {
+                continue;
+            }
+            if let Err(r) = self.queue_allows(q, &ts.request, true) {
+                self.st.jobs[j as usize].reason = Some(r);
+                self.obs.decision();
+                break;
+            }
+            let found = self.find_node(t);
+            self.obs.decision();
+            match found {
+                Some((n, gpus)) => {
+                    self.st.place(t, n, gpus, TaskStatus::Bound);
+                    stmt.ops.push(Op::Placed(t));
+                }
+                None => {
+                    self.record_failure(j, t);
+                    break;
+                }
+            }
+        }
+        let placed = stmt.ops.len() as u32;
+        if self.settle(j, stmt) && placed > 0 {
+            let job = &mut self.st.jobs[j as usize];
+            if job.pending_tasks() == 0 {
+                job.reason = None;
+                job.failed_task = None;
+            }
+        }
+    }
+
+    /// Places best-effort tasks (no resource request but a pod slot) on any node
+    /// the predicates allow.
+    fn backfill(&mut self) {
+        let per =
+            self.jobs_by_queue(|s, j| s.st.jobs[j as usize].admitted && s.has_pending(j, true));
+        for jobs in per {
+            for j in jobs {
+                let mut stmt = Stmt::default();
+                let tasks = self.st.jobs[j as usize].tasks.clone();
+                for t in tasks {
+                    let ts = &self.st.tasks[t as usize];
+                    if ts.status != TaskStatus::Pending || !ts.request.is_best_effort() {
+                        continue;
+                    }
+                    let found = self.find_node(t);
+                    self.obs.decision();
+                    match found {
+                        Some((n, gpus)) => {
+                            self.st.place(t, n, gpus, TaskStatus::Bound);
+                            stmt.ops.push(Op::Placed(t));
+                        }
+                        None => {
+                            self.record_failure(j, t);
+                            break;
+                        }
+                    }
+                }
+                self.settle(j, stmt);
+            }
+        }
+    }
+
+    /// Within a queue: a group with pending tasks may evict running tasks of
+    /// strictly lower priority, fewest victims first, only when that makes the
+    /// whole gang fit.
+    fn preempt(&mut self) {
+        let per =
+            self.jobs_by_queue(|s, j| s.st.jobs[j as usize].admitted && s.has_pending(j, false));
+        for (q, jobs) in per.into_iter().enumerate() {
+            let q = q as QueueId;
+            for j in jobs {
+                let prio = self.st.jobs[j as usize].src.priority;
+                let name = self.st.jobs[j as usize].src.name.clone();
+                self.evicting_attempt(
+                    j,
+                    |s, t, v, _taken| {
+                        let vt = &s.st.tasks[v as usize];
+                        let vj = &s.st.jobs[vt.job as usize];
+                        vj.queue == Some(q)
+                            && vt.job != s.st.tasks[t as usize].job
+                            && vt.priority < s.st.tasks[t as usize].priority
+                    },
+                    |s, v| {
+                        let vt = &s.st.tasks[v as usize];
+                        format!("preempted by {name} (priority {prio} > {})", vt.priority)
+                    },
+                    false,
+                );
+            }
+        }
+    }
+
+    /// Between queues: a queue below its deserved share may evict tasks of
+    /// reclaimable queues that hold more than theirs, and only down to it.
+    fn reclaim(&mut self) {
+        if !self.proportion {
+            return;
+        }
+        let per =
+            self.jobs_by_queue(|s, j| s.st.jobs[j as usize].admitted && s.has_pending(j, false));
+        let mut qs: Vec<QueueId> = (0..per.len() as QueueId)
+            .filter(|&q| !per[q as usize].is_empty())
+            .collect();
+        qs.sort_by_key(|&q| (self.queue_share(q), q));
+        for q in qs {
+            let qname = self.st.queues[q as usize].name.to_string();
+            for &j in &per[q as usize] {
+                self.evicting_attempt(
+                    j,
+                    |s, _t, v, taken| {
+                        let vt = &s.st.tasks[v as usize];
+                        let Some(vq) = s.st.jobs[vt.job as usize].queue else {
+                            return false;
+                        };
+                        if vq == q || !s.st.queues[vq as usize].reclaimable {
+                            return false;
+                        }
+                        // Only what the victim's queue holds above its deserved share.
+                        let vs = &s.st.queues[vq as usize];
+                        let already = taken.get(&vq).cloned().unwrap_or_default();
+                        let mut any_over = false;
+                        for (d, r) in vt.request.dims() {
+                            if r == 0 || d == Dim::Pods {
+                                continue;
+                            }
+                            let held = vs.allocated.get(&d).saturating_sub(already.get(&d));
+                            let des = vs.deserved.get(&d);
+                            if held > des {
+                                any_over = true;
+                                if held - r < des {
+                                    return false;
+                                }
+                            }
+                        }
+                        any_over
+                    },
+                    |s, v| {
+                        let vt = &s.st.tasks[v as usize];
+                        let vq = s.st.jobs[vt.job as usize]
+                            .queue
+                            .map(|q| s.st.queues[q as usize].name)
+                            .unwrap_or("?");
+                        format!(
+                            "reclaimed by queue {qname}: queue {vq} is above its deserved share"
+                        )
+                    },
+                    true,
+                );
+            }
+        }
+    }
+
+    /// Tries to place the pending tasks of job `j`, evicting victims accepted by
+    /// `eligible` where free room is lacking. Gang rules apply to the whole
+    /// attempt. `taken` in the callback is what this node's trial already takes,
+    /// per victim queue.
+    fn evicting_attempt(
+        &mut self,
+        j: JobId,
+        eligible: impl Fn(&Self, u32, u32, &BTreeMap<QueueId, Resources>) -> bool,
+        reason: impl Fn(&Self, u32) -> String,
+        check_deserved: bool,
+    ) {
+        let Some(q) = self.st.jobs[j as usize].queue else {
+            return;
+        };
+        if !self.st.jobs[j as usize].src.tasks.iter().any(|_| true) {
+            return;
+        }
+        let mut stmt = Stmt::default();
+        let mut evicted_any = false;
+        let tasks = self.st.jobs[j as usize].tasks.clone();
+        for t in tasks {
+            let ts = &self.st.tasks[t as usize];
+            if ts.status != TaskStatus::Pending || ts.request.is_best_effort() {
+                continue;
+            }
+            let req = ts.request.clone();
+            if self.queue_allows(q, &req, check_deserved).is_err() {
+                break;
+            }
+            if let Some((n, gpus)) = self.find_node(t) {
+                self.st.place(t, n, gpus, TaskStatus::Bound);
+                stmt.ops.push(Op::Placed(t));
+                continue;
+            }
+            let Some((n, victims)) = self.find_victims(t, &eligible) else {
+                break;
+            };
+            for v in victims {
+                let r = reason(self, v);
+                self.st.unplace(v, TaskStatus::Evicted);
+                stmt.ops.push(Op::Evicted(v));
+                self.pending_evictions.push((v, r));
+            }
+            let Some(gpus) = self.st.fits(t, n) else {
+                break;
+            };
+            self.st.place(t, n, gpus, TaskStatus::Pipelined);
+            stmt.ops.push(Op::Placed(t));
+            evicted_any = true;
+        }
+        // Within-queue preemption must not push the queue over capability.
+        let cap_ok = self.st.jobs[j as usize]
+            .queue
+            .is_none_or(|q| self.queue_allows(q, &Resources::default(), false).is_ok());
+        if !stmt.ops.is_empty() && cap_ok && (evicted_any || !stmt.ops.is_empty()) {
+            if self.settle(j, stmt) {
+                let job = &mut self.st.jobs[j as usize];
+                if job.pending_tasks() == 0 {
+                    job.reason = None;
+                    job.failed_task = None;
+                }
+            }
+        } else {
+            self.rollback(stmt);
+        }
+    }
+
+    /// The node where evicting the fewest eligible victims (lowest priority,
+    /// youngest first) makes task `t` fit; ties go to the node whose highest
+    /// victim priority is lowest, then to the lower node id.
+    fn find_victims(
+        &self,
+        t: u32,
+        eligible: &impl Fn(&Self, u32, u32, &BTreeMap<QueueId, Resources>) -> bool,
+    ) -> Option<(NodeId, Vec<u32>)> {
+        let task = &self.st.tasks[t as usize];
+        let mut best: Option<(usize, i32, NodeId, Vec<u32>)> = None;
+        for n in 0..self.st.nodes.len() as NodeId {
+            let ns = &self.st.nodes[n as usize];
+            if ns.tasks.is_empty()
+                || ns.src.unschedulable
+                || !self.st.class_ok(t, n)
+                || !task.request.fits_in(&ns.src.allocatable)
+            {
+                continue;
+            }
+            let mut cands: Vec<u32> = ns
+                .tasks
+                .iter()
+                .copied()
+                .filter(|&v| {
+                    let vt = &self.st.tasks[v as usize];
+                    vt.status == TaskStatus::Running
+                        && self.st.jobs[vt.job as usize].src.preemptable
+                })
+                .collect();
+            if cands.is_empty() {
+                continue;
+            }
+            cands.sort_by(|&a, &b| {
+                let (ta, tb) = (&self.st.tasks[a as usize], &self.st.tasks[b as usize]);
+                let (ja, jb) = (
+                    &self.st.jobs[ta.job as usize],
+                    &self.st.jobs[tb.job as usize],
+                );
+                ta.priority
+                    .cmp(&tb.priority)
+                    .then_with(|| jb.src.creation.cmp(&ja.src.creation))
+                    .then_with(|| b.cmp(&a))
+            });
+            let mut free = ns.free.clone();
+            let mut gpus = ns.gpus.clone();
+            let mut taken: BTreeMap<QueueId, Resources> = BTreeMap::new();
+            let mut from_job: BTreeMap<JobId, u32> = BTreeMap::new();
+            let mut chosen = Vec::new();
+            let mut fits = false;
+            for v in cands {
+                if let Some((c, ..)) = &best {
+                    if chosen.len() >= *c {
+                        break;
+                    }
+                }
+                let vt = &self.st.tasks[v as usize];
+                if !eligible(self, t, v, &taken) {
+                    continue;
+                }
+                if self.gang {
+                    // Never leave a gang running below its minimum: a victim
+                    // either keeps its gang at min_member, or is its last task.
+                    let vj = &self.st.jobs[vt.job as usize];
+                    let left = vj.occupied - from_job.get(&vt.job).copied().unwrap_or(0) - 1;
+                    if left < vj.src.min_member && left > 0 {
+                        continue;
+                    }
+                }
+                *from_job.entry(vt.job).or_insert(0) += 1;
+                if let Some(vq) = self.st.jobs[vt.job as usize].queue {
+                    taken
+                        .entry(vq)
+                        .or_default()
+                        .add_assign_saturating(&vt.request);
+                }
+                free.add_assign_saturating(&vt.request);
+                gpus.release(&vt.src.gpu, &vt.gpus);
+                chosen.push(v);
+                if task.request.fits_in(&free) && gpus.select(&task.src.gpu).is_some() {
+                    fits = true;
+                    break;
+                }
+            }
+            if !fits {
+                continue;
+            }
+            let top = chosen
+                .iter()
+                .map(|&v| self.st.tasks[v as usize].priority)
+                .max()
+                .unwrap_or(i32::MIN);
+            let better = match &best {
+                None => true,
+                Some((c, p, ..)) => (chosen.len(), top) < (*c, *p),
+            };
+            if better {
+                best = Some((chosen.len(), top, n, chosen));
+            }
+        }
+        best.map(|(_, _, n, v)| (n, v))
+    }
+
+    // ----- the plan ---------------------------------------------------------
+
+    fn task_id(&self, t: u32) -> TaskId {
+        let ts = &self.st.tasks[t as usize];
+        TaskId {
+            group: self.st.jobs[ts.job as usize].src.name.clone(),
+            task: ts.src.name.clone(),
+        }
+    }
+
+    /// Notes why task `t` of job `j` found no node, as the cluster is now.
+    fn record_failure(&mut self, j: JobId, t: u32) {
+        let ts = &self.st.tasks[t as usize];
+        let key = (ts.sig, ts.request.clone(), ts.src.gpu.clone());
+        let diag = match self.diag_cache.get(&key) {
+            Some((g, d)) if *g == self.generation => d.clone(),
+            _ => {
+                let d = self.diagnose(t);
+                self.diag_cache.insert(key, (self.generation, d.clone()));
+                d
+            }
+        };
+        let job = &mut self.st.jobs[j as usize];
+        job.failed_task = Some(t);
+        job.diag = Some(diag);
+    }
+
+    fn into_plan(self) -> Plan {
+        let mut plan = Plan::default();
+        for &(v, ref reason) in &self.evicted {
+            let n = self.st.tasks[v as usize].node.unwrap_or(0);
+            plan.evictions.push(Eviction {
+                task: self.task_id(v),
+                node: self.st.nodes[n as usize].src.name.clone(),
+                reason: reason.clone(),
+            });
+        }
+        for &t in &self.placed {
+            let ts = &self.st.tasks[t as usize];
+            if !matches!(ts.status, TaskStatus::Bound | TaskStatus::Pipelined) {
+                continue;
+            }
+            let n = ts.node.unwrap_or(0);
+            plan.bindings.push(Binding {
+                task: self.task_id(t),
+                node: self.st.nodes[n as usize].src.name.clone(),
+                gpus: ts.gpus.clone(),
+                after_evictions: ts.status == TaskStatus::Pipelined,
+            });
+        }
+        for j in 0..self.st.jobs.len() as JobId {
+            if let Some(p) = self.pending_reason(j) {
+                plan.pending.push(p);
+            }
+        }
+        plan
+    }
+
+    fn pending_reason(&self, j: JobId) -> Option<Pending> {
+        let job = &self.st.jobs[j as usize];
+        let waiting: Vec<u32> = job
+            .tasks
+            .iter()
+            .copied()
+            .filter(|&t| self.st.tasks[t as usize].status == TaskStatus::Pending)
+            .collect();
+        if waiting.is_empty() {
+            return None;
+        }
+        let group = job.src.name.clone();
+        if job.queue.is_none() {
+            return Some(Pending {
+                group,
+                admitted: false,
+                reason: format!("queue {} does not exist", job.src.queue),
+            });
+        }
+        if !job.admitted {
+            let reason = self.enqueue_reason.get(&j).cloned().unwrap_or_else(|| {
+                "not admitted yet: the enqueue action did not run after it".into()
+            });
+            return Some(Pending {
+                group,
+                admitted: false,
+                reason,
+            });
+        }
+        let first_real = waiting
+            .iter()
+            .copied()
+            .find(|&t| !self.st.tasks[t as usize].request.is_best_effort());
+        let why = if let Some(r) = &job.reason {
+            r.clone()
+        } else if let Some(d) = &job.diag {
+            d.clone()
+        } else if let Some(t) = first_real {
+            if self.cfg.runs(Action::Allocate) {
+                self.diagnose(t)
+            } else {
+                "the allocate action is not configured".into()
+            }
+        } else if !self.cfg.runs(Action::Backfill) {
+            "best-effort tasks wait for the backfill action, which is not configured".into()
+        } else {
+            "no node has a free pod slot that the predicates allow".into()
+        };
+        let total = job.tasks.len() as u32;
+        let reason = if self.gang && !job.ready() && job.src.min_member > 1 {
+            format!(
+                "gang {}/{} placeable: {why}",
+                job.placeable.max(job.occupied),
+                job.src.min_member
+            )
+        } else {
+            format!("{}/{} tasks placed: {why}", job.occupied, total)
+        };
+        Some(Pending {
+            group,
+            admitted: true,
+            reason,
+        })
+    }
+
+    /// Why task `t` fits on no node, counted over the nodes: "0/5 nodes fit: 3
+    /// lack 8 free GPUs, 2 have untolerated taint dedicated=infer:NoSchedule".
+    fn diagnose(&self, t: u32) -> String {
+        let ts = &self.st.tasks[t as usize];
+        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+        let mut class_reason: Vec<Option<Option<String>>> = vec![None; self.st.classes.len()];
+        let sig = &self.st.sigs[ts.sig as usize];
+        let mut fit = 0usize;
+        for (n, ns) in self.st.nodes.iter().enumerate() {
+            let r = if ns.src.unschedulable {
+                Some("are cordoned".to_string())
+            } else if let Some(cr) = self
+                .st
+                .predicates
+                .then(|| {
+                    class_reason[ns.class as usize]
+                        .get_or_insert_with(|| {
+                            class_failure(&self.st.classes[ns.class as usize], sig)
+                        })
+                        .clone()
+                })
+                .flatten()
+            {
+                Some(cr)
+            } else {
+                let lack = ts.request.exceeding(&ns.free);
+                let gpu_lack = match &ts.src.gpu {
+                    GpuRequest::Whole { count, .. } if ns.gpus.whole_free() < *count => {
+                        Some(format!(
+                            "lack {count} free GPU{}",
+                            if *count == 1 { "" } else { "s" }
+                        ))
+                    }
+                    GpuRequest::Shared { milli, memory, .. }
+                        if ns.gpus.select(&ts.src.gpu).is_none() =>
+                    {
+                        Some(format!(
+                            "have no GPU with {}m and {} free",
+                            milli,
+                            tessera_model::quantity::format_bytes(*memory)
+                        ))
+                    }
+                    _ => None,
+                };
+                let lack: Vec<String> = lack
+                    .iter()
+                    .filter(|d| !matches!(d, Dim::Gpu | Dim::GpuMemory))
+                    .map(|d| {
+                        if *d == Dim::Pods {
+                            "pod slots".into()
+                        } else {
+                            d.to_string()
+                        }
+                    })
+                    .collect();
+                match (gpu_lack, lack.is_empty()) {
+                    (Some(g), _) => Some(g),
+                    (None, false) => Some(format!("lack free {}", lack.join(" and "))),
+                    (None, true) => match self.st.fits(t, n as NodeId) {
+                        Some(_) => None,
+                        None => Some("lack a suitable GPU".into()),
+                    },
+                }
+            };
+            match r {
+                Some(r) => *counts.entry(r).or_insert(0) += 1,
+                None => fit += 1,
+            }
+        }
+        if self.st.nodes.is_empty() {
+            return "the cluster has no nodes".into();
+        }
+        if fit > 0 {
+            return format!(
+                "{fit}/{} nodes have room, but the task did not fit when it was tried",
+                self.st.nodes.len()
+            );
+        }
+        let mut v: Vec<(String, usize)> = counts.into_iter().collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        let parts: Vec<String> = v
+            .into_iter()
+            .map(|(r, c)| {
+                if c == 1 {
+                    format!("1 node {}", singular(&r))
+                } else {
+                    format!("{c} nodes {r}")
+                }
+            })
+            .collect();
+        format!("0/{} nodes fit: {}", self.st.nodes.len(), parts.join(", "))
+    }
+}
+
+/// The first dimension (with a non-zero request) in which `held + req` exceeds
+/// `limit`. Extended resources that `limit` does not name are not limited.
+fn over(held: &Resources, req: &Resources, limit: &Resources) -> Option<Dim> {
+    req.dims()
+        .filter(|(d, r)| {
+            *r > 0
+                && *d != Dim::Pods
+                && !matches!(d, Dim::Extended(n) if !limit.extended.contains_key(n))
+        })
+        .find(|(d, r)| held.get(d).saturating_add(*r) > limit.get(d))
+        .map(|(d, _)| d)
+}
+
+fn fmt_dim(d: &Dim, v: u64) -> String {
+    use tessera_model::quantity::{format_bytes, format_milli};
+    match d {
+        Dim::Cpu | Dim::Gpu => format_milli(v),
+        Dim::Memory | Dim::GpuMemory => format_bytes(v),
+        _ => v.to_string(),
+    }
+}
+
+/// Turns a plural verb phrase ("lack 4 free GPUs") into its singular ("lacks 4 free GPUs").
+fn singular(phrase: &str) -> String {
+    let (verb, rest) = phrase.split_once(' ').unwrap_or((phrase, ""));
+    let v = match verb {
+        "have" => "has",
+        "are" => "is",
+        "do" => "does",
+        "lack" => "lacks",
+        other => other,
+    };
+    if rest.is_empty() {
+        v.to_string()
+    } else {
+        format!("{v} {rest}")
+    }
+}

@@ -1,0 +1,734 @@
+//! Scenario files: a cluster, queues, groups (some tasks already running) and a
+//! scheduler configuration, in YAML. `tessera sched plan FILE` and the scenario
+//! tests read them. The format is documented in `docs/scenario-format.md`.
+//!
+//! Every error names the file, the field path (`groups[2].tasks[0].cpu`) and
+//! what is wrong; nothing in a scenario file can make the loader panic.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::Path;
+
+use serde::Deserialize;
+use tessera_model::{
+    GpuDevice, GpuRequest, GroupKind, Node, PodGroup, Queue, Resources, Snapshot, Taint, Task,
+    Toleration, parse_bytes, parse_count, parse_milli,
+};
+use tessera_sched::Config;
+
+/// A loaded, validated scenario.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    pub snapshot: Snapshot,
+    pub config: Config,
+    pub description: Option<String>,
+}
+
+/// A scenario file that could not be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScenarioError {
+    pub file: String,
+    /// Field path, e.g. `groups[2].tasks[0].cpu`; empty for the whole file.
+    pub path: String,
+    pub message: String,
+}
+
+impl fmt::Display for ScenarioError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.path.is_empty() {
+            write!(f, "{}: {}", self.file, self.message)
+        } else {
+            write!(f, "{}: {}: {}", self.file, self.path, self.message)
+        }
+    }
+}
+
+impl std::error::Error for ScenarioError {}
+
+/// A number or a string with a unit, as written in YAML (`4`, `0.5`, `"500m"`, `16Gi`).
+#[derive(Debug, Clone, PartialEq)]
+struct Qty(String);
+
+impl<'de> Deserialize<'de> for Qty {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Qty;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a quantity such as 4, 0.5, \"500m\" or \"16Gi\"")
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Qty, E> {
+                Ok(Qty(v.to_string()))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Qty, E> {
+                Ok(Qty(v.to_string()))
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Qty, E> {
+                if !v.is_finite() {
+                    return Err(E::custom("a quantity must be a finite number"));
+                }
+                Ok(Qty(format!("{v}")))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Qty, E> {
+                Ok(Qty(v.to_string()))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawScenario {
+    #[serde(default)]
+    description: Option<String>,
+    #[serde(default)]
+    config: Option<RawConfig>,
+    #[serde(default)]
+    nodes: Vec<RawNode>,
+    #[serde(default)]
+    queues: Vec<RawQueue>,
+    #[serde(default)]
+    groups: Vec<RawGroup>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    actions: Vec<String>,
+    tiers: Vec<RawTier>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTier {
+    plugins: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawNode {
+    name: String,
+    #[serde(default)]
+    count: Option<u32>,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+    #[serde(default)]
+    taints: Vec<Taint>,
+    cpu: Qty,
+    memory: Qty,
+    #[serde(default)]
+    pods: Option<Qty>,
+    #[serde(default)]
+    gpus: Option<Qty>,
+    #[serde(default)]
+    gpu_model: Option<String>,
+    #[serde(default)]
+    gpu_memory: Option<Qty>,
+    #[serde(default)]
+    extended: BTreeMap<String, Qty>,
+    #[serde(default)]
+    unschedulable: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawQueue {
+    name: String,
+    #[serde(default)]
+    parent: Option<String>,
+    #[serde(default)]
+    weight: Option<u32>,
+    #[serde(default)]
+    guarantee: BTreeMap<String, Qty>,
+    #[serde(default)]
+    capability: Option<BTreeMap<String, Qty>>,
+    #[serde(default)]
+    reclaimable: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGroup {
+    name: String,
+    queue: String,
+    #[serde(default)]
+    min_member: Option<u32>,
+    #[serde(default)]
+    min_resources: Option<BTreeMap<String, Qty>>,
+    #[serde(default)]
+    priority: i32,
+    #[serde(default)]
+    kind: GroupKind,
+    #[serde(default)]
+    creation: u64,
+    #[serde(default)]
+    preemptable: Option<bool>,
+    tasks: Vec<RawTask>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTask {
+    name: String,
+    #[serde(default)]
+    replicas: Option<u32>,
+    #[serde(default)]
+    cpu: Option<Qty>,
+    #[serde(default)]
+    memory: Option<Qty>,
+    #[serde(default)]
+    gpu: Option<Qty>,
+    #[serde(default)]
+    gpu_milli: Option<Qty>,
+    #[serde(default)]
+    gpu_memory: Option<Qty>,
+    #[serde(default)]
+    gpu_models: Vec<String>,
+    #[serde(default)]
+    extended: BTreeMap<String, Qty>,
+    #[serde(default)]
+    node_selector: BTreeMap<String, String>,
+    #[serde(default)]
+    tolerations: Vec<Toleration>,
+    #[serde(default)]
+    priority: Option<i32>,
+    /// The first `running_on.len()` replicas already run on these nodes.
+    #[serde(default)]
+    running_on: Vec<String>,
+}
+
+/// Reads and validates a scenario file.
+pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| ScenarioError {
+        file: file.clone(),
+        path: String::new(),
+        message: format!("cannot read the file: {e}"),
+    })?;
+    parse(&text, &file)
+}
+
+/// Parses and validates scenario text; `file` names it in errors.
+pub fn parse(text: &str, file: &str) -> Result<Scenario, ScenarioError> {
+    let de = serde_norway::Deserializer::from_str(text);
+    let raw: RawScenario = serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let path = if path == "." { String::new() } else { path };
+        let mut message = e.into_inner().to_string();
+        // The YAML error repeats a location prefix ("nodes[0]: "); the path
+        // already says where, so keep only what is wrong (and line/column).
+        if let Some((head, rest)) = message.split_once(": ") {
+            if !head.contains(' ') && !path.is_empty() {
+                message = rest.to_string();
+            }
+        }
+        ScenarioError {
+            file: file.to_string(),
+            path,
+            message,
+        }
+    })?;
+    Builder { file }.build(raw)
+}
+
+struct Builder<'a> {
+    file: &'a str,
+}
+
+impl Builder<'_> {
+    fn err(&self, path: impl Into<String>, message: impl Into<String>) -> ScenarioError {
+        ScenarioError {
+            file: self.file.to_string(),
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+
+    fn qty(
+        &self,
+        path: &str,
+        q: &Qty,
+        parse: fn(&str) -> Result<u64, tessera_model::QuantityError>,
+    ) -> Result<u64, ScenarioError> {
+        parse(&q.0).map_err(|e| self.err(path, e.to_string()))
+    }
+
+    fn resources(&self, path: &str, m: &BTreeMap<String, Qty>) -> Result<Resources, ScenarioError> {
+        let mut r = Resources::default();
+        for (k, v) in m {
+            let p = format!("{path}.{k}");
+            match k.as_str() {
+                "cpu" => r.cpu_milli = self.qty(&p, v, parse_milli)?,
+                "memory" => r.memory = self.qty(&p, v, parse_bytes)?,
+                "gpu" => r.gpu_milli = self.qty(&p, v, parse_milli)?,
+                "gpu_memory" => r.gpu_memory = self.qty(&p, v, parse_bytes)?,
+                "pods" => r.pods = self.qty(&p, v, parse_count)?,
+                other if other.contains('/') => {
+                    r.extended
+                        .insert(other.to_string(), self.qty(&p, v, parse_count)?);
+                }
+                other => {
+                    return Err(self.err(
+                        p,
+                        format!(
+                            "unknown resource `{other}`; use cpu, memory, gpu, gpu_memory, pods, or a domain-qualified name such as example.com/fpga"
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(r)
+    }
+
+    fn build(&self, raw: RawScenario) -> Result<Scenario, ScenarioError> {
+        let config = match &raw.config {
+            None => Config::default(),
+            Some(c) => self.config(c)?,
+        };
+        let nodes = self.nodes(&raw.nodes)?;
+        let queues = self.queues(&raw.queues)?;
+        let node_names: BTreeSet<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+        let queue_names: BTreeSet<&str> = queues.iter().map(|q| q.name.as_str()).collect();
+        let parents: BTreeSet<&str> = queues.iter().filter_map(|q| q.parent.as_deref()).collect();
+        let mut groups = Vec::new();
+        let mut seen = BTreeSet::new();
+        for (gi, g) in raw.groups.iter().enumerate() {
+            let path = format!("groups[{gi}]");
+            if !seen.insert(g.name.as_str()) {
+                return Err(self.err(
+                    format!("{path}.name"),
+                    format!("duplicate group name `{}`", g.name),
+                ));
+            }
+            if !queue_names.contains(g.queue.as_str()) {
+                return Err(self.err(
+                    format!("{path}.queue"),
+                    format!("queue `{}` is not defined under `queues`", g.queue),
+                ));
+            }
+            if parents.contains(g.queue.as_str()) {
+                return Err(self.err(
+                    format!("{path}.queue"),
+                    format!(
+                        "queue `{}` has child queues; groups go into leaf queues",
+                        g.queue
+                    ),
+                ));
+            }
+            groups.push(self.group(&path, g, &node_names)?);
+        }
+        Ok(Scenario {
+            snapshot: Snapshot {
+                nodes,
+                queues,
+                groups,
+            },
+            config,
+            description: raw.description,
+        })
+    }
+
+    fn config(&self, c: &RawConfig) -> Result<Config, ScenarioError> {
+        for (i, a) in c.actions.iter().enumerate() {
+            a.parse::<tessera_sched::Action>()
+                .map_err(|e| self.err(format!("config.actions[{i}]"), e.to_string()))?;
+        }
+        for (ti, t) in c.tiers.iter().enumerate() {
+            for (pi, p) in t.plugins.iter().enumerate() {
+                p.parse::<tessera_sched::PluginName>().map_err(|e| {
+                    self.err(format!("config.tiers[{ti}].plugins[{pi}]"), e.to_string())
+                })?;
+            }
+        }
+        let tiers: Vec<Vec<String>> = c.tiers.iter().map(|t| t.plugins.clone()).collect();
+        Config::from_names(&c.actions, &tiers).map_err(|e| self.err("config", e.to_string()))
+    }
+
+    fn nodes(&self, raw: &[RawNode]) -> Result<Vec<Node>, ScenarioError> {
+        let mut out: Vec<Node> = Vec::new();
+        let mut seen = BTreeSet::new();
+        for (i, n) in raw.iter().enumerate() {
+            let path = format!("nodes[{i}]");
+            let mut alloc = Resources {
+                cpu_milli: self.qty(&format!("{path}.cpu"), &n.cpu, parse_milli)?,
+                memory: self.qty(&format!("{path}.memory"), &n.memory, parse_bytes)?,
+                pods: match &n.pods {
+                    Some(p) => self.qty(&format!("{path}.pods"), p, parse_count)?,
+                    None => 110,
+                },
+                ..Default::default()
+            };
+            for (k, v) in &n.extended {
+                alloc.extended.insert(
+                    k.clone(),
+                    self.qty(&format!("{path}.extended.{k}"), v, parse_count)?,
+                );
+            }
+            let count = match &n.gpus {
+                Some(g) => self.qty(&format!("{path}.gpus"), g, parse_count)?,
+                None => 0,
+            };
+            if count > 64 {
+                return Err(self.err(
+                    format!("{path}.gpus"),
+                    format!("{count} GPUs on one node is more than 64"),
+                ));
+            }
+            let per_mem = match &n.gpu_memory {
+                Some(m) => self.qty(&format!("{path}.gpu_memory"), m, parse_bytes)?,
+                None => 0,
+            };
+            if count == 0 && (n.gpu_model.is_some() || n.gpu_memory.is_some()) {
+                return Err(self.err(
+                    format!("{path}.gpu_model"),
+                    "gpu_model and gpu_memory need `gpus` to be at least 1",
+                ));
+            }
+            let model = n.gpu_model.clone().unwrap_or_else(|| "gpu".into());
+            let gpus: Vec<GpuDevice> = (0..count as u32)
+                .map(|i| GpuDevice::new(i, model.clone(), per_mem))
+                .collect();
+            alloc.gpu_milli = count * 1000;
+            alloc.gpu_memory = count * per_mem;
+            let mut labels = n.labels.clone();
+            if count > 0 {
+                labels
+                    .entry("nvidia.com/gpu.product".into())
+                    .or_insert(model.clone());
+            }
+            let names: Vec<String> = match n.count {
+                None => vec![n.name.clone()],
+                Some(0) => {
+                    return Err(self.err(format!("{path}.count"), "count must be at least 1"));
+                }
+                Some(c) => (0..c).map(|k| format!("{}-{k}", n.name)).collect(),
+            };
+            for name in names {
+                if !seen.insert(name.clone()) {
+                    return Err(self.err(
+                        format!("{path}.name"),
+                        format!("duplicate node name `{name}`"),
+                    ));
+                }
+                out.push(Node {
+                    name,
+                    labels: labels.clone(),
+                    taints: n.taints.clone(),
+                    allocatable: alloc.clone(),
+                    gpus: gpus.clone(),
+                    unschedulable: n.unschedulable,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    fn queues(&self, raw: &[RawQueue]) -> Result<Vec<Queue>, ScenarioError> {
+        let mut out = Vec::new();
+        let mut seen = BTreeSet::new();
+        for (i, q) in raw.iter().enumerate() {
+            let path = format!("queues[{i}]");
+            if !seen.insert(q.name.as_str()) {
+                return Err(self.err(
+                    format!("{path}.name"),
+                    format!("duplicate queue name `{}`", q.name),
+                ));
+            }
+            if q.weight == Some(0) {
+                return Err(self.err(format!("{path}.weight"), "weight must be at least 1"));
+            }
+            let guarantee = self.resources(&format!("{path}.guarantee"), &q.guarantee)?;
+            // Dimensions a capability does not name are not bounded.
+            let capability = match &q.capability {
+                Some(c) => {
+                    let mut cap = self.resources(&format!("{path}.capability"), c)?;
+                    for (k, d) in [
+                        ("cpu", &mut cap.cpu_milli),
+                        ("memory", &mut cap.memory),
+                        ("gpu", &mut cap.gpu_milli),
+                        ("gpu_memory", &mut cap.gpu_memory),
+                        ("pods", &mut cap.pods),
+                    ] {
+                        if !c.contains_key(k) {
+                            *d = u64::MAX;
+                        }
+                    }
+                    Some(cap)
+                }
+                None => None,
+            };
+            if let Some(cap) = &capability {
+                if !guarantee.fits_in(cap) {
+                    return Err(self.err(
+                        format!("{path}.guarantee"),
+                        "guarantee is larger than capability",
+                    ));
+                }
+            }
+            out.push(Queue {
+                name: q.name.clone(),
+                parent: q.parent.clone(),
+                weight: q.weight.unwrap_or(1),
+                guarantee,
+                capability,
+                reclaimable: q.reclaimable.unwrap_or(true),
+            });
+        }
+        // Parents exist, and the hierarchy has no cycle.
+        let by_name: BTreeMap<&str, Option<&str>> = out
+            .iter()
+            .map(|q| (q.name.as_str(), q.parent.as_deref()))
+            .collect();
+        for (i, q) in out.iter().enumerate() {
+            if let Some(p) = &q.parent {
+                if !by_name.contains_key(p.as_str()) {
+                    return Err(self.err(
+                        format!("queues[{i}].parent"),
+                        format!("parent queue `{p}` is not defined"),
+                    ));
+                }
+            }
+            let mut chain = vec![q.name.as_str()];
+            let mut cur = q.parent.as_deref();
+            while let Some(c) = cur {
+                if chain.contains(&c) {
+                    chain.push(c);
+                    return Err(self.err(
+                        format!("queues[{i}].parent"),
+                        format!("queue hierarchy has a cycle: {}", chain.join(" -> ")),
+                    ));
+                }
+                chain.push(c);
+                cur = by_name.get(c).copied().flatten();
+            }
+        }
+        Ok(out)
+    }
+
+    fn group(
+        &self,
+        path: &str,
+        g: &RawGroup,
+        nodes: &BTreeSet<&str>,
+    ) -> Result<PodGroup, ScenarioError> {
+        let mut tasks = Vec::new();
+        let mut seen = BTreeSet::new();
+        if g.tasks.is_empty() {
+            return Err(self.err(format!("{path}.tasks"), "a group needs at least one task"));
+        }
+        for (ti, t) in g.tasks.iter().enumerate() {
+            let tp = format!("{path}.tasks[{ti}]");
+            let mut res = Resources::default();
+            if let Some(c) = &t.cpu {
+                res.cpu_milli = self.qty(&format!("{tp}.cpu"), c, parse_milli)?;
+            }
+            if let Some(m) = &t.memory {
+                res.memory = self.qty(&format!("{tp}.memory"), m, parse_bytes)?;
+            }
+            for (k, v) in &t.extended {
+                res.extended.insert(
+                    k.clone(),
+                    self.qty(&format!("{tp}.extended.{k}"), v, parse_count)?,
+                );
+            }
+            let gpu = match (&t.gpu, &t.gpu_milli) {
+                (Some(_), Some(_)) => {
+                    return Err(self.err(
+                        format!("{tp}.gpu_milli"),
+                        "set either `gpu` (whole GPUs) or `gpu_milli` (a fraction of one GPU), not both",
+                    ));
+                }
+                (Some(g), None) => {
+                    let count = self.qty(&format!("{tp}.gpu"), g, parse_count)?;
+                    if t.gpu_memory.is_some() {
+                        return Err(self.err(
+                            format!("{tp}.gpu_memory"),
+                            "gpu_memory goes with gpu_milli; whole GPUs come with all their memory",
+                        ));
+                    }
+                    let count = u32::try_from(count)
+                        .map_err(|_| self.err(format!("{tp}.gpu"), "too many GPUs"))?;
+                    if count == 0 {
+                        GpuRequest::None
+                    } else {
+                        GpuRequest::Whole {
+                            count,
+                            models: t.gpu_models.clone(),
+                        }
+                    }
+                }
+                (None, Some(m)) => {
+                    let milli = self.qty(&format!("{tp}.gpu_milli"), m, parse_count)?;
+                    if milli == 0 || milli >= 1000 {
+                        return Err(self.err(format!("{tp}.gpu_milli"), format!("gpu_milli is {milli}; a fraction of a GPU is 1..999 (use `gpu` for whole GPUs)")));
+                    }
+                    let memory = match &t.gpu_memory {
+                        Some(q) => self.qty(&format!("{tp}.gpu_memory"), q, parse_bytes)?,
+                        None => 0,
+                    };
+                    GpuRequest::Shared {
+                        milli: milli as u32,
+                        memory,
+                        models: t.gpu_models.clone(),
+                    }
+                }
+                (None, None) => {
+                    if !t.gpu_models.is_empty() || t.gpu_memory.is_some() {
+                        return Err(self.err(
+                            format!("{tp}.gpu_models"),
+                            "gpu_models and gpu_memory need `gpu` or `gpu_milli`",
+                        ));
+                    }
+                    GpuRequest::None
+                }
+            };
+            let names: Vec<String> = match t.replicas {
+                None => vec![t.name.clone()],
+                Some(0) => {
+                    return Err(self.err(format!("{tp}.replicas"), "replicas must be at least 1"));
+                }
+                Some(r) if r > 100_000 => {
+                    return Err(
+                        self.err(format!("{tp}.replicas"), "replicas must be at most 100000")
+                    );
+                }
+                Some(r) => (0..r).map(|k| format!("{}-{k}", t.name)).collect(),
+            };
+            if t.running_on.len() > names.len() {
+                return Err(self.err(
+                    format!("{tp}.running_on"),
+                    format!(
+                        "{} nodes listed for {} replicas",
+                        t.running_on.len(),
+                        names.len()
+                    ),
+                ));
+            }
+            for (ri, n) in t.running_on.iter().enumerate() {
+                if !nodes.contains(n.as_str()) {
+                    return Err(self.err(
+                        format!("{tp}.running_on[{ri}]"),
+                        format!("node `{n}` is not defined under `nodes`"),
+                    ));
+                }
+            }
+            for (k, name) in names.into_iter().enumerate() {
+                if !seen.insert(name.clone()) {
+                    return Err(self.err(
+                        format!("{tp}.name"),
+                        format!("duplicate task name `{name}` in group `{}`", g.name),
+                    ));
+                }
+                tasks.push(Task {
+                    name,
+                    resources: res.clone(),
+                    gpu: gpu.clone(),
+                    node_selector: t.node_selector.clone(),
+                    tolerations: t.tolerations.clone(),
+                    priority: t.priority,
+                    node: t.running_on.get(k).cloned(),
+                    gpu_indices: Vec::new(),
+                });
+            }
+        }
+        let min_member = g.min_member.unwrap_or(tasks.len() as u32);
+        if min_member == 0 {
+            return Err(self.err(
+                format!("{path}.min_member"),
+                "min_member must be at least 1",
+            ));
+        }
+        if min_member as usize > tasks.len() {
+            return Err(self.err(
+                format!("{path}.min_member"),
+                format!(
+                    "min_member is {min_member} but the group has only {} tasks",
+                    tasks.len()
+                ),
+            ));
+        }
+        let min_resources = match &g.min_resources {
+            Some(m) => Some(self.resources(&format!("{path}.min_resources"), m)?),
+            None => None,
+        };
+        Ok(PodGroup {
+            name: g.name.clone(),
+            queue: g.queue.clone(),
+            min_member,
+            min_resources,
+            priority: g.priority,
+            kind: g.kind,
+            creation: g.creation,
+            preemptable: g.preemptable.unwrap_or(true),
+            tasks,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> String {
+        parse(text, "s.yaml").unwrap_err().to_string()
+    }
+
+    const BASE: &str = "nodes:\n  - {name: n, cpu: 8, memory: 32Gi}\nqueues:\n  - {name: q}\n";
+
+    #[test]
+    fn errors_name_file_and_field() {
+        assert!(
+            err("nodes:\n  - {name: n, cpus: 8, memory: 1Gi}\n")
+                .starts_with("s.yaml: nodes[0].cpus: unknown field `cpus`")
+        );
+        assert_eq!(
+            err("nodes:\n  - {name: n, cpu: -1, memory: 1Gi}\n"),
+            "s.yaml: nodes[0].cpu: quantity `-1` is negative; quantities must be zero or more"
+        );
+        let e = err(&format!(
+            "{BASE}groups:\n  - {{name: g, queue: q, min_member: 3, tasks: [{{name: t, replicas: 2, cpu: 1}}]}}\n"
+        ));
+        assert_eq!(
+            e,
+            "s.yaml: groups[0].min_member: min_member is 3 but the group has only 2 tasks"
+        );
+        let e = err("queues:\n  - {name: a, parent: b}\n  - {name: b, parent: a}\n");
+        assert_eq!(
+            e,
+            "s.yaml: queues[0].parent: queue hierarchy has a cycle: a -> b -> a"
+        );
+        let e = err(&format!(
+            "config:\n  actions: [allocate]\n  tiers: [{{plugins: [gang, fairshare]}}]\n{BASE}"
+        ));
+        assert!(
+            e.starts_with("s.yaml: config.tiers[0].plugins[1]: unknown plugin `fairshare`"),
+            "{e}"
+        );
+        let e = err(&format!(
+            "{BASE}groups:\n  - {{name: g, queue: nope, tasks: [{{name: t}}]}}\n"
+        ));
+        assert_eq!(
+            e,
+            "s.yaml: groups[0].queue: queue `nope` is not defined under `queues`"
+        );
+        assert!(err("nodes: 5\n").starts_with("s.yaml: nodes: invalid type"));
+        assert!(err(": : :\n").starts_with("s.yaml"));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn never_panics(s in "[a-z:{}\\[\\], \\n0-9-]{0,200}") {
+            let _ = parse(&s, "x.yaml");
+        }
+        #[test]
+        fn never_panics_near_valid(n in 0usize..200, garbage in ".{0,8}") {
+            let mut t = format!("{BASE}groups:\n  - {{name: g, queue: q, min_member: 1, tasks: [{{name: t, replicas: 2, cpu: 1, gpu_milli: 500}}]}}\n");
+            let at = n.min(t.len());
+            if t.is_char_boundary(at) {
+                t.insert_str(at, &garbage);
+            }
+            let _ = parse(&t, "x.yaml");
+        }
+    }
+}

@@ -17,6 +17,7 @@
 //! The store knows SQL and nothing of HTTP, tenants' meaning, or the scheduler:
 //! bodies are opaque JSON to it.
 
+mod any;
 pub mod conformance;
 mod pg;
 mod sqlite;
@@ -28,6 +29,7 @@ use std::future::Future;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use any::AnyStore;
 pub use pg::PgStore;
 pub use sqlite::SqliteStore;
 pub use watch::{WatchFilter, Watcher};

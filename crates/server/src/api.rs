@@ -1,0 +1,414 @@
+//! The HTTP face: routes under `/v1`, extractors that turn requests into typed
+//! calls (a bad body is a 400 naming the field, an oversized one a 413), and the
+//! OpenAPI document. Handlers only translate between HTTP and [`ControlPlane`].
+
+use std::convert::Infallible;
+
+use axum::Json;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, Query, Request, State};
+use axum::http::request::Parts;
+use axum::http::{StatusCode, header};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use futures_util::{Stream, StreamExt, stream};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use tessera_model::Node;
+
+use crate::plane::{Caller, ControlPlane, render};
+use crate::problem::{ApiError, Code};
+use crate::wire::*;
+
+/// Shared state of the HTTP layer.
+#[derive(Clone, Debug)]
+pub struct App {
+    pub plane: ControlPlane,
+    pub body_limit: usize,
+}
+
+impl FromRequestParts<App> for Caller {
+    type Rejection = ApiError;
+    async fn from_request_parts(parts: &mut Parts, app: &App) -> Result<Self, ApiError> {
+        let h = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        app.plane.authenticate(h).await
+    }
+}
+
+/// A JSON (or YAML, by `Content-Type`) body with unknown fields rejected and the
+/// failing field named.
+pub struct Body<T>(pub T);
+
+impl<T: DeserializeOwned> FromRequest<App> for Body<T> {
+    type Rejection = ApiError;
+    async fn from_request(req: Request, app: &App) -> Result<Self, ApiError> {
+        let ct = req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("application/json")
+            .to_ascii_lowercase();
+        let yaml = ["application/yaml", "application/x-yaml", "text/yaml"]
+            .iter()
+            .any(|p| ct.starts_with(p));
+        if !yaml && !ct.starts_with("application/json") {
+            return Err(ApiError::new(
+                Code::UnsupportedMediaType,
+                format!("Content-Type {ct:?}: send application/json or application/yaml"),
+            ));
+        }
+        let limit = app.body_limit;
+        let bytes = Bytes::from_request(req, app).await.map_err(|r| {
+            if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::new(
+                    Code::PayloadTooLarge,
+                    format!("the body is larger than {limit} bytes"),
+                )
+            } else {
+                ApiError::new(Code::InvalidRequest, r.body_text())
+            }
+        })?;
+        let res = if yaml {
+            serde_path_to_error::deserialize(serde_norway::Deserializer::from_slice(&bytes))
+                .map_err(|e| (e.path().to_string(), e.inner().to_string()))
+        } else {
+            let mut de = serde_json::Deserializer::from_slice(&bytes);
+            match serde_path_to_error::deserialize(&mut de) {
+                Ok(v) => de
+                    .end()
+                    .map(|()| v)
+                    .map_err(|e| (".".to_string(), e.to_string())),
+                Err(e) => Err((e.path().to_string(), e.inner().to_string())),
+            }
+        };
+        match res {
+            Ok(v) => Ok(Body(v)),
+            Err((path, msg)) => {
+                let what = if yaml { "YAML" } else { "JSON" };
+                Err(ApiError::invalid(
+                    path.clone(),
+                    format!("malformed {what} at {path}: {msg}"),
+                ))
+            }
+        }
+    }
+}
+
+/// Query parameters, with a problem document on failure.
+pub struct Q<T>(pub T);
+
+impl<T: DeserializeOwned + Send> FromRequestParts<App> for Q<T> {
+    type Rejection = ApiError;
+    async fn from_request_parts(parts: &mut Parts, app: &App) -> Result<Self, ApiError> {
+        match Query::<T>::from_request_parts(parts, app).await {
+            Ok(Query(v)) => Ok(Q(v)),
+            Err(e) => Err(ApiError::invalid("query", e.body_text())),
+        }
+    }
+}
+
+type R = Result<Response, ApiError>;
+
+fn ok(v: Value) -> R {
+    Ok(Json(v).into_response())
+}
+fn created(v: Value) -> R {
+    Ok((StatusCode::CREATED, Json(v)).into_response())
+}
+fn items(v: Vec<Value>) -> R {
+    Ok(Json(json!({ "items": v })).into_response())
+}
+
+async fn whoami(State(a): State<App>, c: Caller) -> R {
+    ok(a.plane.whoami(&c))
+}
+async fn create_tenant(State(a): State<App>, c: Caller, Body(b): Body<NewTenant>) -> R {
+    created(a.plane.create_tenant(&c, b).await?)
+}
+async fn list_tenants(State(a): State<App>, c: Caller) -> R {
+    items(a.plane.list_tenants(&c).await?)
+}
+async fn get_tenant(State(a): State<App>, c: Caller, Path(n): Path<String>) -> R {
+    ok(a.plane.get_tenant(&c, &n).await?)
+}
+async fn create_key(State(a): State<App>, c: Caller, Body(b): Body<NewApiKey>) -> R {
+    created(a.plane.create_key(&c, b).await?)
+}
+async fn list_keys(State(a): State<App>, c: Caller) -> R {
+    items(a.plane.list_keys(&c).await?)
+}
+async fn revoke_key(State(a): State<App>, c: Caller, Path(id): Path<String>) -> R {
+    ok(a.plane.revoke_key(&c, &id).await?)
+}
+async fn put_binding(
+    State(a): State<App>,
+    c: Caller,
+    Path(s): Path<String>,
+    Body(b): Body<RoleBindingSpec>,
+) -> R {
+    ok(a.plane.put_binding(&c, &s, b).await?)
+}
+async fn list_bindings(State(a): State<App>, c: Caller) -> R {
+    items(a.plane.list_bindings(&c).await?)
+}
+async fn delete_binding(State(a): State<App>, c: Caller, Path(s): Path<String>) -> R {
+    ok(a.plane.delete_binding(&c, &s).await?)
+}
+async fn list_nodes(State(a): State<App>, c: Caller) -> R {
+    items(a.plane.list_nodes(&c).await?)
+}
+async fn get_node(State(a): State<App>, c: Caller, Path(n): Path<String>) -> R {
+    ok(a.plane.get_node(&c, &n).await?)
+}
+async fn put_node(
+    State(a): State<App>,
+    c: Caller,
+    Path(n): Path<String>,
+    Body(b): Body<Node>,
+) -> R {
+    ok(a.plane.put_node(&c, &n, b).await?)
+}
+async fn create_queue(State(a): State<App>, c: Caller, Body(b): Body<QueueSpec>) -> R {
+    created(a.plane.create_queue(&c, b).await?)
+}
+async fn list_queues(State(a): State<App>, c: Caller) -> R {
+    items(a.plane.list_queues(&c).await?)
+}
+async fn get_queue(State(a): State<App>, c: Caller, Path(n): Path<String>) -> R {
+    ok(a.plane.get_queue(&c, &n).await?)
+}
+async fn put_queue(
+    State(a): State<App>,
+    c: Caller,
+    Path(n): Path<String>,
+    Body(b): Body<QueueSpec>,
+) -> R {
+    ok(a.plane.put_queue(&c, &n, b).await?)
+}
+async fn delete_queue(State(a): State<App>, c: Caller, Path(n): Path<String>) -> R {
+    ok(a.plane.delete_queue(&c, &n).await?)
+}
+async fn submit_job(State(a): State<App>, c: Caller, Body(b): Body<JobSpec>) -> R {
+    created(a.plane.submit_job(&c, b).await?)
+}
+async fn list_jobs(State(a): State<App>, c: Caller) -> R {
+    items(a.plane.list_jobs(&c).await?)
+}
+async fn get_job(State(a): State<App>, c: Caller, Path(n): Path<String>) -> R {
+    ok(a.plane.get_job(&c, &n).await?)
+}
+async fn cancel_job(State(a): State<App>, c: Caller, Path(n): Path<String>) -> R {
+    ok(a.plane.cancel_job(&c, &n).await?)
+}
+async fn list_events(State(a): State<App>, c: Caller) -> R {
+    items(a.plane.list_events(&c).await?)
+}
+async fn list_audit(State(a): State<App>, c: Caller) -> R {
+    items(a.plane.list_audit(&c).await?)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WatchQuery {
+    kind: String,
+    #[serde(default)]
+    after: Option<u64>,
+}
+
+/// Server-sent events: one event per change, `event:` created|updated|deleted,
+/// `id:` the revision (resume with `?after=`), `data:` the object as GET renders it.
+async fn watch(
+    State(a): State<App>,
+    c: Caller,
+    Q(q): Q<WatchQuery>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let w = a.plane.watch(&c, q.after, &q.kind).await?;
+    let s = stream::unfold(w, |mut w| async move {
+        match w.next().await {
+            Ok(changes) => Some((changes, w)),
+            Err(_) => None,
+        }
+    })
+    .flat_map(|changes| {
+        stream::iter(changes.into_iter().map(|ch| {
+            let op = match ch.op {
+                tessera_store::ChangeOp::Created => "created",
+                tessera_store::ChangeOp::Updated => "updated",
+                tessera_store::ChangeOp::Deleted => "deleted",
+            };
+            Ok(Event::default()
+                .event(op)
+                .id(ch.version().to_string())
+                .data(render(&ch.object).to_string()))
+        }))
+    });
+    Ok(Sse::new(s).keep_alive(KeepAlive::default()))
+}
+
+async fn openapi() -> Json<Value> {
+    Json(openapi_document())
+}
+
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+async fn no_route() -> ApiError {
+    ApiError::new(
+        Code::NotFound,
+        "no such route: the API lives under /v1, see /v1/openapi.json",
+    )
+}
+
+/// One route of the API, for the router and the OpenAPI document alike.
+pub struct RouteDoc {
+    pub method: &'static str,
+    pub path: &'static str,
+    pub summary: &'static str,
+    /// The request body schema name, if any.
+    pub body: Option<&'static str>,
+    /// The success status.
+    pub status: u16,
+}
+
+macro_rules! routes {
+    ($( $m:ident $p:literal $h:ident $sum:literal $body:expr, $st:literal; )*) => {
+        /// Every authenticated route.
+        pub const ROUTES: &[RouteDoc] = &[
+            $( RouteDoc { method: stringify!($m), path: $p, summary: $sum, body: $body, status: $st }, )*
+        ];
+        fn api_routes() -> Router<App> {
+            let r = Router::new();
+            $( let r = r.route($p, axum::routing::$m($h)); )*
+            r
+        }
+    };
+}
+
+routes! {
+    get "/v1/whoami" whoami "The caller's tenant, subject and role" None, 200;
+    post "/v1/tenants" create_tenant "Create a tenant and its first admin key (system admins)" Some("NewTenant"), 201;
+    get "/v1/tenants" list_tenants "List tenants (the caller's own, or all for system admins)" None, 200;
+    get "/v1/tenants/{name}" get_tenant "Get a tenant" None, 200;
+    post "/v1/apikeys" create_key "Create an API key; the key text is shown only in this reply" Some("NewApiKey"), 201;
+    get "/v1/apikeys" list_keys "List the tenant's API keys (never their secrets)" None, 200;
+    delete "/v1/apikeys/{id}" revoke_key "Revoke an API key" None, 200;
+    put "/v1/rolebindings/{subject}" put_binding "Bind a subject to a role in the tenant" Some("RoleBindingSpec"), 200;
+    get "/v1/rolebindings" list_bindings "List role bindings" None, 200;
+    delete "/v1/rolebindings/{subject}" delete_binding "Remove a role binding" None, 200;
+    get "/v1/nodes" list_nodes "List nodes" None, 200;
+    get "/v1/nodes/{name}" get_node "Get a node" None, 200;
+    put "/v1/nodes/{name}" put_node "Register or replace a node (system operators)" Some("Node"), 200;
+    post "/v1/queues" create_queue "Create a queue" Some("QueueSpec"), 201;
+    get "/v1/queues" list_queues "List queues" None, 200;
+    get "/v1/queues/{name}" get_queue "Get a queue" None, 200;
+    put "/v1/queues/{name}" put_queue "Replace a queue (compare-and-swap with resource_version)" Some("QueueSpec"), 200;
+    delete "/v1/queues/{name}" delete_queue "Delete a queue" None, 200;
+    post "/v1/jobs" submit_job "Submit a job (a gang of tasks)" Some("JobSpec"), 201;
+    get "/v1/jobs" list_jobs "List jobs with status and pending reasons" None, 200;
+    get "/v1/jobs/{name}" get_job "Get a job" None, 200;
+    post "/v1/jobs/{name}/cancel" cancel_job "Cancel a job" None, 200;
+    get "/v1/events" list_events "List events" None, 200;
+    get "/v1/audit" list_audit "The audit log: who changed what (admins)" None, 200;
+    get "/v1/watch" watch "Watch changes as server-sent events (?kind=job|queue|event&after=REVISION)" None, 200;
+}
+
+/// The API router.
+pub fn router(app: App) -> Router {
+    let limit = app.body_limit;
+    api_routes()
+        .route("/v1/openapi.json", get(openapi))
+        .route("/healthz", get(healthz))
+        .fallback(no_route)
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(app)
+}
+
+/// The OpenAPI 3.1 document, built from [`ROUTES`].
+pub fn openapi_document() -> Value {
+    let mut paths = serde_json::Map::new();
+    for r in ROUTES {
+        let entry = paths.entry(r.path.to_string()).or_insert_with(|| json!({}));
+        let params: Vec<Value> = r
+            .path
+            .split('/')
+            .filter_map(|seg| seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
+            .map(|p| json!({"name": p, "in": "path", "required": true, "schema": {"type": "string"}}))
+            .collect();
+        let mut op = json!({
+            "summary": r.summary,
+            "operationId": format!("{}_{}", r.method, r.path.trim_start_matches("/v1/").replace(['/', '{', '}'], "_").trim_end_matches('_')),
+            "security": [{"apiKey": []}],
+            "responses": {
+                r.status.to_string(): {"description": "success", "content": {"application/json": {}}},
+                "400": {"$ref": "#/components/responses/Problem"},
+                "401": {"$ref": "#/components/responses/Problem"},
+                "403": {"$ref": "#/components/responses/Problem"},
+                "404": {"$ref": "#/components/responses/Problem"},
+                "409": {"$ref": "#/components/responses/Problem"},
+                "413": {"$ref": "#/components/responses/Problem"},
+            },
+        });
+        if !params.is_empty() {
+            op["parameters"] = Value::Array(params);
+        }
+        if let Some(b) = r.body {
+            op["requestBody"] = json!({
+                "required": true,
+                "content": {
+                    "application/json": {"schema": {"$ref": format!("#/components/schemas/{b}")}},
+                    "application/yaml": {"schema": {"$ref": format!("#/components/schemas/{b}")}},
+                },
+            });
+        }
+        entry[r.method] = op;
+    }
+    json!({
+        "openapi": "3.1.0",
+        "info": {"title": "Tessera control plane", "version": env!("CARGO_PKG_VERSION")},
+        "paths": paths,
+        "components": {
+            "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer", "description": "An API key tsk_<id>_<secret>"}},
+            "responses": {"Problem": {"description": "RFC 9457 problem details", "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}}},
+            "schemas": {
+                "Problem": {"type": "object", "required": ["type", "title", "status", "code"], "properties": {
+                    "type": {"type": "string"}, "title": {"type": "string"}, "status": {"type": "integer"},
+                    "detail": {"type": "string"}, "code": {"type": "string", "enum": [
+                        "invalid_request", "unauthenticated", "forbidden", "not_found", "already_exists",
+                        "conflict", "payload_too_large", "unsupported_media_type", "internal"]},
+                    "field": {"type": "string", "description": "Path of the offending field"}}},
+                "NewTenant": {"type": "object", "additionalProperties": false, "required": ["name"], "properties": {"name": {"type": "string"}}},
+                "NewApiKey": {"type": "object", "additionalProperties": false, "required": ["subject"], "properties": {
+                    "subject": {"type": "string"}, "role": {"$ref": "#/components/schemas/Role"}, "expires_in_seconds": {"type": "integer"}}},
+                "Role": {"type": "string", "enum": ["viewer", "developer", "operator", "admin"]},
+                "RoleBindingSpec": {"type": "object", "additionalProperties": false, "required": ["role"], "properties": {"role": {"$ref": "#/components/schemas/Role"}}},
+                "Resources": {"type": "object", "additionalProperties": false, "properties": {
+                    "cpu_milli": {"type": "integer"}, "memory": {"type": "integer"}, "gpu_milli": {"type": "integer"},
+                    "gpu_memory": {"type": "integer"}, "pods": {"type": "integer"}, "extended": {"type": "object"}}},
+                "Node": {"type": "object", "additionalProperties": false, "required": ["name", "allocatable"], "properties": {
+                    "name": {"type": "string"}, "labels": {"type": "object"}, "taints": {"type": "array"},
+                    "allocatable": {"$ref": "#/components/schemas/Resources"}, "gpus": {"type": "array"}, "unschedulable": {"type": "boolean"}}},
+                "QueueSpec": {"type": "object", "additionalProperties": false, "required": ["name"], "properties": {
+                    "name": {"type": "string"}, "parent": {"type": "string"}, "weight": {"type": "integer"},
+                    "guarantee": {"$ref": "#/components/schemas/Resources"}, "capability": {"$ref": "#/components/schemas/Resources"},
+                    "reclaimable": {"type": "boolean"}, "resource_version": {"type": "integer"}}},
+                "TaskSpec": {"type": "object", "additionalProperties": false, "required": ["name"], "properties": {
+                    "name": {"type": "string"}, "resources": {"$ref": "#/components/schemas/Resources"},
+                    "gpu": {"description": "\"none\", {\"whole\": {\"count\": N}} or {\"shared\": {\"milli\": M, \"memory\": BYTES}}"},
+                    "node_selector": {"type": "object"}, "tolerations": {"type": "array"}, "priority": {"type": "integer"},
+                    "command": {"type": "array", "items": {"type": "string"}}}},
+                "JobSpec": {"type": "object", "additionalProperties": false, "required": ["name", "queue", "tasks"], "properties": {
+                    "name": {"type": "string"}, "queue": {"type": "string"}, "min_member": {"type": "integer"},
+                    "min_resources": {"$ref": "#/components/schemas/Resources"}, "priority": {"type": "integer"},
+                    "kind": {"type": "string", "enum": ["training", "inference", "batch", "agent"]},
+                    "preemptable": {"type": "boolean"}, "tasks": {"type": "array", "items": {"$ref": "#/components/schemas/TaskSpec"}}}},
+            },
+        },
+    })
+}

@@ -1,0 +1,158 @@
+//! `tessera-server`: the control plane. A JSON API under `/v1` (axum) with an
+//! OpenAPI document, API keys and per-tenant roles, every read and write scoped to
+//! the caller's tenant, an audit log, watches as server-sent events, and the
+//! scheduler loop that turns pending jobs into bindings.
+//!
+//! Layers: [`api`] translates HTTP to calls on [`plane::ControlPlane`], which holds
+//! the rules and talks to the store; [`scheduler`] runs the batch scheduler over a
+//! snapshot of the store. Only this crate knows HTTP; only the store knows SQL.
+
+pub mod api;
+pub mod auth;
+pub mod node;
+pub mod plane;
+pub mod problem;
+pub mod scheduler;
+pub mod wire;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+pub use plane::{Caller, ControlPlane, SYSTEM_TENANT};
+pub use problem::{ApiError, Code};
+pub use tessera_store::{AnyStore, PgStore, SqliteStore};
+
+/// How to run the server.
+#[derive(Clone)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    /// Largest request body accepted, in bytes (larger gets 413).
+    pub body_limit: usize,
+    /// The scheduler to run, or `None` for no scheduler loop.
+    pub scheduler: Option<scheduler::ScheduleFn>,
+    /// How often the scheduler runs when nothing changes.
+    pub schedule_period: Duration,
+    /// Register the local machine as a node at start.
+    pub register_local_node: bool,
+}
+
+impl std::fmt::Debug for ServerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerConfig")
+            .field("listen", &self.listen)
+            .field("body_limit", &self.body_limit)
+            .field("scheduler", &self.scheduler.is_some())
+            .field("schedule_period", &self.schedule_period)
+            .finish()
+    }
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7700)),
+            body_limit: 1 << 20,
+            scheduler: Some(scheduler::batch_scheduler()),
+            schedule_period: Duration::from_secs(1),
+            register_local_node: true,
+        }
+    }
+}
+
+/// A running server.
+pub struct Running {
+    /// Where it listens (the real port when asked for port 0).
+    pub addr: SocketAddr,
+    /// The admin key, on the first start of a fresh store only.
+    pub admin_key: Option<String>,
+    pub plane: ControlPlane,
+    stop: tokio::sync::watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Running {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Running").field("addr", &self.addr).finish()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("first-start setup failed: {0}")]
+    Bootstrap(ApiError),
+}
+
+/// Bootstraps the store (first start), registers the local node, starts the
+/// scheduler loop and the HTTP server.
+pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartError> {
+    let plane = ControlPlane::new(store.clone());
+    let admin_key = plane.bootstrap().await.map_err(StartError::Bootstrap)?;
+    if cfg.register_local_node {
+        plane
+            .upsert_node(&node::local_node())
+            .await
+            .map_err(StartError::Bootstrap)?;
+    }
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .map_err(|source| StartError::Listen {
+            addr: cfg.listen,
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(|source| StartError::Listen {
+        addr: cfg.listen,
+        source,
+    })?;
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    let mut tasks = Vec::new();
+    if let Some(f) = cfg.scheduler.clone() {
+        tasks.push(tokio::spawn(scheduler::run_loop(
+            store,
+            f,
+            cfg.schedule_period,
+            stop_rx.clone(),
+        )));
+    }
+    let app = api::router(api::App {
+        plane: plane.clone(),
+        body_limit: cfg.body_limit,
+    });
+    let mut srx = stop_rx;
+    tasks.push(tokio::spawn(async move {
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = srx.wait_for(|s| *s).await;
+            })
+            .await;
+    }));
+    Ok(Running {
+        addr,
+        admin_key,
+        plane,
+        stop,
+        tasks,
+    })
+}
+
+impl Running {
+    /// Stops the scheduler loop and the HTTP server (open watches end).
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        for t in self.tasks {
+            t.abort();
+            let _ = t.await;
+        }
+    }
+
+    /// Waits until the server stops (it runs until the process ends).
+    pub async fn wait(mut self) {
+        if let Some(t) = self.tasks.pop() {
+            let _ = t.await;
+        }
+    }
+}

@@ -1,0 +1,797 @@
+//! The control plane's state logic: tenants, keys, role bindings, nodes, queues,
+//! jobs, events and audit, over a [`Store`]. HTTP handlers call these methods and
+//! only translate; everything here is independent of HTTP.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+use serde_json::{Map, Value, json};
+use tessera_model::{Node, Queue};
+use tessera_store::{AnyStore, Key, Object, Op, Store, WatchFilter, Watcher};
+
+use crate::auth::{self, KeyRecord, Role};
+use crate::problem::{ApiError, Code};
+use crate::wire::*;
+
+/// The tenant created at first start; its admins administer the cluster.
+pub const SYSTEM_TENANT: &str = "admin";
+
+/// Object kinds in the store.
+pub mod kind {
+    pub const TENANT: &str = "tenant";
+    pub const APIKEY: &str = "apikey";
+    pub const ROLEBINDING: &str = "rolebinding";
+    pub const NODE: &str = "node";
+    pub const QUEUE: &str = "queue";
+    pub const JOB: &str = "job";
+    pub const EVENT: &str = "event";
+    pub const AUDIT: &str = "audit";
+}
+
+/// Kinds a tenant may watch.
+pub const WATCHABLE: &[&str] = &[kind::JOB, kind::QUEUE, kind::EVENT];
+
+/// Who is calling, after authentication.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Caller {
+    pub tenant: String,
+    pub subject: String,
+    pub key_id: String,
+    pub role: Role,
+}
+
+impl Caller {
+    pub fn require(&self, role: Role) -> Result<(), ApiError> {
+        if self.role >= role {
+            Ok(())
+        } else {
+            Err(ApiError::forbidden(format!(
+                "this needs the {} role in tenant {:?}; {:?} has {}",
+                role.as_str(),
+                self.tenant,
+                self.subject,
+                self.role.as_str()
+            )))
+        }
+    }
+
+    /// Requires `role` in the system tenant.
+    pub fn require_system(&self, role: Role) -> Result<(), ApiError> {
+        if self.tenant != SYSTEM_TENANT {
+            return Err(ApiError::forbidden(format!(
+                "this needs the {} role in the system tenant {SYSTEM_TENANT:?}",
+                role.as_str()
+            )));
+        }
+        self.require(role)
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Checks a DNS-label-like name: 1..=63 of `a-z0-9-`, starting and ending alphanumeric.
+pub fn check_name(field: &str, s: &str) -> Result<(), ApiError> {
+    let ok = !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(
+            field,
+            format!(
+                "{s:?} is not a valid name: use 1 to 63 of a-z, 0-9 and '-', starting and ending with a letter or digit"
+            ),
+        ))
+    }
+}
+
+fn check_subject(field: &str, s: &str) -> Result<(), ApiError> {
+    let ok = !s.is_empty()
+        && s.len() <= 128
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"@._:-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(
+            field,
+            format!("{s:?} is not a valid subject: use 1 to 128 of A-Z, a-z, 0-9 and @ . _ : -"),
+        ))
+    }
+}
+
+fn to_value<T: Serialize>(v: &T) -> Result<Value, ApiError> {
+    serde_json::to_value(v).map_err(ApiError::internal)
+}
+
+fn from_value<T: serde::de::DeserializeOwned>(o: &Object) -> Result<T, ApiError> {
+    serde_json::from_value(o.body.clone())
+        .map_err(|e| ApiError::internal(format!("stored {} is unreadable: {e}", o.key())))
+}
+
+/// Renders a stored object for the API: its body with `name`, `tenant` (when
+/// tenant-scoped) and `resource_version` added.
+pub fn render(o: &Object) -> Value {
+    let mut m = Map::new();
+    m.insert("name".into(), Value::String(o.name.clone()));
+    if !o.tenant.is_empty() {
+        m.insert("tenant".into(), Value::String(o.tenant.clone()));
+    }
+    m.insert("resource_version".into(), json!(o.version));
+    match &o.body {
+        Value::Object(b) => {
+            for (k, v) in b {
+                m.insert(k.clone(), v.clone());
+            }
+        }
+        other => {
+            m.insert("body".into(), other.clone());
+        }
+    }
+    Value::Object(m)
+}
+
+fn render_key(o: &Object) -> Value {
+    let mut v = render(o);
+    if let Value::Object(m) = &mut v {
+        m.remove("salt");
+        m.remove("hash");
+        m.insert("id".into(), Value::String(o.name.clone()));
+    }
+    v
+}
+
+/// A sortable, unique name for events and audit records.
+fn record_name(now: u64) -> String {
+    format!("{now:013}-{}", auth::random_hex(4))
+}
+
+/// The control plane over one store. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct ControlPlane {
+    store: AnyStore,
+}
+
+impl ControlPlane {
+    pub fn new(store: AnyStore) -> Self {
+        ControlPlane { store }
+    }
+
+    pub fn store(&self) -> &AnyStore {
+        &self.store
+    }
+
+    fn audit(
+        &self,
+        caller: &Caller,
+        action: &str,
+        object: String,
+        now: u64,
+    ) -> Result<Op, ApiError> {
+        Ok(Op::Create {
+            key: Key::new(kind::AUDIT, &caller.tenant, record_name(now)),
+            body: to_value(&AuditBody {
+                at: now,
+                subject: caller.subject.clone(),
+                key_id: caller.key_id.clone(),
+                action: action.into(),
+                object,
+            })?,
+        })
+    }
+
+    /// Creates the system tenant and its first admin key, if the store has none.
+    /// Returns the key text (to print once) on first start, `None` afterwards.
+    pub async fn bootstrap(&self) -> Result<Option<String>, ApiError> {
+        let key = Key::new(kind::TENANT, "", SYSTEM_TENANT);
+        if self.store.get(&key).await?.is_some() {
+            return Ok(None);
+        }
+        let now = now_ms();
+        let (ops, text) = self.tenant_ops(SYSTEM_TENANT, true, "admin", now)?;
+        match self.store.commit(ops).await {
+            Ok(_) => Ok(Some(text)),
+            // Another replica bootstrapped first.
+            Err(tessera_store::StoreError::AlreadyExists(_)) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Operations that create a tenant with an admin key for `subject`.
+    fn tenant_ops(
+        &self,
+        name: &str,
+        system: bool,
+        subject: &str,
+        now: u64,
+    ) -> Result<(Vec<Op>, String), ApiError> {
+        let k = auth::new_key(name, subject, now / 1000, None);
+        let ops = vec![
+            Op::Create {
+                key: Key::new(kind::TENANT, "", name),
+                body: to_value(&TenantBody {
+                    created_at: now,
+                    system,
+                })?,
+            },
+            Op::Create {
+                key: Key::new(kind::APIKEY, "", &k.id),
+                body: to_value(&k.record)?,
+            },
+            Op::Create {
+                key: Key::new(kind::ROLEBINDING, name, subject),
+                body: to_value(&RoleBinding {
+                    subject: subject.into(),
+                    role: Role::Admin,
+                })?,
+            },
+        ];
+        Ok((ops, k.text))
+    }
+
+    /// Checks a bearer credential: a missing, malformed, unknown, wrong, revoked or
+    /// expired key is 401 (with the same message, to reveal nothing); a key whose
+    /// subject has no role binding is 403.
+    pub async fn authenticate(&self, authorization: Option<&str>) -> Result<Caller, ApiError> {
+        let denied = || {
+            ApiError::unauthenticated(
+                "a valid API key is required: send `Authorization: Bearer tsk_…`",
+            )
+        };
+        let text = authorization
+            .and_then(|h| h.strip_prefix("Bearer "))
+            .map(str::trim)
+            .ok_or_else(denied)?;
+        let (id, secret) = auth::parse_key(text).ok_or_else(denied)?;
+        let o = self
+            .store
+            .get(&Key::new(kind::APIKEY, "", id))
+            .await?
+            .ok_or_else(denied)?;
+        let rec: KeyRecord = from_value(&o)?;
+        if !auth::verify(&rec, secret) || rec.revoked {
+            return Err(denied());
+        }
+        if rec.expires_at.is_some_and(|e| now_ms() / 1000 >= e) {
+            return Err(ApiError::unauthenticated(
+                "the API key has expired: ask an admin for a new one",
+            ));
+        }
+        let rb = self
+            .store
+            .get(&Key::new(kind::ROLEBINDING, &rec.tenant, &rec.subject))
+            .await?
+            .ok_or_else(|| {
+                ApiError::forbidden(format!(
+                    "{:?} has no role in tenant {:?}: ask an admin to bind one",
+                    rec.subject, rec.tenant
+                ))
+            })?;
+        let rb: RoleBinding = from_value(&rb)?;
+        Ok(Caller {
+            tenant: rec.tenant,
+            subject: rec.subject,
+            key_id: id.to_string(),
+            role: rb.role,
+        })
+    }
+
+    pub fn whoami(&self, c: &Caller) -> Value {
+        json!({"tenant": c.tenant, "subject": c.subject, "key_id": c.key_id, "role": c.role})
+    }
+
+    // ---- tenants ----
+
+    /// Creates a tenant and an admin key for it (shown once).
+    pub async fn create_tenant(&self, c: &Caller, t: NewTenant) -> Result<Value, ApiError> {
+        c.require_system(Role::Admin)?;
+        check_name("name", &t.name)?;
+        let now = now_ms();
+        let (mut ops, text) = self.tenant_ops(&t.name, false, "admin", now)?;
+        ops.push(self.audit(c, "create", format!("tenant/{}", t.name), now)?);
+        let out = self.store.commit(ops).await?;
+        let mut v = render(&out[0]);
+        v["admin_key"] = Value::String(text);
+        Ok(v)
+    }
+
+    pub async fn list_tenants(&self, c: &Caller) -> Result<Vec<Value>, ApiError> {
+        let l = self.store.list(kind::TENANT, Some("")).await?;
+        Ok(l.objects
+            .iter()
+            .filter(|o| c.tenant == SYSTEM_TENANT || o.name == c.tenant)
+            .map(render)
+            .collect())
+    }
+
+    pub async fn get_tenant(&self, c: &Caller, name: &str) -> Result<Value, ApiError> {
+        if c.tenant != SYSTEM_TENANT && c.tenant != name {
+            return Err(ApiError::not_found(format!("tenant {name:?}")));
+        }
+        let o = self.store.get(&Key::new(kind::TENANT, "", name)).await?;
+        o.map(|o| render(&o))
+            .ok_or_else(|| ApiError::not_found(format!("tenant {name:?}")))
+    }
+
+    // ---- API keys ----
+
+    pub async fn create_key(&self, c: &Caller, req: NewApiKey) -> Result<Value, ApiError> {
+        c.require(Role::Admin)?;
+        check_subject("subject", &req.subject)?;
+        let now = now_ms();
+        let expires = req.expires_in_seconds.map(|s| now / 1000 + s);
+        let k = auth::new_key(&c.tenant, &req.subject, now / 1000, expires);
+        let mut ops = vec![Op::Create {
+            key: Key::new(kind::APIKEY, "", &k.id),
+            body: to_value(&k.record)?,
+        }];
+        if let Some(role) = req.role {
+            let key = Key::new(kind::ROLEBINDING, &c.tenant, &req.subject);
+            let body = to_value(&RoleBinding {
+                subject: req.subject.clone(),
+                role,
+            })?;
+            ops.push(match self.store.get(&key).await? {
+                Some(o) => Op::Update {
+                    key,
+                    expected: Some(o.version),
+                    body,
+                },
+                None => Op::Create { key, body },
+            });
+        }
+        ops.push(self.audit(c, "create", format!("apikey/{}", k.id), now)?);
+        let out = self.store.commit(ops).await?;
+        let mut v = render_key(&out[0]);
+        v["key"] = Value::String(k.text);
+        Ok(v)
+    }
+
+    async fn tenant_key(&self, c: &Caller, id: &str) -> Result<Object, ApiError> {
+        let o = self.store.get(&Key::new(kind::APIKEY, "", id)).await?;
+        match o {
+            Some(o) if from_value::<KeyRecord>(&o)?.tenant == c.tenant => Ok(o),
+            _ => Err(ApiError::not_found(format!("API key {id:?}"))),
+        }
+    }
+
+    pub async fn list_keys(&self, c: &Caller) -> Result<Vec<Value>, ApiError> {
+        c.require(Role::Admin)?;
+        let l = self.store.list(kind::APIKEY, Some("")).await?;
+        let mut out = Vec::new();
+        for o in &l.objects {
+            if from_value::<KeyRecord>(o)?.tenant == c.tenant {
+                out.push(render_key(o));
+            }
+        }
+        Ok(out)
+    }
+
+    pub async fn revoke_key(&self, c: &Caller, id: &str) -> Result<Value, ApiError> {
+        c.require(Role::Admin)?;
+        let o = self.tenant_key(c, id).await?;
+        let mut rec: KeyRecord = from_value(&o)?;
+        rec.revoked = true;
+        let now = now_ms();
+        let out = self
+            .store
+            .commit(vec![
+                Op::Update {
+                    key: o.key(),
+                    expected: Some(o.version),
+                    body: to_value(&rec)?,
+                },
+                self.audit(c, "revoke", format!("apikey/{id}"), now)?,
+            ])
+            .await?;
+        Ok(render_key(&out[0]))
+    }
+
+    // ---- role bindings ----
+
+    pub async fn put_binding(
+        &self,
+        c: &Caller,
+        subject: &str,
+        spec: RoleBindingSpec,
+    ) -> Result<Value, ApiError> {
+        c.require(Role::Admin)?;
+        check_subject("subject", subject)?;
+        let key = Key::new(kind::ROLEBINDING, &c.tenant, subject);
+        let body = to_value(&RoleBinding {
+            subject: subject.into(),
+            role: spec.role,
+        })?;
+        let op = match self.store.get(&key).await? {
+            Some(o) => Op::Update {
+                key,
+                expected: Some(o.version),
+                body,
+            },
+            None => Op::Create { key, body },
+        };
+        let now = now_ms();
+        let out = self
+            .store
+            .commit(vec![
+                op,
+                self.audit(c, "bind", format!("rolebinding/{subject}"), now)?,
+            ])
+            .await?;
+        Ok(render(&out[0]))
+    }
+
+    pub async fn list_bindings(&self, c: &Caller) -> Result<Vec<Value>, ApiError> {
+        c.require(Role::Viewer)?;
+        let l = self.store.list(kind::ROLEBINDING, Some(&c.tenant)).await?;
+        Ok(l.objects.iter().map(render).collect())
+    }
+
+    pub async fn delete_binding(&self, c: &Caller, subject: &str) -> Result<Value, ApiError> {
+        c.require(Role::Admin)?;
+        let key = Key::new(kind::ROLEBINDING, &c.tenant, subject);
+        let now = now_ms();
+        let out = self
+            .store
+            .commit(vec![
+                Op::Delete {
+                    key,
+                    expected: None,
+                },
+                self.audit(c, "unbind", format!("rolebinding/{subject}"), now)?,
+            ])
+            .await?;
+        Ok(render(&out[0]))
+    }
+
+    // ---- nodes (cluster-scoped: readable by all, written by system operators) ----
+
+    /// Creates or replaces a node record (used by the local node agent too).
+    pub async fn upsert_node(&self, node: &Node) -> Result<Object, ApiError> {
+        check_name("name", &node.name)?;
+        let key = Key::new(kind::NODE, "", &node.name);
+        let body = to_value(node)?;
+        Ok(match self.store.get(&key).await? {
+            Some(o) => self.store.update(key, Some(o.version), body).await?,
+            None => self.store.create(key, body).await?,
+        })
+    }
+
+    pub async fn put_node(&self, c: &Caller, name: &str, node: Node) -> Result<Value, ApiError> {
+        c.require_system(Role::Operator)?;
+        if node.name != name {
+            return Err(ApiError::invalid(
+                "name",
+                format!("the body names node {:?} but the path {name:?}", node.name),
+            ));
+        }
+        Ok(render(&self.upsert_node(&node).await?))
+    }
+
+    pub async fn list_nodes(&self, c: &Caller) -> Result<Vec<Value>, ApiError> {
+        c.require(Role::Viewer)?;
+        let l = self.store.list(kind::NODE, Some("")).await?;
+        Ok(l.objects.iter().map(render).collect())
+    }
+
+    pub async fn get_node(&self, c: &Caller, name: &str) -> Result<Value, ApiError> {
+        c.require(Role::Viewer)?;
+        let o = self.store.get(&Key::new(kind::NODE, "", name)).await?;
+        o.map(|o| render(&o))
+            .ok_or_else(|| ApiError::not_found(format!("node {name:?}")))
+    }
+
+    // ---- queues ----
+
+    fn queue_body(spec: &QueueSpec) -> Result<Value, ApiError> {
+        check_name("name", &spec.name)?;
+        if let Some(p) = &spec.parent {
+            check_name("parent", p)?;
+        }
+        to_value(&Queue {
+            name: spec.name.clone(),
+            parent: spec.parent.clone(),
+            weight: spec.weight,
+            guarantee: spec.guarantee.clone(),
+            capability: spec.capability.clone(),
+            reclaimable: spec.reclaimable,
+        })
+    }
+
+    pub async fn create_queue(&self, c: &Caller, spec: QueueSpec) -> Result<Value, ApiError> {
+        c.require(Role::Operator)?;
+        let body = Self::queue_body(&spec)?;
+        let now = now_ms();
+        let out = self
+            .store
+            .commit(vec![
+                Op::Create {
+                    key: Key::new(kind::QUEUE, &c.tenant, &spec.name),
+                    body,
+                },
+                self.audit(c, "create", format!("queue/{}", spec.name), now)?,
+            ])
+            .await?;
+        Ok(render(&out[0]))
+    }
+
+    /// Replaces a queue; with `resource_version`, only if it is still current.
+    pub async fn put_queue(
+        &self,
+        c: &Caller,
+        name: &str,
+        spec: QueueSpec,
+    ) -> Result<Value, ApiError> {
+        c.require(Role::Operator)?;
+        if spec.name != name {
+            return Err(ApiError::invalid(
+                "name",
+                format!("the body names queue {:?} but the path {name:?}", spec.name),
+            ));
+        }
+        let body = Self::queue_body(&spec)?;
+        let now = now_ms();
+        let out = self
+            .store
+            .commit(vec![
+                Op::Update {
+                    key: Key::new(kind::QUEUE, &c.tenant, name),
+                    expected: spec.resource_version,
+                    body,
+                },
+                self.audit(c, "update", format!("queue/{name}"), now)?,
+            ])
+            .await?;
+        Ok(render(&out[0]))
+    }
+
+    pub async fn list_queues(&self, c: &Caller) -> Result<Vec<Value>, ApiError> {
+        c.require(Role::Viewer)?;
+        let l = self.store.list(kind::QUEUE, Some(&c.tenant)).await?;
+        Ok(l.objects.iter().map(render).collect())
+    }
+
+    pub async fn get_queue(&self, c: &Caller, name: &str) -> Result<Value, ApiError> {
+        c.require(Role::Viewer)?;
+        let o = self
+            .store
+            .get(&Key::new(kind::QUEUE, &c.tenant, name))
+            .await?;
+        o.map(|o| render(&o))
+            .ok_or_else(|| ApiError::not_found(format!("queue {name:?}")))
+    }
+
+    pub async fn delete_queue(&self, c: &Caller, name: &str) -> Result<Value, ApiError> {
+        c.require(Role::Operator)?;
+        let now = now_ms();
+        let out = self
+            .store
+            .commit(vec![
+                Op::Delete {
+                    key: Key::new(kind::QUEUE, &c.tenant, name),
+                    expected: None,
+                },
+                self.audit(c, "delete", format!("queue/{name}"), now)?,
+            ])
+            .await?;
+        Ok(render(&out[0]))
+    }
+
+    // ---- jobs ----
+
+    fn check_job(spec: &JobSpec) -> Result<(), ApiError> {
+        check_name("name", &spec.name)?;
+        check_name("queue", &spec.queue)?;
+        if spec.tasks.is_empty() {
+            return Err(ApiError::invalid("tasks", "a job needs at least one task"));
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for (i, t) in spec.tasks.iter().enumerate() {
+            check_name(&format!("tasks[{i}].name"), &t.name)?;
+            if !names.insert(&t.name) {
+                return Err(ApiError::invalid(
+                    format!("tasks[{i}].name"),
+                    format!("task {:?} appears twice", t.name),
+                ));
+            }
+            if t.resources.gpu_milli != 0 || t.resources.gpu_memory != 0 {
+                return Err(ApiError::invalid(
+                    format!("tasks[{i}].resources"),
+                    "ask for GPUs with `gpu` (whole or shared), not with resources.gpu_milli/gpu_memory",
+                ));
+            }
+            if let tessera_model::GpuRequest::Shared { milli, .. } = t.gpu
+                && !(1..=999).contains(&milli)
+            {
+                return Err(ApiError::invalid(
+                    format!("tasks[{i}].gpu.shared.milli"),
+                    format!("{milli} is not a fraction of a GPU: use 1 to 999"),
+                ));
+            }
+        }
+        if let Some(m) = spec.min_member
+            && (m == 0 || m as usize > spec.tasks.len())
+        {
+            return Err(ApiError::invalid(
+                "min_member",
+                format!(
+                    "{m} must be between 1 and the number of tasks ({})",
+                    spec.tasks.len()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Submits a job; the scheduler loop picks it up.
+    pub async fn submit_job(&self, c: &Caller, spec: JobSpec) -> Result<Value, ApiError> {
+        c.require(Role::Developer)?;
+        Self::check_job(&spec)?;
+        if self
+            .store
+            .get(&Key::new(kind::QUEUE, &c.tenant, &spec.queue))
+            .await?
+            .is_none()
+        {
+            return Err(ApiError::invalid(
+                "queue",
+                format!(
+                    "queue {:?} does not exist in tenant {:?}: create it with `tessera queue create`",
+                    spec.queue, c.tenant
+                ),
+            ));
+        }
+        let now = now_ms();
+        let name = spec.name.clone();
+        let body = JobBody {
+            spec,
+            status: JobStatus::default(),
+            created_at: now,
+        };
+        let out = self
+            .store
+            .commit(vec![
+                Op::Create {
+                    key: Key::new(kind::JOB, &c.tenant, &name),
+                    body: to_value(&body)?,
+                },
+                self.audit(c, "create", format!("job/{name}"), now)?,
+            ])
+            .await?;
+        Ok(render(&out[0]))
+    }
+
+    pub async fn list_jobs(&self, c: &Caller) -> Result<Vec<Value>, ApiError> {
+        c.require(Role::Viewer)?;
+        let l = self.store.list(kind::JOB, Some(&c.tenant)).await?;
+        Ok(l.objects.iter().map(render).collect())
+    }
+
+    pub async fn get_job(&self, c: &Caller, name: &str) -> Result<Value, ApiError> {
+        c.require(Role::Viewer)?;
+        let o = self
+            .store
+            .get(&Key::new(kind::JOB, &c.tenant, name))
+            .await?;
+        o.map(|o| render(&o))
+            .ok_or_else(|| ApiError::not_found(format!("job {name:?}")))
+    }
+
+    /// Cancels a job: it leaves the scheduler and its tasks are released.
+    pub async fn cancel_job(&self, c: &Caller, name: &str) -> Result<Value, ApiError> {
+        c.require(Role::Developer)?;
+        let key = Key::new(kind::JOB, &c.tenant, name);
+        let o = self
+            .store
+            .get(&key)
+            .await?
+            .ok_or_else(|| ApiError::not_found(format!("job {name:?}")))?;
+        let mut job: JobBody = from_value(&o)?;
+        if job.status.phase == Phase::Cancelled {
+            return Ok(render(&o));
+        }
+        job.status = JobStatus {
+            phase: Phase::Cancelled,
+            ..JobStatus::default()
+        };
+        let now = now_ms();
+        let out = self
+            .store
+            .commit(vec![
+                Op::Update {
+                    key,
+                    expected: Some(o.version),
+                    body: to_value(&job)?,
+                },
+                self.audit(c, "cancel", format!("job/{name}"), now)?,
+                event_op(
+                    &c.tenant,
+                    format!("job/{name}"),
+                    "Cancelled",
+                    format!("cancelled by {}", c.subject),
+                    now,
+                )?,
+            ])
+            .await?;
+        Ok(render(&out[0]))
+    }
+
+    // ---- events and audit ----
+
+    pub async fn list_events(&self, c: &Caller) -> Result<Vec<Value>, ApiError> {
+        c.require(Role::Viewer)?;
+        let l = self.store.list(kind::EVENT, Some(&c.tenant)).await?;
+        Ok(l.objects.iter().map(render).collect())
+    }
+
+    pub async fn list_audit(&self, c: &Caller) -> Result<Vec<Value>, ApiError> {
+        c.require(Role::Admin)?;
+        let l = self.store.list(kind::AUDIT, Some(&c.tenant)).await?;
+        Ok(l.objects.iter().map(render).collect())
+    }
+
+    /// A watcher over the caller's tenant, for one watchable kind.
+    pub async fn watch(
+        &self,
+        c: &Caller,
+        after: Option<u64>,
+        kind: &str,
+    ) -> Result<Watcher<AnyStore>, ApiError> {
+        c.require(Role::Viewer)?;
+        if !WATCHABLE.contains(&kind) {
+            return Err(ApiError::invalid(
+                "kind",
+                format!(
+                    "{kind:?} cannot be watched: use one of {}",
+                    WATCHABLE.join(", ")
+                ),
+            ));
+        }
+        let after = match after {
+            Some(a) => a,
+            None => self.store.revision().await?,
+        };
+        Ok(self.store.watch(
+            after,
+            WatchFilter {
+                kind: Some(kind.into()),
+                tenant: Some(c.tenant.clone()),
+            },
+        ))
+    }
+}
+
+/// An operation that records an event in `tenant`.
+pub fn event_op(
+    tenant: &str,
+    object: String,
+    reason: &str,
+    message: String,
+    now: u64,
+) -> Result<Op, ApiError> {
+    Ok(Op::Create {
+        key: Key::new(kind::EVENT, tenant, record_name(now)),
+        body: to_value(&EventBody {
+            at: now,
+            object,
+            reason: reason.into(),
+            message,
+        })?,
+    })
+}
+
+impl From<Code> for ApiError {
+    fn from(c: Code) -> Self {
+        ApiError::new(c, c.as_str())
+    }
+}

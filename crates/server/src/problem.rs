@@ -1,0 +1,178 @@
+//! Errors as RFC 9457 problem details (`application/problem+json`), each with a
+//! stable `code` that clients may match on.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use tessera_store::StoreError;
+
+/// The stable error codes of the API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Code {
+    /// 400: the body is not valid JSON/YAML, has an unknown field, or a value is wrong.
+    InvalidRequest,
+    /// 401: no credential, an unknown or wrong one, a revoked or expired one.
+    Unauthenticated,
+    /// 403: the caller's role does not allow this.
+    Forbidden,
+    /// 404: no such object in the caller's tenant (or no such route).
+    NotFound,
+    /// 409: the object already exists.
+    AlreadyExists,
+    /// 409: the resource version given is stale.
+    Conflict,
+    /// 413: the body is larger than the server accepts.
+    PayloadTooLarge,
+    /// 415: the body is neither JSON nor YAML.
+    UnsupportedMediaType,
+    /// 500: a bug or a failing store.
+    Internal,
+}
+
+impl Code {
+    pub fn status(self) -> StatusCode {
+        match self {
+            Code::InvalidRequest => StatusCode::BAD_REQUEST,
+            Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+            Code::Forbidden => StatusCode::FORBIDDEN,
+            Code::NotFound => StatusCode::NOT_FOUND,
+            Code::AlreadyExists | Code::Conflict => StatusCode::CONFLICT,
+            Code::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Code::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Code::InvalidRequest => "invalid_request",
+            Code::Unauthenticated => "unauthenticated",
+            Code::Forbidden => "forbidden",
+            Code::NotFound => "not_found",
+            Code::AlreadyExists => "already_exists",
+            Code::Conflict => "conflict",
+            Code::PayloadTooLarge => "payload_too_large",
+            Code::UnsupportedMediaType => "unsupported_media_type",
+            Code::Internal => "internal",
+        }
+    }
+
+    fn title(self) -> &'static str {
+        match self {
+            Code::InvalidRequest => "The request is invalid",
+            Code::Unauthenticated => "Authentication required",
+            Code::Forbidden => "Not allowed for this role",
+            Code::NotFound => "Not found",
+            Code::AlreadyExists => "Already exists",
+            Code::Conflict => "Resource version conflict",
+            Code::PayloadTooLarge => "Request body too large",
+            Code::UnsupportedMediaType => "Unsupported media type",
+            Code::Internal => "Internal error",
+        }
+    }
+}
+
+/// An API error: a code, a human detail, and where it applies, the field path.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{}: {detail}", code.as_str())]
+pub struct ApiError {
+    pub code: Code,
+    pub detail: String,
+    pub field: Option<String>,
+}
+
+impl ApiError {
+    pub fn new(code: Code, detail: impl Into<String>) -> Self {
+        ApiError {
+            code,
+            detail: detail.into(),
+            field: None,
+        }
+    }
+    pub fn invalid(field: impl Into<String>, detail: impl Into<String>) -> Self {
+        ApiError {
+            code: Code::InvalidRequest,
+            detail: detail.into(),
+            field: Some(field.into()),
+        }
+    }
+    pub fn not_found(what: impl std::fmt::Display) -> Self {
+        ApiError::new(Code::NotFound, format!("{what} not found"))
+    }
+    pub fn unauthenticated(detail: impl Into<String>) -> Self {
+        ApiError::new(Code::Unauthenticated, detail)
+    }
+    pub fn forbidden(detail: impl Into<String>) -> Self {
+        ApiError::new(Code::Forbidden, detail)
+    }
+    pub fn internal(detail: impl std::fmt::Display) -> Self {
+        ApiError::new(Code::Internal, detail.to_string())
+    }
+}
+
+/// The problem document, as sent.
+#[derive(Debug, Serialize)]
+pub struct Problem<'a> {
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub title: &'a str,
+    pub status: u16,
+    pub detail: &'a str,
+    pub code: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<&'a str>,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.code.status();
+        let p = Problem {
+            type_: format!(
+                "https://tessera.invalid/problems/{}",
+                self.code.as_str().replace('_', "-")
+            ),
+            title: self.code.title(),
+            status: status.as_u16(),
+            detail: &self.detail,
+            code: self.code.as_str(),
+            field: self.field.as_deref(),
+        };
+        let body = serde_json::to_vec(&p).unwrap_or_default();
+        let mut r = (status, body).into_response();
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if status == StatusCode::UNAUTHORIZED {
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        r
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::NotFound(k) => ApiError::not_found(format!("{} {:?}", k.kind, k.name)),
+            StoreError::AlreadyExists(k) => ApiError::new(
+                Code::AlreadyExists,
+                format!("{} {:?} already exists", k.kind, k.name),
+            ),
+            StoreError::Conflict {
+                key,
+                expected,
+                actual,
+            } => ApiError {
+                code: Code::Conflict,
+                detail: format!(
+                    "{} {:?} is at resource version {actual}, not {expected}: read it again and retry",
+                    key.kind, key.name
+                ),
+                field: Some("resource_version".into()),
+            },
+            other => ApiError::internal(other),
+        }
+    }
+}

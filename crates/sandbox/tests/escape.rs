@@ -1,0 +1,451 @@
+//! Escape tests: what code inside a sandbox must not be able to do. They need root
+//! (CI runs as root) and say so plainly when they cannot run.
+
+mod common;
+
+use common::{root_or_skip, runtime, sandbox, spawn};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::time::Duration;
+use tessera_sandbox::{ExecOutput, ExecRequest, ExitStatus, Limits, SandboxSpec};
+
+const T: Duration = Duration::from_secs(20);
+
+fn sh(sb: &tessera_sandbox::Sandbox, cmd: &str) -> ExecOutput {
+    sb.exec(&ExecRequest::shell(cmd).timeout(T)).expect("exec")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn py(sb: &tessera_sandbox::Sandbox, script: &str) -> ExecOutput {
+    sb.exec(&ExecRequest::argv(["python3", "-c", script]).timeout(T))
+        .expect("exec python3")
+}
+
+#[test]
+fn host_processes_are_invisible() {
+    if !root_or_skip("host_processes_are_invisible") {
+        return;
+    }
+    // A host process of ours that the sandbox must not see.
+    let mut host = std::process::Command::new("sleep")
+        .arg("31.5")
+        .spawn()
+        .unwrap();
+    let sb = sandbox();
+    let out = sh(
+        &sb,
+        "for p in /proc/[0-9]*; do echo \"${p#/proc/} $(tr '\\0' ' ' < $p/cmdline)\"; done",
+    );
+    let _ = host.kill();
+    let _ = host.wait();
+    let s = text(&out.stdout);
+    assert!(out.status.success(), "{s} {}", text(&out.stderr));
+    assert!(!s.contains("31.5"), "host process visible:\n{s}");
+    let pids: Vec<i32> = s
+        .lines()
+        .filter_map(|l| l.split(' ').next()?.parse().ok())
+        .collect();
+    assert!(pids.contains(&1), "{s}");
+    assert!(
+        pids.len() <= 5,
+        "only init, the job's runner and the job expected:\n{s}"
+    );
+    assert!(
+        s.lines().any(|l| l.starts_with("1 tessera-sandbox-init")),
+        "{s}"
+    );
+}
+
+#[test]
+fn host_files_outside_the_template_are_unreadable() {
+    if !root_or_skip("host_files_outside_the_template_are_unreadable") {
+        return;
+    }
+    // A host file standing in for the store's data folder.
+    let dir = tempfile::Builder::new()
+        .prefix("tessera-escape-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let secret = dir.path().join("secret");
+    std::fs::File::create(&secret)
+        .unwrap()
+        .write_all(b"TOPSECRET")
+        .unwrap();
+    let sb = sandbox();
+    for path in [
+        "/etc/shadow".to_string(),
+        "/root/.bashrc".to_string(),
+        secret.display().to_string(),
+        "/proc/1/root/etc/shadow".to_string(),
+        "/sys/kernel/notes".to_string(),
+    ] {
+        let out = sb
+            .exec(&ExecRequest::argv(["cat", path.as_str()]).timeout(T))
+            .unwrap();
+        assert!(
+            !out.status.success(),
+            "{path} readable: {}",
+            text(&out.stdout)
+        );
+        assert!(!text(&out.stdout).contains("TOPSECRET"));
+    }
+    let out = sh(&sb, "ls -A /root | wc -l; cat /etc/passwd");
+    let s = text(&out.stdout);
+    assert!(s.starts_with("0\n"), "/root must be empty: {s}");
+    assert!(
+        !s.contains("root:x:0:0:root:/root:/bin/bash"),
+        "host /etc/passwd leaked: {s}"
+    );
+    // The file API is confined the same way.
+    assert!(sb.read_file("/etc/shadow").is_err());
+    assert!(sb.read_file(&secret.display().to_string()).is_err());
+}
+
+#[test]
+fn base_is_read_only_and_private_layers_are_writable() {
+    if !root_or_skip("base_is_read_only_and_private_layers_are_writable") {
+        return;
+    }
+    let sb = sandbox();
+    for target in ["/usr/x", "/usr/bin/x", "/etc/x", "/x", "/dev/x", "/lib/x"] {
+        let out = sb
+            .exec(&ExecRequest::argv(["touch", target]).timeout(T))
+            .unwrap();
+        assert!(!out.status.success(), "could write {target}");
+    }
+    let out = sh(&sb, "echo a > /bin/ls");
+    assert!(!out.status.success(), "could overwrite /bin/ls");
+    for target in ["/tmp/x", "/home/user/x", "/workspace/x", "/dev/shm/x"] {
+        let out = sb
+            .exec(&ExecRequest::argv(["touch", target]).timeout(T))
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "could not write {target}: {}",
+            text(&out.stderr)
+        );
+    }
+}
+
+/// Every denied family fails with the errno the policy says.
+#[test]
+fn dangerous_syscalls_fail() {
+    if !root_or_skip("dangerous_syscalls_fail") {
+        return;
+    }
+    let sb = sandbox();
+    let script = r#"
+import ctypes, os, socket, errno
+libc = ctypes.CDLL(None, use_errno=True)
+def sc(name, nr, *args):
+    ctypes.set_errno(0)
+    r = libc.syscall(nr, *[ctypes.c_long(a) for a in args])
+    print(name, r, ctypes.get_errno())
+libc.mount.argtypes = [ctypes.c_char_p]*3 + [ctypes.c_ulong, ctypes.c_void_p]
+ctypes.set_errno(0); r = libc.mount(b"none", b"/tmp", b"tmpfs", 0, None); print("mount", r, ctypes.get_errno())
+sc("umount2", 166, 0, 0)
+sc("ptrace", 101, 0, 0, 0, 0)
+sc("bpf", 321, 0, 0, 0)
+sc("init_module", 175, 0, 0, 0)
+sc("finit_module", 313, 0, 0, 0)
+sc("delete_module", 176, 0, 0)
+sc("kexec_load", 246, 0, 0, 0, 0)
+sc("kexec_file_load", 320, 0, 0, 0, 0, 0)
+sc("unshare_user", 272, 0x10000000)
+sc("unshare_net", 272, 0x40000000)
+sc("clone_newuser", 56, 0x10000000 | 17, 0, 0, 0, 0)
+sc("setns", 308, 0, 0)
+sc("keyctl", 250, 0, 0, 0, 0, 0)
+sc("pivot_root", 155, 0, 0)
+sc("chroot", 161, 0)
+sc("open_by_handle_at", 304, 0, 0, 0)
+sc("perf_event_open", 298, 0, 0, 0, 0, 0)
+sc("userfaultfd", 323, 0)
+sc("io_uring_setup", 425, 1, 0)
+sc("reboot", 169, 0, 0, 0, 0)
+sc("clone3", 435, 0, 0)
+for name, fam, typ, proto in [("packet", 17, 3, 0), ("raw_icmp", 2, 3, 1), ("raw_nonblock", 2, 3 | 0o4000, 255)]:
+    try:
+        socket.socket(fam, typ, proto); print("socket_" + name, 0, 0)
+    except OSError as e:
+        print("socket_" + name, -1, e.errno)
+try:
+    os.setuid(0); print("setuid0", 0, 0)
+except OSError as e:
+    print("setuid0", -1, e.errno)
+"#;
+    let out = py(&sb, script);
+    let s = text(&out.stdout);
+    assert!(out.status.success(), "{s}\n{}", text(&out.stderr));
+    let got: BTreeMap<String, (i64, i32)> = s
+        .lines()
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            Some((
+                it.next()?.to_string(),
+                (it.next()?.parse().ok()?, it.next()?.parse().ok()?),
+            ))
+        })
+        .collect();
+    let eperm = libc::EPERM;
+    for name in [
+        "mount",
+        "umount2",
+        "ptrace",
+        "bpf",
+        "init_module",
+        "finit_module",
+        "delete_module",
+        "kexec_load",
+        "kexec_file_load",
+        "unshare_user",
+        "unshare_net",
+        "clone_newuser",
+        "setns",
+        "keyctl",
+        "pivot_root",
+        "chroot",
+        "open_by_handle_at",
+        "perf_event_open",
+        "userfaultfd",
+        "io_uring_setup",
+        "reboot",
+        "socket_packet",
+        "socket_raw_icmp",
+        "socket_raw_nonblock",
+        "setuid0",
+    ] {
+        assert_eq!(got.get(name), Some(&(-1, eperm)), "{name}: {s}");
+    }
+    assert_eq!(got.get("clone3"), Some(&(-1, libc::ENOSYS)), "{s}");
+    // Ordinary sockets still work (loopback inside the sandbox).
+    let out = py(
+        &sb,
+        "import socket\ns=socket.socket(); s.bind(('127.0.0.1',0)); s.listen()\nc=socket.create_connection(s.getsockname()); print('ok')",
+    );
+    assert_eq!(text(&out.stdout), "ok\n", "{}", text(&out.stderr));
+}
+
+#[test]
+fn network_none_reaches_neither_host_loopback_nor_dns() {
+    if !root_or_skip("network_none_reaches_neither_host_loopback_nor_dns") {
+        return;
+    }
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let sb = sandbox();
+    let script = format!(
+        r#"
+import socket
+try:
+    socket.create_connection(("127.0.0.1", {port}), timeout=2); print("connect ok")
+except OSError as e:
+    print("connect failed", e.errno)
+try:
+    socket.getaddrinfo("example.com", 80); print("dns ok")
+except OSError as e:
+    print("dns failed")
+try:
+    socket.create_connection(("1.1.1.1", 53), timeout=2); print("egress ok")
+except OSError as e:
+    print("egress failed", e.errno)
+print(open("/proc/net/dev").read().count(":"))
+"#
+    );
+    let out = py(&sb, &script);
+    let s = text(&out.stdout);
+    assert!(
+        s.contains(&format!("connect failed {}", libc::ECONNREFUSED)),
+        "{s}"
+    );
+    assert!(s.contains("dns failed"), "{s}");
+    assert!(s.contains("egress failed"), "{s}");
+    assert!(s.ends_with("1\n"), "only lo expected: {s}");
+    listener.set_nonblocking(true).unwrap();
+    assert!(
+        listener.accept().is_err(),
+        "the host listener got a connection"
+    );
+}
+
+#[test]
+fn fork_bomb_stops_at_the_pids_limit() {
+    if !root_or_skip("fork_bomb_stops_at_the_pids_limit") {
+        return;
+    }
+    let spec = SandboxSpec {
+        limits: Limits {
+            pids: Some(32),
+            ..Limits::default()
+        },
+        ..SandboxSpec::default()
+    };
+    let sb = spawn(&spec);
+    // Count how many processes can be made: fork must fail with EAGAIN before 32.
+    let script = r#"
+import os, errno, time
+n = 0
+kids = []
+while n < 1000:
+    try:
+        pid = os.fork()
+    except OSError as e:
+        print("stopped", n, e.errno); break
+    if pid == 0:
+        time.sleep(30); os._exit(0)
+    kids.append(pid); n += 1
+"#;
+    let out = py(&sb, script);
+    let s = text(&out.stdout);
+    let mut it = s.split_whitespace();
+    assert_eq!(it.next(), Some("stopped"), "{s} {}", text(&out.stderr));
+    let n: u32 = it.next().unwrap().parse().unwrap();
+    assert!(n < 32, "{s}");
+    assert_eq!(it.next().unwrap().parse::<i32>().unwrap(), libc::EAGAIN);
+    // A real shell fork bomb: stopped by the limit, ended by the timeout, and the
+    // sandbox still works afterwards.
+    let out = sb
+        .exec(
+            &ExecRequest::shell("bomb() { bomb | bomb & }; bomb; sleep 5")
+                .timeout(Duration::from_secs(2)),
+        )
+        .unwrap();
+    assert!(out.timed_out || !out.status.success());
+    let out = sh(&sb, "echo alive; ls -d /proc/[0-9]* | wc -l");
+    assert_eq!(text(&out.stdout).lines().next(), Some("alive"));
+    let n: u32 = text(&out.stdout)
+        .lines()
+        .nth(1)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(n <= 5, "fork bomb left {n} processes");
+}
+
+#[test]
+fn memory_hog_is_oom_killed_and_reported() {
+    if !root_or_skip("memory_hog_is_oom_killed_and_reported") {
+        return;
+    }
+    let spec = SandboxSpec {
+        limits: Limits {
+            memory_bytes: Some(64 << 20),
+            ..Limits::default()
+        },
+        ..SandboxSpec::default()
+    };
+    let sb = spawn(&spec);
+    let out = py(
+        &sb,
+        "x = []\nfor i in range(64):\n    x.append(bytearray(16 << 20))\nprint('survived')",
+    );
+    assert!(!text(&out.stdout).contains("survived"));
+    assert_eq!(
+        out.status,
+        ExitStatus::Signaled(libc::SIGKILL),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(out.oom_killed, "OOM kill not reported");
+    // The sandbox's init survived and the next command runs.
+    let out = sh(&sb, "echo fine");
+    assert_eq!(text(&out.stdout), "fine\n");
+    assert!(!out.oom_killed);
+}
+
+#[test]
+fn disk_writes_stop_at_the_limit() {
+    if !root_or_skip("disk_writes_stop_at_the_limit") {
+        return;
+    }
+    let spec = SandboxSpec {
+        limits: Limits {
+            disk_bytes: 1 << 20,
+            ..Limits::default()
+        },
+        ..SandboxSpec::default()
+    };
+    let sb = spawn(&spec);
+    for dir in ["/workspace", "/tmp", "/home/user"] {
+        let out = sh(
+            &sb,
+            &format!("dd if=/dev/zero of={dir}/big bs=64k count=64 2>&1; stat -c %s {dir}/big"),
+        );
+        let s = text(&out.stdout);
+        assert!(s.contains("No space left on device"), "{dir}: {s}");
+        let size: u64 = s.lines().last().unwrap().trim().parse().unwrap();
+        assert!(size <= 1 << 20, "{dir}: wrote {size}");
+    }
+}
+
+#[test]
+fn timeout_kills_the_whole_tree() {
+    if !root_or_skip("timeout_kills_the_whole_tree") {
+        return;
+    }
+    let sb = sandbox();
+    let out = sb
+        .exec(
+            &ExecRequest::shell("sleep 100 & (sleep 101 &) ; setsid sleep 102 & sh -c 'sleep 103' & echo started; wait")
+                .timeout(Duration::from_millis(500)),
+        )
+        .unwrap();
+    assert!(out.timed_out);
+    assert_eq!(text(&out.stdout), "started\n");
+    assert_eq!(out.status, ExitStatus::Signaled(libc::SIGKILL));
+    let out = sh(&sb, "cat /proc/[0-9]*/cmdline | tr '\\0' ' '");
+    let s = text(&out.stdout);
+    assert!(!s.contains("sleep 10"), "survivors: {s}");
+    // Background processes of a command that finished are gone too.
+    let out = sh(&sb, "setsid sleep 104 & sleep 105 & echo bg");
+    assert_eq!(text(&out.stdout), "bg\n");
+    let s = text(&sh(&sb, "cat /proc/[0-9]*/cmdline | tr '\\0' ' '").stdout);
+    assert!(!s.contains("sleep 10"), "survivors: {s}");
+}
+
+#[test]
+fn capabilities_are_dropped_and_no_new_privs_is_set() {
+    if !root_or_skip("capabilities_are_dropped_and_no_new_privs_is_set") {
+        return;
+    }
+    let sb = sandbox();
+    let s = text(
+        &sh(
+            &sb,
+            "grep -E '^(Uid|CapEff|CapPrm|CapBnd|CapAmb|NoNewPrivs|Seccomp):' /proc/self/status",
+        )
+        .stdout,
+    );
+    for want in [
+        "CapEff:\t0000000000000000",
+        "CapPrm:\t0000000000000000",
+        "CapBnd:\t0000000000000000",
+        "CapAmb:\t0000000000000000",
+        "NoNewPrivs:\t1",
+        "Seccomp:\t2",
+        "Uid:\t1000\t1000\t1000\t1000",
+    ] {
+        assert!(s.contains(want), "missing {want:?} in\n{s}");
+    }
+    // On the host, root inside is an unprivileged uid.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", sb.pid())).unwrap();
+    let uid_line = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    let host_uid: u32 = uid_line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(host_uid >= 100_000, "{uid_line}");
+}
+
+#[test]
+fn signals_cannot_reach_init() {
+    if !root_or_skip("signals_cannot_reach_init") {
+        return;
+    }
+    let sb = sandbox();
+    let out = sh(&sb, "kill -9 1; echo $?");
+    assert_ne!(text(&out.stdout).trim(), "0");
+    sb.ping().unwrap();
+    let _ = runtime();
+}

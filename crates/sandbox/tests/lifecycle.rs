@@ -1,0 +1,292 @@
+//! Operations and lifecycle: exec features, files, pause/resume, guard, and
+//! create/destroy cycles that must leave nothing behind.
+
+mod common;
+
+use common::{root_or_skip, runtime, sandbox};
+use std::sync::Arc;
+use std::time::Duration;
+use tessera_sandbox::{
+    CheckDecision, Command, CommandCheck, ExecError, ExecRequest, ExitStatus, FileKind,
+    InitProgram, Runtime, RuntimeConfig, SandboxSpec,
+};
+
+const T: Duration = Duration::from_secs(20);
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn exec_passes_env_cwd_stdin_and_reports_status() {
+    if !root_or_skip("exec_passes_env_cwd_stdin_and_reports_status") {
+        return;
+    }
+    let sb = sandbox();
+    let out = sb
+        .exec(
+            &ExecRequest::shell("echo \"$GREETING $(pwd)\"; tr a-z A-Z; echo err >&2; exit 7")
+                .env("GREETING", "hello")
+                .cwd("/tmp")
+                .stdin("from stdin\n")
+                .timeout(T),
+        )
+        .unwrap();
+    assert_eq!(text(&out.stdout), "hello /tmp\nFROM STDIN\n");
+    assert_eq!(text(&out.stderr), "err\n");
+    assert_eq!(out.status, ExitStatus::Exited(7));
+    assert!(!out.timed_out && !out.oom_killed);
+    // argv form, PATH lookup, a missing program, a big stdin, a big output.
+    let out = sb
+        .exec(&ExecRequest::argv(["printf", "%s|", "a b", "c"]).timeout(T))
+        .unwrap();
+    assert_eq!(text(&out.stdout), "a b|c|");
+    match sb.exec(&ExecRequest::argv(["no-such-program"])) {
+        Err(ExecError::Start(e)) => assert_eq!(e.step, "execve"),
+        other => panic!("{other:?}"),
+    }
+    let big = vec![b'x'; 3 << 20];
+    let out = sb
+        .exec(&ExecRequest::argv(["wc", "-c"]).stdin(big).timeout(T))
+        .unwrap();
+    assert_eq!(text(&out.stdout).trim(), (3u64 << 20).to_string());
+    let mut req = ExecRequest::shell("head -c 100000 /dev/zero").timeout(T);
+    req.max_output = 1000;
+    let out = sb.exec(&req).unwrap();
+    assert_eq!(out.stdout.len(), 1000);
+    assert!(out.stdout_truncated);
+    assert!(matches!(
+        sb.exec(&ExecRequest::argv(Vec::<String>::new())),
+        Err(ExecError::EmptyCommand)
+    ));
+    // Templates: bash, python3 and coreutils work out of the box.
+    let out = sb
+        .exec(&ExecRequest::argv(["bash", "-c", "python3 -c 'print(6*7)' | cat"]).timeout(T))
+        .unwrap();
+    assert_eq!(text(&out.stdout), "42\n", "{}", text(&out.stderr));
+}
+
+#[test]
+fn files_write_read_list_remove() {
+    if !root_or_skip("files_write_read_list_remove") {
+        return;
+    }
+    let sb = sandbox();
+    sb.write_file("/workspace/dir/a.txt", b"alpha").unwrap();
+    sb.write_file("/workspace/dir/b.bin", &[0u8, 255, 1])
+        .unwrap();
+    assert_eq!(sb.read_file("/workspace/dir/a.txt").unwrap(), b"alpha");
+    let ls = sb.list("/workspace/dir").unwrap();
+    let names: Vec<_> = ls
+        .iter()
+        .map(|e| (e.name.as_str(), e.kind, e.size))
+        .collect();
+    assert_eq!(
+        names,
+        vec![("a.txt", FileKind::File, 5), ("b.bin", FileKind::File, 3)]
+    );
+    let out = sb
+        .exec(&ExecRequest::shell("cat /workspace/dir/a.txt").timeout(T))
+        .unwrap();
+    assert_eq!(text(&out.stdout), "alpha");
+    sb.remove("/workspace/dir/a.txt", false).unwrap();
+    assert!(sb.read_file("/workspace/dir/a.txt").is_err());
+    assert!(
+        sb.remove("/workspace/dir", false).is_err(),
+        "non-empty dir needs recursive"
+    );
+    sb.remove("/workspace/dir", true).unwrap();
+    assert!(sb.list("/workspace").unwrap().is_empty());
+    sb.mkdir("/tmp/x/y").unwrap();
+    assert_eq!(sb.list("/tmp/x").unwrap()[0].kind, FileKind::Dir);
+    // Confined like commands: no writes to the base, no relative paths.
+    let e = sb.write_file("/usr/evil", b"x").unwrap_err().to_string();
+    assert!(e.contains("/usr/evil"), "{e}");
+    assert!(sb.write_file("relative", b"x").is_err());
+    assert!(
+        sb.read_file("/nonexistent")
+            .unwrap_err()
+            .to_string()
+            .contains("/nonexistent")
+    );
+}
+
+#[test]
+fn pause_and_resume() {
+    if !root_or_skip("pause_and_resume") {
+        return;
+    }
+    let sb = Arc::new(sandbox());
+    let sb2 = sb.clone();
+    // A command that counts while we pause it.
+    let t = std::thread::spawn(move || {
+        sb2.exec(
+            &ExecRequest::shell("i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; echo $i")
+                .timeout(T),
+        )
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    sb.pause().unwrap();
+    assert!(
+        sb.exec(&ExecRequest::shell("true")).is_err(),
+        "exec while paused"
+    );
+    let frozen = sb.cgroup().unwrap().procs();
+    assert!(!frozen.is_empty());
+    std::thread::sleep(Duration::from_millis(100));
+    sb.resume().unwrap();
+    let out = t.join().unwrap().unwrap();
+    assert_eq!(text(&out.stdout), "200000\n");
+    // Destroy while paused works too.
+    sb.pause().unwrap();
+    sb.destroy().unwrap();
+}
+
+struct TestGuard;
+impl CommandCheck for TestGuard {
+    fn check(&self, _tenant: Option<&str>, command: &Command) -> CheckDecision {
+        let s = command.display();
+        if s.contains("rm -rf /") {
+            CheckDecision::Block(vec!["recursive delete of /".into()])
+        } else if s.contains("curl") {
+            CheckDecision::Alert(vec!["network tool".into()])
+        } else {
+            CheckDecision::Allow
+        }
+    }
+    fn redact(&self, output: &[u8]) -> Option<Vec<u8>> {
+        let s = String::from_utf8_lossy(output);
+        s.contains("AKIA")
+            .then(|| s.replace("AKIAEXAMPLE", "[REDACTED]").into_bytes())
+    }
+}
+
+#[test]
+fn guard_checks_every_command_and_redacts_output() {
+    if !root_or_skip("guard_checks_every_command_and_redacts_output") {
+        return;
+    }
+    let rt = Runtime::new(RuntimeConfig {
+        init: Some(InitProgram {
+            path: env!("CARGO_BIN_EXE_tessera-sandbox-init").into(),
+            args: vec![],
+        }),
+        cgroups: true,
+        guard: Some(Arc::new(TestGuard)),
+        tenant: Some("t1".into()),
+    })
+    .unwrap();
+    let sb = rt.spawn(&SandboxSpec::default()).unwrap();
+    match sb.exec(&ExecRequest::shell("rm -rf / --no-preserve-root")) {
+        Err(ExecError::Blocked(r)) => assert!(r.contains("recursive delete")),
+        other => panic!("{other:?}"),
+    }
+    let out = sb
+        .exec(&ExecRequest::shell("echo key=AKIAEXAMPLE; echo curl").timeout(T))
+        .unwrap();
+    assert_eq!(text(&out.stdout), "key=[REDACTED]\ncurl\n");
+    assert!(out.redacted);
+    assert_eq!(out.alerts, vec!["network tool".to_string()]);
+}
+
+fn children_of_us() -> Vec<i32> {
+    let me = std::process::id() as i32;
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let rest = &stat[stat.rfind(')').unwrap() + 1..];
+        let ppid: i32 = rest.split_whitespace().nth(1).unwrap().parse().unwrap();
+        if ppid == me {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+fn fd_count() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+fn mount_count() -> usize {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .count()
+}
+
+/// `TESSERA_SANDBOX_CYCLES` (default 1000) create/destroy cycles, half of them running a
+/// command, leave no process, mount, cgroup, descriptor (hence namespace) behind.
+#[test]
+fn create_destroy_cycles_leave_nothing_behind() {
+    if !root_or_skip("create_destroy_cycles_leave_nothing_behind") {
+        return;
+    }
+    let cycles: usize = std::env::var("TESSERA_SANDBOX_CYCLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    // Its own runtime, so other tests' sandboxes running in parallel do not count.
+    let rt = Runtime::new(RuntimeConfig {
+        init: Some(InitProgram {
+            path: env!("CARGO_BIN_EXE_tessera-sandbox-init").into(),
+            args: vec![],
+        }),
+        cgroups: true,
+        ..Default::default()
+    })
+    .unwrap();
+    let _ = runtime();
+    let mounts = mount_count();
+    let cg = rt.cgroups().expect("cgroups").list().len();
+    let mut ids = Vec::new();
+    let (fds_before, kids_before) = (fd_count(), children_of_us().len());
+    let mut seen_pids = Vec::new();
+    for i in 0..cycles {
+        let sb = rt.spawn(&SandboxSpec::default()).unwrap();
+        if i % 2 == 0 {
+            let out = sb.exec(&ExecRequest::argv(["true"]).timeout(T)).unwrap();
+            assert!(out.status.success());
+        }
+        ids.push(sb.id().to_string());
+        seen_pids.push(sb.pid());
+        sb.destroy().unwrap();
+    }
+    // Other tests in this binary may hold sandboxes, but none of ours remains.
+    let live_kids = children_of_us();
+    for p in &seen_pids {
+        assert!(!live_kids.contains(p), "sandbox init {p} still running");
+        assert!(
+            !std::path::Path::new(&format!("/proc/{p}")).exists() || {
+                let s = std::fs::read_to_string(format!("/proc/{p}/status")).unwrap_or_default();
+                !s.contains("tessera-sandbox")
+            },
+            "init {p} left behind"
+        );
+    }
+    let left: Vec<String> = rt
+        .cgroups()
+        .unwrap()
+        .list()
+        .into_iter()
+        .filter(|c| ids.iter().any(|id| c.ends_with(id.as_str())))
+        .collect();
+    assert!(left.is_empty(), "cgroups left behind: {left:?}");
+    assert!(
+        rt.cgroups().unwrap().list().len() <= cg + 8 * 4,
+        "cgroups grew"
+    );
+    assert_eq!(mount_count(), mounts, "host mount table changed");
+    // Other tests open descriptors concurrently; allow slack for them but not a leak per cycle.
+    assert!(
+        fd_count() <= fds_before + 16,
+        "descriptors leaked: {} -> {}",
+        fds_before,
+        fd_count()
+    );
+    assert!(children_of_us().len() <= kids_before + 8);
+}

@@ -31,7 +31,7 @@ pub mod spec;
 pub use cgroup::{CgroupManager, SandboxCgroup};
 pub use error::{CgroupError, ExecError, FileError, SpawnError, StepError};
 pub use guard::{AllowAll, CheckDecision, CommandCheck};
-// pool: being built
+pub use pool::{PoolConfig, PoolStats, WarmPool};
 pub use sandbox::{InitProgram, Runtime, RuntimeConfig, Sandbox, SandboxBuilder};
 pub use spec::{
     Command, DirEntry, ExecOutput, ExecRequest, ExitStatus, FileKind, Limits, Network, PathAccess,

@@ -290,3 +290,53 @@ fn create_destroy_cycles_leave_nothing_behind() {
     );
     assert!(children_of_us().len() <= kids_before + 8);
 }
+
+#[test]
+fn warm_pool_hands_over_ready_sandboxes_and_replaces_them() {
+    if !root_or_skip("warm_pool_hands_over_ready_sandboxes_and_replaces_them") {
+        return;
+    }
+    use tessera_sandbox::{PoolConfig, WarmPool};
+    let mut pool = WarmPool::new(
+        runtime(),
+        SandboxSpec::default(),
+        PoolConfig {
+            min: 3,
+            max: 6,
+            horizon: Duration::from_millis(200),
+            workers: 2,
+        },
+    );
+    assert_eq!(
+        pool.fill(3, Duration::from_secs(30)),
+        3,
+        "{:?}",
+        pool.last_error()
+    );
+    let sb = pool.claim().unwrap();
+    let out = sb
+        .exec(&ExecRequest::argv(["echo", "warm"]).timeout(T))
+        .unwrap();
+    assert_eq!(text(&out.stdout), "warm\n");
+    let used_id = sb.id().to_string();
+    pool.release(sb);
+    // Refilled in the background; the used one is never handed out again.
+    assert_eq!(pool.fill(3, Duration::from_secs(30)), 3);
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let sb = pool.try_claim().expect("ready");
+        assert_ne!(sb.id(), used_id);
+        seen.push(sb);
+    }
+    let st = pool.stats();
+    assert_eq!(st.claims, 4);
+    assert_eq!(st.misses, 0);
+    assert!(st.target >= 3);
+    for sb in seen {
+        pool.release(sb);
+    }
+    pool.shutdown();
+    let st = pool.stats();
+    assert_eq!(st.ready, 0);
+    assert_eq!(st.created, st.destroyed, "{st:?}");
+}

@@ -40,6 +40,17 @@ enum Command {
     /// Isolated Linux sandboxes.
     #[command(subcommand)]
     Sandbox(cmd::sandbox::SandboxCommand),
+    /// Start the control plane on this machine: store, API, scheduler loop.
+    Up(cmd::up::UpArgs),
+    /// Queues of your tenant (server from TESSERA_URL, key from TESSERA_API_KEY).
+    #[command(subcommand)]
+    Queue(cmd::client::QueueCommand),
+    /// Jobs of your tenant: submit, list, get, cancel.
+    #[command(subcommand)]
+    Job(cmd::client::JobCommand),
+    /// Nodes of the cluster.
+    #[command(subcommand)]
+    Node(cmd::client::NodeCommand),
 }
 
 fn main() {
@@ -50,6 +61,10 @@ fn main() {
         Command::Bench(c) => bench::run(c),
         Command::Guard(c) => cmd::guard::run(c),
         Command::Sandbox(c) => cmd::sandbox::run(c),
+        Command::Up(a) => cmd::up::run(a),
+        Command::Queue(c) => cmd::client::queue(c),
+        Command::Job(c) => cmd::client::job(c),
+        Command::Node(c) => cmd::client::node(c),
     };
     std::process::exit(code);
 }

@@ -2,3 +2,5 @@ pub mod guard;
 pub mod sandbox;
 pub mod sched;
 pub mod sim;
+pub mod client;
+pub mod up;

@@ -1,0 +1,334 @@
+//! Client commands against a running control plane: `tessera queue …`,
+//! `tessera job …`, `tessera node …`. The server URL and key come from
+//! `TESSERA_URL` (default `http://127.0.0.1:7700`) and `TESSERA_API_KEY`.
+//! Tables for people; `-o json|yaml` for scripts.
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand, ValueEnum};
+use serde_json::{Value, json};
+
+use crate::output::{EXIT_BAD_INPUT, EXIT_FAILURE, fail};
+
+#[derive(Debug, Clone, Copy, Default, ValueEnum)]
+pub enum Format {
+    #[default]
+    Table,
+    Json,
+    Yaml,
+}
+
+#[derive(Debug, Args)]
+pub struct Out {
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum QueueCommand {
+    /// Create a queue in your tenant.
+    Create {
+        name: String,
+        /// Weight among sibling queues for fair share.
+        #[arg(long, default_value_t = 1)]
+        weight: u32,
+        /// Parent queue.
+        #[arg(long)]
+        parent: Option<String>,
+        #[command(flatten)]
+        out: Out,
+    },
+    /// List your tenant's queues.
+    List {
+        #[command(flatten)]
+        out: Out,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum JobCommand {
+    /// Submit a job from a YAML or JSON file.
+    Submit {
+        /// The job file (`-` for stdin).
+        #[arg(short = 'f', long = "file")]
+        file: PathBuf,
+        #[command(flatten)]
+        out: Out,
+    },
+    /// List your tenant's jobs with their phase and pending reason.
+    List {
+        #[command(flatten)]
+        out: Out,
+    },
+    /// Show one job.
+    Get {
+        name: String,
+        #[command(flatten)]
+        out: Out,
+    },
+    /// Cancel a job.
+    Cancel {
+        name: String,
+        #[command(flatten)]
+        out: Out,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum NodeCommand {
+    /// List nodes.
+    List {
+        #[command(flatten)]
+        out: Out,
+    },
+}
+
+/// A failed call: the exit status and the message.
+struct Failure(i32, String);
+
+struct Client {
+    url: String,
+    key: String,
+    http: reqwest::Client,
+}
+
+impl Client {
+    fn from_env() -> Result<Client, Failure> {
+        let url = std::env::var("TESSERA_URL").unwrap_or_else(|_| "http://127.0.0.1:7700".into());
+        let key = std::env::var("TESSERA_API_KEY").map_err(|_| {
+            Failure(
+                EXIT_BAD_INPUT,
+                "TESSERA_API_KEY is not set: export the key `tessera up` printed on first start".into(),
+            )
+        })?;
+        Ok(Client {
+            url: url.trim_end_matches('/').to_string(),
+            key,
+            http: reqwest::Client::new(),
+        })
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str, body: Option<(&str, Vec<u8>)>) -> Result<Value, Failure> {
+        let mut req = self
+            .http
+            .request(method, format!("{}{path}", self.url))
+            .bearer_auth(&self.key);
+        if let Some((ct, b)) = body {
+            req = req.header("content-type", ct).body(b);
+        }
+        let resp = req.send().await.map_err(|e| {
+            Failure(
+                EXIT_FAILURE,
+                format!("cannot reach {} ({e}): is `tessera up` running there? Set TESSERA_URL otherwise", self.url),
+            )
+        })?;
+        let status = resp.status();
+        let text = resp
+            .text()
+            .await
+            .map_err(|e| Failure(EXIT_FAILURE, format!("reading the reply: {e}")))?;
+        let v: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        if status.is_success() {
+            return Ok(v);
+        }
+        let mut msg = v["detail"].as_str().map(str::to_string).unwrap_or_else(|| v.to_string());
+        if let Some(f) = v["field"].as_str() {
+            msg = format!("field {f}: {msg}");
+        }
+        let code = v["code"].as_str().unwrap_or("");
+        let status_code = if status.is_client_error() && status.as_u16() != 401 && status.as_u16() != 403 {
+            EXIT_BAD_INPUT
+        } else {
+            EXIT_FAILURE
+        };
+        Err(Failure(status_code, format!("{msg} ({} {code})", status.as_u16())))
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure(EXIT_FAILURE, format!("cannot start the runtime: {e}")))
+}
+
+fn finish(r: Result<i32, Failure>) -> i32 {
+    match r {
+        Ok(c) => c,
+        Err(Failure(code, msg)) => fail(code, msg),
+    }
+}
+
+fn cell(v: &Value) -> String {
+    match v {
+        Value::Null => "-".into(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Prints `rows` under `headers`, columns padded to their widest cell.
+fn table(headers: &[&str], rows: Vec<Vec<String>>) -> String {
+    let mut w: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for r in &rows {
+        for (i, c) in r.iter().enumerate() {
+            w[i] = w[i].max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let mut s = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                s.push_str(c);
+            } else {
+                s.push_str(&format!("{c:<width$}  ", width = w[i]));
+            }
+        }
+        s.trim_end().to_string() + "\n"
+    };
+    let mut out = line(headers.iter().map(|h| h.to_string()).collect());
+    for r in rows {
+        out.push_str(&line(r));
+    }
+    out
+}
+
+fn show(v: &Value, f: Format, as_table: impl Fn(&Value) -> String) -> Result<i32, Failure> {
+    let text = match f {
+        Format::Json => serde_json::to_string_pretty(v).map(|s| s + "\n").map_err(|e| Failure(EXIT_FAILURE, e.to_string()))?,
+        Format::Yaml => serde_norway::to_string(v).map_err(|e| Failure(EXIT_FAILURE, e.to_string()))?,
+        Format::Table => as_table(v),
+    };
+    print!("{text}");
+    Ok(0)
+}
+
+fn items(v: &Value) -> Vec<Value> {
+    match v.get("items") {
+        Some(Value::Array(a)) => a.clone(),
+        _ => vec![v.clone()],
+    }
+}
+
+fn queue_table(v: &Value) -> String {
+    let rows = items(v)
+        .iter()
+        .map(|q| vec![cell(&q["name"]), cell(&q["weight"]), cell(&q["parent"])])
+        .collect();
+    table(&["NAME", "WEIGHT", "PARENT"], rows)
+}
+
+fn job_table(v: &Value) -> String {
+    let rows = items(v)
+        .iter()
+        .map(|j| {
+            let total = j["spec"]["tasks"].as_array().map_or(0, Vec::len);
+            let bound = j["status"]["tasks"].as_object().map_or(0, |m| m.len());
+            vec![
+                cell(&j["name"]),
+                cell(&j["spec"]["queue"]),
+                cell(&j["status"]["phase"]),
+                format!("{bound}/{total}"),
+                cell(&j["status"]["pending_reason"]),
+            ]
+        })
+        .collect();
+    table(&["NAME", "QUEUE", "PHASE", "BOUND", "REASON"], rows)
+}
+
+fn node_table(v: &Value) -> String {
+    let rows = items(v)
+        .iter()
+        .map(|n| {
+            let a = &n["allocatable"];
+            let cpu = a["cpu_milli"].as_u64().unwrap_or(0) as f64 / 1000.0;
+            let mem = a["memory"].as_u64().unwrap_or(0) as f64 / (1u64 << 30) as f64;
+            let gpus = n["gpus"].as_array().map_or(0, Vec::len);
+            let state = if n["unschedulable"].as_bool() == Some(true) { "cordoned" } else { "ready" };
+            vec![cell(&n["name"]), format!("{cpu}"), format!("{mem:.1}Gi"), gpus.to_string(), state.into()]
+        })
+        .collect();
+    table(&["NAME", "CPU", "MEMORY", "GPUS", "STATE"], rows)
+}
+
+pub fn queue(c: QueueCommand) -> i32 {
+    finish((|| {
+        let client = Client::from_env()?;
+        runtime()?.block_on(async move {
+            match c {
+                QueueCommand::Create { name, weight, parent, out } => {
+                    let mut body = json!({"name": name, "weight": weight});
+                    if let Some(p) = parent {
+                        body["parent"] = json!(p);
+                    }
+                    let v = client
+                        .call(reqwest::Method::POST, "/v1/queues", Some(("application/json", body.to_string().into_bytes())))
+                        .await?;
+                    show(&v, out.format, queue_table)
+                }
+                QueueCommand::List { out } => {
+                    let v = client.call(reqwest::Method::GET, "/v1/queues", None).await?;
+                    show(&v, out.format, queue_table)
+                }
+            }
+        })
+    })())
+}
+
+pub fn job(c: JobCommand) -> i32 {
+    finish((|| {
+        let client = Client::from_env()?;
+        runtime()?.block_on(async move {
+            match c {
+                JobCommand::Submit { file, out } => {
+                    let (name, bytes) = if file.as_os_str() == "-" {
+                        let mut b = Vec::new();
+                        std::io::Read::read_to_end(&mut std::io::stdin(), &mut b)
+                            .map_err(|e| Failure(EXIT_BAD_INPUT, format!("reading stdin: {e}")))?;
+                        ("stdin".to_string(), b)
+                    } else {
+                        let b = std::fs::read(&file).map_err(|e| {
+                            Failure(EXIT_BAD_INPUT, format!("{}: {e}", file.display()))
+                        })?;
+                        (file.display().to_string(), b)
+                    };
+                    let ct = if name.ends_with(".json") { "application/json" } else { "application/yaml" };
+                    let v = client
+                        .call(reqwest::Method::POST, "/v1/jobs", Some((ct, bytes)))
+                        .await
+                        .map_err(|Failure(c, m)| Failure(c, format!("{name}: {m}")))?;
+                    show(&v, out.format, job_table)
+                }
+                JobCommand::List { out } => {
+                    let v = client.call(reqwest::Method::GET, "/v1/jobs", None).await?;
+                    show(&v, out.format, job_table)
+                }
+                JobCommand::Get { name, out } => {
+                    let v = client.call(reqwest::Method::GET, &format!("/v1/jobs/{name}"), None).await?;
+                    show(&v, out.format, job_table)
+                }
+                JobCommand::Cancel { name, out } => {
+                    let v = client
+                        .call(reqwest::Method::POST, &format!("/v1/jobs/{name}/cancel"), None)
+                        .await?;
+                    show(&v, out.format, job_table)
+                }
+            }
+        })
+    })())
+}
+
+pub fn node(c: NodeCommand) -> i32 {
+    finish((|| {
+        let client = Client::from_env()?;
+        runtime()?.block_on(async move {
+            match c {
+                NodeCommand::List { out } => {
+                    let v = client.call(reqwest::Method::GET, "/v1/nodes", None).await?;
+                    show(&v, out.format, node_table)
+                }
+            }
+        })
+    })())
+}

@@ -1,0 +1,120 @@
+//! `tessera up`: the control plane on this machine — the store (embedded SQLite
+//! under a data folder, or PostgreSQL), the API, the scheduler loop, and this
+//! machine registered as a node. The first start prints the admin key once.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::Args;
+use tessera_server::{AnyStore, PgStore, ServerConfig, SqliteStore};
+
+use crate::output::{EXIT_BAD_INPUT, EXIT_FAILURE, fail};
+
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    /// Data folder of the embedded store (default: $XDG_DATA_HOME/tessera or
+    /// ~/.local/share/tessera).
+    #[arg(long, value_name = "DIR")]
+    pub data: Option<PathBuf>,
+    /// Address to serve the API on.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7700")]
+    pub listen: String,
+    /// Use PostgreSQL instead of the embedded store
+    /// (postgres://user:password@host:port/database).
+    #[arg(long, value_name = "URL")]
+    pub postgres: Option<String>,
+    /// With --postgres: keep Tessera's tables in this schema (created if needed), so
+    /// several instances can share one database.
+    #[arg(long, value_name = "NAME", requires = "postgres")]
+    pub postgres_schema: Option<String>,
+    /// Largest request body accepted, in bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = 1 << 20)]
+    pub body_limit: usize,
+    /// Do not register this machine as a node.
+    #[arg(long)]
+    pub no_local_node: bool,
+}
+
+/// The default data folder.
+pub fn default_data_dir() -> PathBuf {
+    if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|x| !x.is_empty()) {
+        return PathBuf::from(x).join("tessera");
+    }
+    match std::env::var_os("HOME") {
+        Some(h) => PathBuf::from(h).join(".local/share/tessera"),
+        None => PathBuf::from(".tessera"),
+    }
+}
+
+pub fn run(a: UpArgs) -> i32 {
+    let listen: SocketAddr = match a.listen.parse() {
+        Ok(l) => l,
+        Err(e) => {
+            return fail(
+                EXIT_BAD_INPUT,
+                format!("--listen {:?}: {e}; give an address like 127.0.0.1:7700", a.listen),
+            );
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => return fail(EXIT_FAILURE, format!("cannot start the runtime: {e}")),
+    };
+    rt.block_on(serve(a, listen))
+}
+
+async fn serve(a: UpArgs, listen: SocketAddr) -> i32 {
+    let (store, where_): (AnyStore, String) = match &a.postgres {
+        Some(url) => match PgStore::connect_in_schema(url, a.postgres_schema.as_deref()).await {
+            Ok(s) => (s.into(), "PostgreSQL".to_string()),
+            Err(e) => return fail(EXIT_FAILURE, format!("--postgres: {e}")),
+        },
+        None => {
+            let dir = a.data.clone().unwrap_or_else(default_data_dir);
+            match SqliteStore::open(&dir) {
+                Ok(s) => (s.into(), format!("{}", dir.display())),
+                Err(e) => {
+                    return fail(
+                        EXIT_FAILURE,
+                        format!("{e}; pick another folder with --data DIR"),
+                    );
+                }
+            }
+        }
+    };
+    let backend = store.backend();
+    let cfg = ServerConfig {
+        listen,
+        body_limit: a.body_limit,
+        register_local_node: !a.no_local_node,
+        ..ServerConfig::default()
+    };
+    let running = match tessera_server::start(store, cfg).await {
+        Ok(r) => r,
+        Err(e) => return fail(EXIT_FAILURE, e),
+    };
+    let url = format!("http://{}", running.addr);
+    eprintln!("tessera: store {backend} at {where_}");
+    eprintln!("tessera: listening on {url}");
+    if let Some(key) = &running.admin_key {
+        println!("First start: created tenant \"admin\" and its admin key. It is shown only now");
+        println!("(the store keeps only a hash). Use it from another shell:");
+        println!();
+        println!("  export TESSERA_URL={url}");
+        println!("  export TESSERA_API_KEY={key}");
+        println!();
+    }
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => return fail(EXIT_FAILURE, format!("cannot watch SIGTERM: {e}")),
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    eprintln!("tessera: shutting down");
+    running.shutdown().await;
+    0
+}

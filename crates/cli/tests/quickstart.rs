@@ -1,0 +1,151 @@
+//! Runs the quick start of `docs/api.md` as a new user would: `tessera up` on a
+//! fresh data folder, then the client commands against it, with the job file taken
+//! from the document itself.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_tessera");
+
+/// A `tessera up` child: its URL, the admin key it printed, and the process.
+struct Up {
+    url: String,
+    key: Option<String>,
+    child: Child,
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn up(data: &Path) -> Up {
+    let mut child = Command::new(BIN)
+        .args(["up", "--listen", "127.0.0.1:0", "--data"])
+        .arg(data)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = mpsc::channel();
+    let out = child.stdout.take().unwrap();
+    let err = child.stderr.take().unwrap();
+    let tx2 = tx.clone();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    std::thread::spawn(move || {
+        for l in BufReader::new(err).lines().map_while(Result::ok) {
+            let _ = tx2.send(l);
+        }
+    });
+    let mut url = None;
+    let mut key = None;
+    while url.is_none() {
+        let l = rx.recv_timeout(Duration::from_secs(60)).expect("tessera up starts");
+        if let Some(u) = l.strip_prefix("tessera: listening on ") {
+            url = Some(u.to_string());
+        }
+        if let Some(k) = l.trim().strip_prefix("export TESSERA_API_KEY=") {
+            key = Some(k.to_string());
+        }
+    }
+    // The key is printed before the URL line on stderr, but the two pipes race.
+    if key.is_none() {
+        while let Ok(l) = rx.recv_timeout(Duration::from_millis(500)) {
+            if let Some(k) = l.trim().strip_prefix("export TESSERA_API_KEY=") {
+                key = Some(k.to_string());
+                break;
+            }
+        }
+    }
+    Up {
+        url: url.unwrap(),
+        key,
+        child,
+    }
+}
+
+fn tessera(up: &Up, key: &str, args: &[&str]) -> (i32, String, String) {
+    let o = Command::new(BIN)
+        .args(args)
+        .env("TESSERA_URL", &up.url)
+        .env("TESSERA_API_KEY", key)
+        .output()
+        .unwrap();
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// The YAML block after "where `job.yaml` is:" in docs/api.md.
+fn job_yaml_from_docs() -> String {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/api.md")).unwrap();
+    let after = doc.split("where `job.yaml` is:").nth(1).expect("docs/api.md has the job file");
+    let block = after.split("```yaml\n").nth(1).unwrap();
+    block.split("```").next().unwrap().to_string()
+}
+
+#[test]
+fn quick_start_from_the_docs() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = up(&data);
+    let key = server.key.clone().expect("first start prints the admin key");
+    let job = dir.path().join("job.yaml");
+    std::fs::write(&job, job_yaml_from_docs()).unwrap();
+    let job = job.to_str().unwrap();
+
+    let (c, out, err) = tessera(&server, &key, &["queue", "create", "default"]);
+    assert_eq!(c, 0, "{err}");
+    assert!(out.contains("default"), "{out}");
+    let (c, _, err) = tessera(&server, &key, &["job", "submit", "-f", job]);
+    assert_eq!(c, 0, "{err}");
+    let mut list = String::new();
+    for _ in 0..400 {
+        let (c, out, err) = tessera(&server, &key, &["job", "list"]);
+        assert_eq!(c, 0, "{err}");
+        list = out;
+        if list.contains("running") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let lines: Vec<Vec<&str>> = list.lines().map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(lines[0], ["NAME", "QUEUE", "PHASE", "BOUND", "REASON"], "{list}");
+    assert_eq!(lines[1], ["hello", "default", "running", "2/2", "-"], "{list}");
+    let (c, out, _) = tessera(&server, &key, &["node", "list", "-o", "json"]);
+    assert_eq!(c, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["items"].as_array().unwrap().len(), 1);
+
+    // Bad input: the file and field are named, exit 2.
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(&bad, "name: x\nqueue: default\ntasks: [{name: t, resources: {cpu: 1}}]\n").unwrap();
+    let (c, _, err) = tessera(&server, &key, &["job", "submit", "-f", bad.to_str().unwrap()]);
+    assert_eq!(c, 2, "{err}");
+    assert!(err.contains("bad.yaml") && err.contains("tasks[0].resources.cpu"), "{err}");
+    // A wrong key: 401, exit 1, and a message that says so.
+    let wrong = format!("tsk_{}_{}", "0".repeat(12), "0".repeat(64));
+    let (c, _, err) = tessera(&server, &wrong, &["job", "list"]);
+    assert_eq!(c, 1, "{err}");
+    assert!(err.contains("401"), "{err}");
+
+    // A restart keeps everything and prints no key.
+    drop(server);
+    let again = up(&data);
+    assert_eq!(again.key, None);
+    let (c, out, _) = tessera(&again, &key, &["job", "get", "hello", "-o", "json"]);
+    assert_eq!(c, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["status"]["phase"], "running");
+}

@@ -49,7 +49,9 @@ fn up(data: &Path) -> Up {
     let mut url = None;
     let mut key = None;
     while url.is_none() {
-        let l = rx.recv_timeout(Duration::from_secs(60)).expect("tessera up starts");
+        let l = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("tessera up starts");
         if let Some(u) = l.strip_prefix("tessera: listening on ") {
             url = Some(u.to_string());
         }
@@ -89,8 +91,12 @@ fn tessera(up: &Up, key: &str, args: &[&str]) -> (i32, String, String) {
 
 /// The YAML block after "where `job.yaml` is:" in docs/api.md.
 fn job_yaml_from_docs() -> String {
-    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/api.md")).unwrap();
-    let after = doc.split("where `job.yaml` is:").nth(1).expect("docs/api.md has the job file");
+    let doc =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/api.md")).unwrap();
+    let after = doc
+        .split("where `job.yaml` is:")
+        .nth(1)
+        .expect("docs/api.md has the job file");
     let block = after.split("```yaml\n").nth(1).unwrap();
     block.split("```").next().unwrap().to_string()
 }
@@ -100,7 +106,10 @@ fn quick_start_from_the_docs() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let server = up(&data);
-    let key = server.key.clone().expect("first start prints the admin key");
+    let key = server
+        .key
+        .clone()
+        .expect("first start prints the admin key");
     let job = dir.path().join("job.yaml");
     std::fs::write(&job, job_yaml_from_docs()).unwrap();
     let job = job.to_str().unwrap();
@@ -120,9 +129,20 @@ fn quick_start_from_the_docs() {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let lines: Vec<Vec<&str>> = list.lines().map(|l| l.split_whitespace().collect()).collect();
-    assert_eq!(lines[0], ["NAME", "QUEUE", "PHASE", "BOUND", "REASON"], "{list}");
-    assert_eq!(lines[1], ["hello", "default", "running", "2/2", "-"], "{list}");
+    let lines: Vec<Vec<&str>> = list
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        lines[0],
+        ["NAME", "QUEUE", "PHASE", "BOUND", "REASON"],
+        "{list}"
+    );
+    assert_eq!(
+        lines[1],
+        ["hello", "default", "running", "2/2", "-"],
+        "{list}"
+    );
     let (c, out, _) = tessera(&server, &key, &["node", "list", "-o", "json"]);
     assert_eq!(c, 0);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -130,10 +150,21 @@ fn quick_start_from_the_docs() {
 
     // Bad input: the file and field are named, exit 2.
     let bad = dir.path().join("bad.yaml");
-    std::fs::write(&bad, "name: x\nqueue: default\ntasks: [{name: t, resources: {cpu: 1}}]\n").unwrap();
-    let (c, _, err) = tessera(&server, &key, &["job", "submit", "-f", bad.to_str().unwrap()]);
+    std::fs::write(
+        &bad,
+        "name: x\nqueue: default\ntasks: [{name: t, resources: {cpu: 1}}]\n",
+    )
+    .unwrap();
+    let (c, _, err) = tessera(
+        &server,
+        &key,
+        &["job", "submit", "-f", bad.to_str().unwrap()],
+    );
     assert_eq!(c, 2, "{err}");
-    assert!(err.contains("bad.yaml") && err.contains("tasks[0].resources.cpu"), "{err}");
+    assert!(
+        err.contains("bad.yaml") && err.contains("tasks[0].resources.cpu"),
+        "{err}"
+    );
     // A wrong key: 401, exit 1, and a message that says so.
     let wrong = format!("tsk_{}_{}", "0".repeat(12), "0".repeat(64));
     let (c, _, err) = tessera(&server, &wrong, &["job", "list"]);

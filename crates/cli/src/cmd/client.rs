@@ -99,7 +99,8 @@ impl Client {
         let key = std::env::var("TESSERA_API_KEY").map_err(|_| {
             Failure(
                 EXIT_BAD_INPUT,
-                "TESSERA_API_KEY is not set: export the key `tessera up` printed on first start".into(),
+                "TESSERA_API_KEY is not set: export the key `tessera up` printed on first start"
+                    .into(),
             )
         })?;
         Ok(Client {
@@ -109,7 +110,12 @@ impl Client {
         })
     }
 
-    async fn call(&self, method: reqwest::Method, path: &str, body: Option<(&str, Vec<u8>)>) -> Result<Value, Failure> {
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<(&str, Vec<u8>)>,
+    ) -> Result<Value, Failure> {
         let mut req = self
             .http
             .request(method, format!("{}{path}", self.url))
@@ -132,17 +138,24 @@ impl Client {
         if status.is_success() {
             return Ok(v);
         }
-        let mut msg = v["detail"].as_str().map(str::to_string).unwrap_or_else(|| v.to_string());
+        let mut msg = v["detail"]
+            .as_str()
+            .map(str::to_string)
+            .unwrap_or_else(|| v.to_string());
         if let Some(f) = v["field"].as_str() {
             msg = format!("field {f}: {msg}");
         }
         let code = v["code"].as_str().unwrap_or("");
-        let status_code = if status.is_client_error() && status.as_u16() != 401 && status.as_u16() != 403 {
-            EXIT_BAD_INPUT
-        } else {
-            EXIT_FAILURE
-        };
-        Err(Failure(status_code, format!("{msg} ({} {code})", status.as_u16())))
+        let status_code =
+            if status.is_client_error() && status.as_u16() != 401 && status.as_u16() != 403 {
+                EXIT_BAD_INPUT
+            } else {
+                EXIT_FAILURE
+            };
+        Err(Failure(
+            status_code,
+            format!("{msg} ({} {code})", status.as_u16()),
+        ))
     }
 }
 
@@ -196,8 +209,12 @@ fn table(headers: &[&str], rows: Vec<Vec<String>>) -> String {
 
 fn show(v: &Value, f: Format, as_table: impl Fn(&Value) -> String) -> Result<i32, Failure> {
     let text = match f {
-        Format::Json => serde_json::to_string_pretty(v).map(|s| s + "\n").map_err(|e| Failure(EXIT_FAILURE, e.to_string()))?,
-        Format::Yaml => serde_norway::to_string(v).map_err(|e| Failure(EXIT_FAILURE, e.to_string()))?,
+        Format::Json => serde_json::to_string_pretty(v)
+            .map(|s| s + "\n")
+            .map_err(|e| Failure(EXIT_FAILURE, e.to_string()))?,
+        Format::Yaml => {
+            serde_norway::to_string(v).map_err(|e| Failure(EXIT_FAILURE, e.to_string()))?
+        }
         Format::Table => as_table(v),
     };
     print!("{text}");
@@ -245,8 +262,18 @@ fn node_table(v: &Value) -> String {
             let cpu = a["cpu_milli"].as_u64().unwrap_or(0) as f64 / 1000.0;
             let mem = a["memory"].as_u64().unwrap_or(0) as f64 / (1u64 << 30) as f64;
             let gpus = n["gpus"].as_array().map_or(0, Vec::len);
-            let state = if n["unschedulable"].as_bool() == Some(true) { "cordoned" } else { "ready" };
-            vec![cell(&n["name"]), format!("{cpu}"), format!("{mem:.1}Gi"), gpus.to_string(), state.into()]
+            let state = if n["unschedulable"].as_bool() == Some(true) {
+                "cordoned"
+            } else {
+                "ready"
+            };
+            vec![
+                cell(&n["name"]),
+                format!("{cpu}"),
+                format!("{mem:.1}Gi"),
+                gpus.to_string(),
+                state.into(),
+            ]
         })
         .collect();
     table(&["NAME", "CPU", "MEMORY", "GPUS", "STATE"], rows)
@@ -257,18 +284,29 @@ pub fn queue(c: QueueCommand) -> i32 {
         let client = Client::from_env()?;
         runtime()?.block_on(async move {
             match c {
-                QueueCommand::Create { name, weight, parent, out } => {
+                QueueCommand::Create {
+                    name,
+                    weight,
+                    parent,
+                    out,
+                } => {
                     let mut body = json!({"name": name, "weight": weight});
                     if let Some(p) = parent {
                         body["parent"] = json!(p);
                     }
                     let v = client
-                        .call(reqwest::Method::POST, "/v1/queues", Some(("application/json", body.to_string().into_bytes())))
+                        .call(
+                            reqwest::Method::POST,
+                            "/v1/queues",
+                            Some(("application/json", body.to_string().into_bytes())),
+                        )
                         .await?;
                     show(&v, out.format, queue_table)
                 }
                 QueueCommand::List { out } => {
-                    let v = client.call(reqwest::Method::GET, "/v1/queues", None).await?;
+                    let v = client
+                        .call(reqwest::Method::GET, "/v1/queues", None)
+                        .await?;
                     show(&v, out.format, queue_table)
                 }
             }
@@ -293,7 +331,11 @@ pub fn job(c: JobCommand) -> i32 {
                         })?;
                         (file.display().to_string(), b)
                     };
-                    let ct = if name.ends_with(".json") { "application/json" } else { "application/yaml" };
+                    let ct = if name.ends_with(".json") {
+                        "application/json"
+                    } else {
+                        "application/yaml"
+                    };
                     let v = client
                         .call(reqwest::Method::POST, "/v1/jobs", Some((ct, bytes)))
                         .await
@@ -305,12 +347,18 @@ pub fn job(c: JobCommand) -> i32 {
                     show(&v, out.format, job_table)
                 }
                 JobCommand::Get { name, out } => {
-                    let v = client.call(reqwest::Method::GET, &format!("/v1/jobs/{name}"), None).await?;
+                    let v = client
+                        .call(reqwest::Method::GET, &format!("/v1/jobs/{name}"), None)
+                        .await?;
                     show(&v, out.format, job_table)
                 }
                 JobCommand::Cancel { name, out } => {
                     let v = client
-                        .call(reqwest::Method::POST, &format!("/v1/jobs/{name}/cancel"), None)
+                        .call(
+                            reqwest::Method::POST,
+                            &format!("/v1/jobs/{name}/cancel"),
+                            None,
+                        )
                         .await?;
                     show(&v, out.format, job_table)
                 }

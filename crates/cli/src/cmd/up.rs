@@ -52,11 +52,17 @@ pub fn run(a: UpArgs) -> i32 {
         Err(e) => {
             return fail(
                 EXIT_BAD_INPUT,
-                format!("--listen {:?}: {e}; give an address like 127.0.0.1:7700", a.listen),
+                format!(
+                    "--listen {:?}: {e}; give an address like 127.0.0.1:7700",
+                    a.listen
+                ),
             );
         }
     };
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => return fail(EXIT_FAILURE, format!("cannot start the runtime: {e}")),
     };

@@ -1,0 +1,298 @@
+//! Properties: no panics and bounded work on generated shell text; streaming scans
+//! equal whole-buffer scans; policy errors name the field.
+
+use proptest::prelude::*;
+use tessera_guard::{
+    Decision, FileOp, Policy, Scanner, check_argv, check_command, check_command_counted, check_path,
+};
+
+const TOKENS: &[&str] = &[
+    "rm",
+    "-rf",
+    "/",
+    "~",
+    "$HOME",
+    "bash",
+    "-c",
+    "sh",
+    "eval",
+    "sudo",
+    "env",
+    "xargs",
+    "find",
+    "-exec",
+    "{}",
+    ";",
+    "\\;",
+    "|",
+    "||",
+    "&&",
+    "&",
+    "(",
+    ")",
+    "{",
+    "}",
+    "$(",
+    "`",
+    "'",
+    "\"",
+    "$'\\x72'",
+    "<",
+    ">",
+    ">>",
+    "<<EOF",
+    "<<<",
+    "2>&1",
+    "0>&1",
+    "/dev/tcp/1.2.3.4/1",
+    "curl",
+    "http://x",
+    "base64",
+    "-d",
+    "echo",
+    "cm0gLXJmIC8=",
+    "X=/",
+    "$X",
+    "${X:-/}",
+    "${X:?}",
+    "for",
+    "in",
+    "do",
+    "done",
+    "if",
+    "then",
+    "fi",
+    "case",
+    "esac",
+    "while",
+    "f()",
+    ":(){",
+    ":|:&",
+    "};:",
+    "\n",
+    "#",
+    "*",
+    "/etc/shadow",
+    "~/.ssh/id_rsa",
+    "python3",
+    "import socket,os",
+    "nc",
+    "-e",
+    "dd",
+    "of=/dev/sda",
+    "mkfs",
+    "chmod",
+    "777",
+    "kill",
+    "-9",
+    "-1",
+    "$((1+2))",
+    "!",
+    "[[",
+    "]]",
+    "cd",
+    "..",
+    "//",
+    "/./",
+    "\\",
+    "ü",
+    "日本",
+];
+
+const PARTS: &[&str] = &[
+    "hello world ",
+    "AKIAQWERTYUIOPASDFGH ",
+    "mail alice@example.com ",
+    "4111 1111 1111 1111 ",
+    "ghp_abcdefghijklmnopqrstuvwxyz0123456789 ",
+    "13800138000 ",
+    "x",
+    "-----BEGIN RSA PRIVATE KEY-----\nMIIBOgIBAAJBAKj34Gkx\n-----END RSA PRIVATE KEY-----\n",
+    "password = \"Xk9mP2vL7qR4tZ8w\"\n",
+    "203.0.113.7 ",
+    "lorem ipsum dolor sit amet 2024-01-15 10:23:45 ",
+];
+
+fn shell_text() -> impl Strategy<Value = String> {
+    prop::collection::vec(prop::sample::select(TOKENS), 0..120).prop_map(|v| v.join(" "))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, .. ProptestConfig::default() })]
+
+    #[test]
+    fn generated_shell_never_panics_and_work_is_bounded(s in shell_text()) {
+        let p = Policy::default();
+        let (v, work) = check_command_counted(&p, None, &s);
+        // Work is capped by the policy limit (plus the few units of the step that
+        // crosses it), whatever the input.
+        prop_assert!(work <= p.limits().max_work + 64 + s.len() / 64, "work {} on {:?}", work, s);
+        for f in &v.findings {
+            prop_assert!(f.span.0 <= f.span.1 && f.span.1 <= s.len());
+            prop_assert!(s.is_char_boundary(f.span.0) && s.is_char_boundary(f.span.1));
+        }
+        let worst = v.findings.iter().map(|f| f.severity).max();
+        prop_assert_eq!(v.decision == Decision::Allow, worst.is_none() || v.decision == Decision::Allow);
+    }
+
+    #[test]
+    fn arbitrary_text_never_panics(s in any::<String>()) {
+        let p = Policy::default();
+        let _ = check_command(&p, None, &s);
+        let _ = check_path(&p, None, FileOp::Read, &s);
+        let _ = check_argv(&p, None, &[s.clone(), s.clone()]);
+        let sc = Scanner::new(&p);
+        let _ = sc.redact(s.as_bytes());
+    }
+
+    #[test]
+    fn repeated_constructs_stay_linear(n in 1usize..400, which in 0usize..6) {
+        let unit = ["$(", "(", "{ ", "bash -c '", "echo \\`", "a | "][which];
+        let s = unit.repeat(n);
+        let p = Policy::default();
+        let (_, work) = check_command_counted(&p, None, &s);
+        prop_assert!(work <= p.limits().max_work + 64 + s.len() / 64);
+    }
+
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
+
+    #[test]
+    fn stream_equals_whole_scan(
+        parts in prop::collection::vec(prop::sample::select(PARTS), 0..3000),
+        cuts in prop::collection::vec(1usize..9000, 1..20),
+    ) {
+        let text: String = parts.concat();
+        let sc = Scanner::new(&Policy::default());
+        let whole = sc.scan(text.as_bytes());
+        let mut st = sc.stream();
+        let mut got = Vec::new();
+        let b = text.as_bytes();
+        let mut at = 0;
+        let mut k = 0;
+        while at < b.len() {
+            let n = cuts[k % cuts.len()].min(b.len() - at);
+            got.extend(st.push(&b[at..at + n]));
+            at += n;
+            k += 1;
+        }
+        got.extend(st.finish());
+        prop_assert_eq!(got, whole);
+    }
+}
+
+#[test]
+fn redaction_removes_the_secret() {
+    let sc = Scanner::new(&Policy::default());
+    let t = b"key AKIAQWERTYUIOPASDFGH and mail bob@example.com";
+    let r = String::from_utf8(sc.redact(t)).unwrap();
+    assert_eq!(r, "key [REDACTED:aws_access_key] and mail [REDACTED:email]");
+}
+
+#[test]
+fn policy_errors_name_origin_and_field() {
+    let e = Policy::from_yaml(
+        "version: 1\nrules:\n  cmd.nope: { enabled: false }\n",
+        "p.yaml",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("p.yaml") && e.contains("rules.cmd.nope") && e.contains("unknown rule id"),
+        "{e}"
+    );
+    let e = Policy::from_yaml("version: 1\npaths:\n  - id: x\n    match: [\"/a\"]\n    ops: [read, fly]\n    severity: high\n    explanation: x\n", "p.yaml").unwrap_err().to_string();
+    assert!(e.contains("paths[0].ops[1]") && e.contains("fly"), "{e}");
+    let e = Policy::from_yaml("version: 1\nbogus: 1\n", "p.yaml")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("bogus"), "{e}");
+    let e = Policy::from_yaml("version: 2\n", "p.yaml")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("version"), "{e}");
+    let e = Policy::from_yaml("version: 1\nexceptions:\n  - rule: email\n", "p.yaml")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("exceptions[0]"), "{e}");
+}
+
+#[test]
+fn tenant_overrides_and_exceptions() {
+    let yaml = r#"
+version: 1
+tenants:
+  lab:
+    rules:
+      cmd.shutdown: { decision: alert }
+    paths:
+      - id: path.lab_data
+        match: ["/data/secret/**"]
+        ops: [read]
+        severity: high
+        explanation: reads the lab's secret data
+    exceptions:
+      - rule: cmd.download_exec
+        command: "curl -fsSL https://sh.rustup.rs | sh*"
+"#;
+    let p = Policy::from_yaml(yaml, "t.yaml").unwrap();
+    assert_eq!(check_command(&p, None, "reboot").decision, Decision::Block);
+    assert_eq!(
+        check_command(&p, Some("lab"), "reboot").decision,
+        Decision::Alert
+    );
+    assert_eq!(
+        check_command(&p, Some("lab"), "cat /data/secret/x").decision,
+        Decision::Block
+    );
+    assert_eq!(
+        check_command(&p, None, "cat /data/secret/x").decision,
+        Decision::Allow
+    );
+    assert_eq!(
+        check_command(
+            &p,
+            Some("lab"),
+            "curl -fsSL https://sh.rustup.rs | sh -s -- -y"
+        )
+        .decision,
+        Decision::Allow
+    );
+    assert_eq!(
+        check_command(&p, None, "curl -fsSL https://sh.rustup.rs | sh -s -- -y").decision,
+        Decision::Block
+    );
+    assert_eq!(
+        check_path(&p, Some("lab"), FileOp::Read, "/data/secret/a/b").decision,
+        Decision::Block
+    );
+    // The default policy is valid and yields Landlock material.
+    let ll = Policy::default().landlock_rules();
+    assert!(ll.iter().any(|r| r.allow && r.path == "/tmp"));
+    assert!(ll.iter().any(|r| !r.allow && r.path == "/etc/shadow"));
+}
+
+#[test]
+fn argv_checks_paths_and_wrappers() {
+    let p = Policy::default();
+    let argv = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        check_argv(&p, None, &argv(&["/usr/bin/sudo", "rm", "-rf", "/"])).decision,
+        Decision::Block
+    );
+    assert_eq!(
+        check_argv(&p, None, &argv(&["/bin/bash", "-c", "curl x | sh"])).decision,
+        Decision::Block
+    );
+    // No shell: a quoted string is one argument, not a command.
+    assert_eq!(
+        check_argv(&p, None, &argv(&["echo", "rm -rf /"])).decision,
+        Decision::Allow
+    );
+    assert_eq!(
+        check_argv(&p, None, &argv(&["rm", "-rf", "./build"])).decision,
+        Decision::Allow
+    );
+}

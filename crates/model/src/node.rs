@@ -127,10 +127,10 @@ pub struct Toleration {
 
 impl Toleration {
     pub fn tolerates(&self, t: &Taint) -> bool {
-        if let Some(e) = self.effect {
-            if e != t.effect {
-                return false;
-            }
+        if let Some(e) = self.effect
+            && e != t.effect
+        {
+            return false;
         }
         match self.operator {
             TolerationOperator::Exists => self.key.is_empty() || self.key == t.key,

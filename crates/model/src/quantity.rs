@@ -71,7 +71,7 @@ fn scaled(orig: &str, d: &Decimal<'_>, scale: u128) -> Result<u64, QuantityError
 /// How many decimal places `scale` can express (number of trailing zeros of a power-of-ten part).
 fn count_places(mut scale: u128) -> usize {
     let mut n = 0;
-    while scale % 10 == 0 && scale > 0 {
+    while scale.is_multiple_of(10) && scale > 0 {
         scale /= 10;
         n += 1;
     }
@@ -162,7 +162,7 @@ pub fn format_bytes(b: u64) -> String {
         return "0".into();
     }
     for (u, s) in UNITS {
-        if b >= s && b % s == 0 {
+        if b >= s && b.is_multiple_of(s) {
             return format!("{}{u}", b / s);
         }
     }
@@ -171,7 +171,7 @@ pub fn format_bytes(b: u64) -> String {
 
 /// Renders thousandths: `1500` milli as `1.5`, `250` as `250m`.
 pub fn format_milli(m: u64) -> String {
-    if m % 1000 == 0 {
+    if m.is_multiple_of(1000) {
         format!("{}", m / 1000)
     } else if m < 1000 {
         format!("{m}m")

@@ -59,6 +59,9 @@ struct Session<'s, 'c, 'o> {
     /// Bumped on every commit: diagnoses cached under an older generation are stale.
     generation: u64,
     diag_cache: HashMap<(u32, Resources, GpuRequest), (u64, String)>,
+    /// Nodes that run tasks which were running before the session and may be
+    /// evicted: the only places preempt and reclaim look for victims.
+    victim_nodes: Vec<NodeId>,
 }
 
 /// Runs a session; see [`crate::schedule`].
@@ -84,7 +87,16 @@ pub fn run(snapshot: &Snapshot, cfg: &Config, obs: &mut dyn Observer) -> Plan {
         max_cpu_mag,
         generation: 0,
         diag_cache: HashMap::new(),
+        victim_nodes: Vec::new(),
     };
+    s.victim_nodes = (0..s.st.nodes.len() as NodeId)
+        .filter(|&n| {
+            s.st.nodes[n as usize].tasks.iter().any(|&t| {
+                let ts = &s.st.tasks[t as usize];
+                ts.status == TaskStatus::Running && s.st.jobs[ts.job as usize].src.preemptable
+            })
+        })
+        .collect();
     // Groups that already hold resources are admitted; without an enqueue
     // action, every group is.
     let enqueue = cfg.runs(Action::Enqueue);
@@ -373,11 +385,11 @@ impl Session<'_, '_, '_> {
             let ns = &self.st.nodes[n as usize];
             let a = &ns.src.allocatable;
             let used = |alloc: u64, free: u64, r: u64| -> u64 {
-                if alloc == 0 {
-                    0
-                } else {
-                    (alloc - free.saturating_sub(r)) * 1000 / alloc
-                }
+                (alloc
+                    .saturating_sub(free.saturating_sub(r))
+                    .saturating_mul(1000))
+                .checked_div(alloc)
+                .unwrap_or(0)
             };
             used(a.cpu_milli, ns.free.cpu_milli, req.cpu_milli)
                 + used(a.memory, ns.free.memory, req.memory)
@@ -558,7 +570,8 @@ impl Session<'_, '_, '_> {
                     stmt.ops.push(Op::Placed(t));
                 }
                 None => {
-                    self.record_failure(j, t);
+                    let partial = !stmt.ops.is_empty();
+                    self.record_failure(j, t, partial);
                     break;
                 }
             }
@@ -595,7 +608,8 @@ impl Session<'_, '_, '_> {
                             stmt.ops.push(Op::Placed(t));
                         }
                         None => {
-                            self.record_failure(j, t);
+                            let partial = !stmt.ops.is_empty();
+                            self.record_failure(j, t, partial);
                             break;
                         }
                     }
@@ -772,7 +786,7 @@ impl Session<'_, '_, '_> {
     ) -> Option<(NodeId, Vec<u32>)> {
         let task = &self.st.tasks[t as usize];
         let mut best: Option<(usize, i32, NodeId, Vec<u32>)> = None;
-        for n in 0..self.st.nodes.len() as NodeId {
+        for &n in &self.victim_nodes {
             let ns = &self.st.nodes[n as usize];
             if ns.tasks.is_empty()
                 || ns.src.unschedulable
@@ -874,8 +888,17 @@ impl Session<'_, '_, '_> {
         }
     }
 
-    /// Notes why task `t` of job `j` found no node, as the cluster is now.
-    fn record_failure(&mut self, j: JobId, t: u32) {
+    /// Notes that task `t` of job `j` found no node. A gang that placed some
+    /// members is diagnosed now, while its members still hold their nodes (the
+    /// reason must say what the gang saw); anything else is diagnosed once at
+    /// the end of the session, against the final state, so that failures stay
+    /// cheap on a full cluster.
+    fn record_failure(&mut self, j: JobId, t: u32, partial: bool) {
+        self.st.jobs[j as usize].failed_task = Some(t);
+        if !partial {
+            self.st.jobs[j as usize].diag = None;
+            return;
+        }
         let ts = &self.st.tasks[t as usize];
         let key = (ts.sig, ts.request.clone(), ts.src.gpu.clone());
         let diag = match self.diag_cache.get(&key) {
@@ -886,9 +909,7 @@ impl Session<'_, '_, '_> {
                 d
             }
         };
-        let job = &mut self.st.jobs[j as usize];
-        job.failed_task = Some(t);
-        job.diag = Some(diag);
+        self.st.jobs[j as usize].diag = Some(diag);
     }
 
     fn into_plan(self) -> Plan {
@@ -914,15 +935,20 @@ impl Session<'_, '_, '_> {
                 after_evictions: ts.status == TaskStatus::Pipelined,
             });
         }
+        let mut cache = HashMap::new();
         for j in 0..self.st.jobs.len() as JobId {
-            if let Some(p) = self.pending_reason(j) {
+            if let Some(p) = self.pending_reason(j, &mut cache) {
                 plan.pending.push(p);
             }
         }
         plan
     }
 
-    fn pending_reason(&self, j: JobId) -> Option<Pending> {
+    fn pending_reason(
+        &self,
+        j: JobId,
+        cache: &mut HashMap<(u32, Resources, GpuRequest), String>,
+    ) -> Option<Pending> {
         let job = &self.st.jobs[j as usize];
         let waiting: Vec<u32> = job
             .tasks
@@ -959,9 +985,11 @@ impl Session<'_, '_, '_> {
             r.clone()
         } else if let Some(d) = &job.diag {
             d.clone()
-        } else if let Some(t) = first_real {
-            if self.cfg.runs(Action::Allocate) {
-                self.diagnose(t)
+        } else if let Some(t) = job.failed_task.or(first_real) {
+            if self.cfg.runs(Action::Allocate) || job.failed_task.is_some() {
+                let ts = &self.st.tasks[t as usize];
+                let key = (ts.sig, ts.request.clone(), ts.src.gpu.clone());
+                cache.entry(key).or_insert_with(|| self.diagnose(t)).clone()
             } else {
                 "the allocate action is not configured".into()
             }

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use tessera_model::node::untolerated;
-use tessera_model::{Node, PodGroup, Resources, Snapshot, Task, Toleration};
+use tessera_model::{Node, PodGroup, Resources, Snapshot, Taint, Task, Toleration};
 
 use crate::gpu::NodeGpus;
 use crate::index::NodeIndex;
@@ -151,8 +151,8 @@ impl<'s> State<'s> {
         nodes.sort_by(|a, b| a.name.cmp(&b.name));
         nodes.dedup_by(|a, b| a.name == b.name);
 
-        let mut class_key: BTreeMap<(&BTreeMap<String, String>, Vec<_>, Vec<String>), u32> =
-            BTreeMap::new();
+        type ClassKey<'a> = (&'a BTreeMap<String, String>, Vec<Taint>, Vec<String>);
+        let mut class_key: BTreeMap<ClassKey, u32> = BTreeMap::new();
         let mut classes: Vec<NodeClass> = Vec::new();
         let mut node_states = Vec::with_capacity(nodes.len());
         let mut total = Resources::default();

@@ -1,14 +1,37 @@
-//! `tessera sched …` (not built yet).
+//! `tessera sched …`: the batch scheduler on scenario files.
+
+use std::path::PathBuf;
+
+use crate::output::{EXIT_BAD_INPUT, fail, print_json, print_text};
 
 #[derive(Debug, clap::Subcommand)]
 pub enum SchedCommand {
-    /// Not built yet.
-    Todo,
+    /// Plan a scenario file: print the bindings, evictions and pending reasons.
+    ///
+    /// The file format is documented in docs/scenario-format.md. Exit status 2
+    /// when the file is invalid, with the field path and what is wrong.
+    Plan {
+        /// Scenario file (YAML).
+        file: PathBuf,
+        /// Print the plan as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
-pub fn run(_c: SchedCommand) -> i32 {
-    crate::output::fail(
-        crate::output::EXIT_FAILURE,
-        "`tessera sched` is not built yet",
-    )
+pub fn run(c: SchedCommand) -> i32 {
+    match c {
+        SchedCommand::Plan { file, json } => {
+            let sc = match tessera_sim::scenario::load(&file) {
+                Ok(s) => s,
+                Err(e) => return fail(EXIT_BAD_INPUT, e),
+            };
+            let plan = tessera_sched::schedule(&sc.snapshot, &sc.config);
+            if json {
+                print_json(&plan)
+            } else {
+                print_text(&plan.to_string())
+            }
+        }
+    }
 }

@@ -685,8 +685,12 @@ fn runner(
 }
 
 /// Kills every live descendant of `root` (not `root` itself) until none is left. With
-/// `reap`, the caller is `root` and reaps as it goes.
+/// `reap`, the caller is `root` (a child subreaper) and reaps as it goes.
 pub(crate) fn kill_tree(root: i32, reap: bool) {
+    // A subreaper with no children has no descendants at all: skip the /proc scan.
+    if reap && waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) == Err(Errno::ECHILD) {
+        return;
+    }
     for _ in 0..10_000 {
         let d = descendants(root);
         if d.is_empty() {

@@ -1,15 +1,310 @@
-//! `tessera bench agent` (not built yet).
+//! `tessera bench agent`: the agent scheduler's throughput and enqueue-to-bind
+//! latency, for each worker count in `--workers`.
+//!
+//! The cluster: `--nodes` nodes of 64 cores, 256 GiB and 110 pod slots, all in the
+//! agent shard. The workload: `--tasks` sandbox tasks from `--tenants` tenants, two
+//! priorities, 0.25-1 core and 256 MiB-2 GiB each, generated from `--seed`.
+//!
+//! Two runs per worker count, each on a fresh cluster:
+//!
+//! * **throughput**: every task is queued first, then the workers drain the queue;
+//!   `tasks_per_sec` is placed tasks over the wall time of the drain (median of
+//!   `--repeat` runs).
+//! * **latency**: tasks arrive at `--rate` per second (in small bursts every 100
+//!   µs) while the workers run; `latency_p50_us` / `latency_p99_us` are the
+//!   enqueue-to-bind times. (Latency on a pre-filled queue would only measure the
+//!   queue's length.)
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tessera_sched::agent::{
+    AgentConfig, AgentScheduler, AgentTask, Bound, Clock, Demand, NodePhase, NodeTable, Owner,
+    TenantId, WorkerStats,
+};
+
+use crate::output::{EXIT_BAD_INPUT, fail, print_json, print_text};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Print one JSON document instead of a table.
+    /// Nodes in the synthetic cluster (64 cores, 256 GiB, 110 pods each).
+    #[arg(long, default_value_t = 5000)]
+    pub nodes: usize,
+    /// Agent tasks per run.
+    #[arg(long, default_value_t = 200_000)]
+    pub tasks: usize,
+    /// Worker counts to compare, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    pub workers: Vec<usize>,
+    /// Arrival rate (tasks per second) of the latency run.
+    #[arg(long, default_value_t = 100_000)]
+    pub rate: u64,
+    /// Candidates per task (K).
+    #[arg(long, default_value_t = 3)]
+    pub candidates: usize,
+    /// Tenants the tasks come from.
+    #[arg(long, default_value_t = 8)]
+    pub tenants: u32,
+    /// Throughput runs per worker count; the median is reported.
+    #[arg(long, default_value_t = 5)]
+    pub repeat: usize,
+    /// Seed of the synthetic workload.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Print a JSON array (one object per worker count) instead of a table.
     #[arg(long)]
     pub json: bool,
 }
 
-pub fn run(_a: Args) -> i32 {
-    crate::output::fail(
-        crate::output::EXIT_FAILURE,
-        "`tessera bench agent` is not built yet",
+#[derive(Debug, Clone, Serialize)]
+struct Row {
+    workers: usize,
+    nodes: usize,
+    tasks: usize,
+    placed: u64,
+    wall_ms: f64,
+    tasks_per_sec: f64,
+    conflicts: u64,
+    requeued: u64,
+    latency_rate: u64,
+    latency_placed: u64,
+    latency_p50_us: f64,
+    latency_p99_us: f64,
+    latency_max_us: f64,
+    latency_conflicts: u64,
+}
+
+struct Mono(Instant);
+impl Clock for Mono {
+    fn now_ns(&self) -> u64 {
+        self.0.elapsed().as_nanos() as u64
+    }
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+fn workload(a: &Args) -> Vec<AgentTask> {
+    let mut r = Rng(a.seed);
+    (0..a.tasks as u64)
+        .map(|id| {
+            let cpu = 250 * (1 + r.next() % 4);
+            let mem = (256u64 << 20) * (1 + r.next() % 8);
+            let mut t = AgentTask::new(
+                id,
+                TenantId((r.next() % u64::from(a.tenants.max(1))) as u32),
+                Demand::new(cpu, mem),
+            );
+            t.priority = (r.next() % 2) as i32;
+            t
+        })
+        .collect()
+}
+
+fn table(nodes: usize) -> NodeTable {
+    let node = Demand {
+        cpu_milli: 64_000,
+        memory: 256 << 30,
+        gpu_milli: 0,
+        pods: 110,
+    };
+    NodeTable::new(
+        vec![node; nodes],
+        &vec![NodePhase::InUse(Owner::Agent); nodes],
     )
+}
+
+fn config(a: &Args) -> AgentConfig {
+    let mut c = AgentConfig::new();
+    c.select.k = a.candidates.max(1);
+    c
+}
+
+fn stats(res: &[(tessera_sched::agent::Worker, Vec<Bound>)]) -> WorkerStats {
+    let mut s = WorkerStats::default();
+    for (w, _) in res {
+        s.add(&w.stats);
+    }
+    s
+}
+
+/// All tasks queued, then drained: (placed, wall, stats).
+fn throughput(a: &Args, tasks: &[AgentTask], workers: usize) -> (u64, Duration, WorkerStats) {
+    let t = table(a.nodes);
+    let sched = AgentScheduler::new(&t, config(a), (0..a.nodes as u32).collect(), vec![]);
+    sched.submit(tasks);
+    let clock = Mono(Instant::now());
+    let start = Instant::now();
+    let res = sched.run_threads(workers, &clock, &|| true, tasks.len());
+    let wall = start.elapsed();
+    let s = stats(&res);
+    (s.placed, wall, s)
+}
+
+/// Tasks arriving at `rate`: latencies in ns, and stats.
+fn latency(a: &Args, tasks: &[AgentTask], workers: usize) -> (Vec<u64>, WorkerStats) {
+    let t = table(a.nodes);
+    let sched = AgentScheduler::new(&t, config(a), (0..a.nodes as u32).collect(), vec![]);
+    let clock = Mono(Instant::now());
+    let fed = AtomicBool::new(false);
+    let res = std::thread::scope(|s| {
+        let h = s.spawn(|| {
+            sched.run_threads(
+                workers,
+                &clock,
+                &|| fed.load(Ordering::Acquire),
+                tasks.len(),
+            )
+        });
+        let tick_ns = 100_000u64;
+        let per_tick = (a.rate.max(1) as f64 * tick_ns as f64 / 1e9).max(1.0);
+        let mut sent = 0usize;
+        let mut chunk = Vec::new();
+        let mut k = 0u64;
+        while sent < tasks.len() {
+            k += 1;
+            let due = ((k as f64 * per_tick) as usize).min(tasks.len());
+            let at = k * tick_ns;
+            loop {
+                let now = clock.now_ns();
+                if now >= at {
+                    break;
+                }
+                if at - now > 60_000 {
+                    std::thread::sleep(Duration::from_nanos(at - now - 50_000));
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+            let now = clock.now_ns();
+            chunk.clear();
+            chunk.extend(tasks[sent..due].iter().map(|t| {
+                let mut t = *t;
+                t.enqueued_ns = now;
+                t
+            }));
+            sched.submit(&chunk);
+            sent = due;
+        }
+        fed.store(true, Ordering::Release);
+        h.join().unwrap_or_default()
+    });
+    let s = stats(&res);
+    let mut lat: Vec<u64> = res
+        .iter()
+        .flat_map(|(_, b)| {
+            b.iter()
+                .map(|b| b.bound_ns.saturating_sub(b.task.enqueued_ns))
+        })
+        .collect();
+    lat.sort_unstable();
+    (lat, s)
+}
+
+fn pct(sorted: &[u64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)] as f64 / 1000.0
+}
+
+pub fn run(a: Args) -> i32 {
+    if a.nodes == 0 || a.tasks == 0 {
+        return fail(EXIT_BAD_INPUT, "--nodes and --tasks must be at least 1");
+    }
+    if a.workers.is_empty() || a.workers.iter().any(|w| *w == 0 || *w > 256) {
+        return fail(
+            EXIT_BAD_INPUT,
+            format!(
+                "--workers {:?}: each count must be 1..=256, e.g. --workers 1,2",
+                a.workers
+            ),
+        );
+    }
+    if a.tasks as u64 > a.nodes as u64 * 110 {
+        return fail(
+            EXIT_BAD_INPUT,
+            format!(
+                "--tasks {} exceeds the cluster's {} pod slots; raise --nodes",
+                a.tasks,
+                a.nodes * 110
+            ),
+        );
+    }
+    let tasks = workload(&a);
+    let mut rows = Vec::new();
+    for &w in &a.workers {
+        eprintln!(
+            "bench agent: {w} worker(s), {} tasks on {} nodes",
+            a.tasks, a.nodes
+        );
+        let mut runs: Vec<(u64, Duration, WorkerStats)> = (0..a.repeat.max(1))
+            .map(|_| throughput(&a, &tasks, w))
+            .collect();
+        runs.sort_by_key(|r| r.1);
+        let (placed, wall, st) = runs[runs.len() / 2];
+        let (lat, lst) = latency(&a, &tasks, w);
+        rows.push(Row {
+            workers: w,
+            nodes: a.nodes,
+            tasks: a.tasks,
+            placed,
+            wall_ms: wall.as_secs_f64() * 1e3,
+            tasks_per_sec: placed as f64 / wall.as_secs_f64().max(1e-9),
+            conflicts: st.conflicts,
+            requeued: st.requeued,
+            latency_rate: a.rate,
+            latency_placed: lst.placed,
+            latency_p50_us: pct(&lat, 0.50),
+            latency_p99_us: pct(&lat, 0.99),
+            latency_max_us: pct(&lat, 1.0),
+            latency_conflicts: lst.conflicts,
+        });
+    }
+    if a.json {
+        return print_json(&rows);
+    }
+    let mut s = String::new();
+    s.push_str(&format!(
+        "{:>7} {:>6} {:>8} {:>8} {:>9} {:>12} {:>9} {:>8} | {:>9} {:>8} {:>8} {:>9}\n",
+        "workers",
+        "nodes",
+        "tasks",
+        "placed",
+        "wall_ms",
+        "tasks/s",
+        "conflicts",
+        "requeued",
+        "rate/s",
+        "p50_us",
+        "p99_us",
+        "max_us"
+    ));
+    for r in &rows {
+        s.push_str(&format!(
+            "{:>7} {:>6} {:>8} {:>8} {:>9.1} {:>12.0} {:>9} {:>8} | {:>9} {:>8.1} {:>8.1} {:>9.1}\n",
+            r.workers, r.nodes, r.tasks, r.placed, r.wall_ms, r.tasks_per_sec, r.conflicts,
+            r.requeued, r.latency_rate, r.latency_p50_us, r.latency_p99_us, r.latency_max_us
+        ));
+    }
+    if let (Some(one), Some(two)) = (
+        rows.iter().find(|r| r.workers == 1),
+        rows.iter().find(|r| r.workers == 2),
+    ) {
+        s.push_str(&format!(
+            "2 workers / 1 worker throughput: {:.2}x\n",
+            two.tasks_per_sec / one.tasks_per_sec.max(1e-9)
+        ));
+    }
+    print_text(&s)
 }

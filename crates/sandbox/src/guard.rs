@@ -14,10 +14,22 @@ pub enum CheckDecision {
     Block(Vec<String>),
 }
 
+/// A file operation of the files API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileAccess {
+    Read,
+    Write,
+    Delete,
+}
+
 /// A policy that checks commands before they run and scans what comes out.
 pub trait CommandCheck: Send + Sync {
     /// Checks a command about to run for `tenant`.
     fn check(&self, tenant: Option<&str>, command: &Command) -> CheckDecision;
+    /// Checks a files-API operation (read, write, list, remove) on a sandbox path.
+    fn check_file(&self, _tenant: Option<&str>, _op: FileAccess, _path: &str) -> CheckDecision {
+        CheckDecision::Allow
+    }
     /// Redacts output when the policy says so; `None` when nothing changed.
     fn redact(&self, _output: &[u8]) -> Option<Vec<u8>> {
         None

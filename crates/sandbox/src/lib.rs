@@ -30,7 +30,7 @@ pub mod spec;
 
 pub use cgroup::{CgroupManager, SandboxCgroup};
 pub use error::{CgroupError, ExecError, FileError, SpawnError, StepError};
-pub use guard::{AllowAll, CheckDecision, CommandCheck};
+pub use guard::{AllowAll, CheckDecision, CommandCheck, FileAccess};
 pub use pool::{PoolConfig, PoolStats, WarmPool};
 pub use sandbox::{InitProgram, Runtime, RuntimeConfig, Sandbox, SandboxBuilder};
 pub use spec::{

@@ -3,7 +3,7 @@
 
 use crate::cgroup::{self, CgroupManager, SandboxCgroup};
 use crate::error::{ExecError, FileError, SpawnError, StepError};
-use crate::guard::{CheckDecision, CommandCheck};
+use crate::guard::{CheckDecision, CommandCheck, FileAccess};
 use crate::proto::{self, Job, JobKind, JobStatus, Reply, Request};
 use crate::spec::{DirEntry, ExecOutput, ExecRequest, ExitStatus, Network, SandboxSpec};
 use nix::errno::Errno;
@@ -802,6 +802,18 @@ impl Sandbox {
             return Err(FileError::BadPath(path.to_string()));
         }
         self.check_alive()?;
+        if let Some(g) = &self.rt.guard {
+            let op = match &kind {
+                JobKind::ReadFile { .. } | JobKind::List { .. } | JobKind::Exec { .. } => {
+                    FileAccess::Read
+                }
+                JobKind::WriteFile { .. } | JobKind::Mkdir { .. } => FileAccess::Write,
+                JobKind::Remove { .. } => FileAccess::Delete,
+            };
+            if let CheckDecision::Block(r) = g.check_file(self.rt.tenant.as_deref(), op, path) {
+                return Err(FileError::Exec(ExecError::Blocked(r.join("; "))));
+            }
+        }
         let job = Job {
             kind,
             env: Vec::new(),

@@ -340,3 +340,50 @@ fn warm_pool_hands_over_ready_sandboxes_and_replaces_them() {
     assert_eq!(st.ready, 0);
     assert_eq!(st.created, st.destroyed, "{st:?}");
 }
+
+struct NoEtc;
+impl CommandCheck for NoEtc {
+    fn check(&self, _t: Option<&str>, _c: &Command) -> CheckDecision {
+        CheckDecision::Allow
+    }
+    fn check_file(
+        &self,
+        _t: Option<&str>,
+        op: tessera_sandbox::FileAccess,
+        path: &str,
+    ) -> CheckDecision {
+        if path.starts_with("/workspace/secret") && op != tessera_sandbox::FileAccess::Read {
+            CheckDecision::Block(vec!["protected".into()])
+        } else {
+            CheckDecision::Allow
+        }
+    }
+}
+
+#[test]
+fn guard_checks_file_operations() {
+    if !root_or_skip("guard_checks_file_operations") {
+        return;
+    }
+    let rt = Runtime::new(RuntimeConfig {
+        init: Some(InitProgram {
+            path: env!("CARGO_BIN_EXE_tessera-sandbox-init").into(),
+            args: vec![],
+        }),
+        cgroups: false,
+        guard: Some(Arc::new(NoEtc)),
+        tenant: None,
+    })
+    .unwrap();
+    let sb = rt.spawn(&SandboxSpec::default()).unwrap();
+    let e = sb
+        .write_file("/workspace/secret/x", b"1")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("protected"), "{e}");
+    sb.write_file("/workspace/ok", b"1").unwrap();
+    assert!(
+        sb.read_file("/workspace/secret/x").is_err(),
+        "was never written"
+    );
+}

@@ -82,6 +82,11 @@ fn digest(salt: &str, secret: &str) -> String {
     hex(&h.finalize())
 }
 
+/// A digest of a whole presented key, to index a cache without keeping secrets.
+pub fn fingerprint(text: &str) -> String {
+    hex(&Sha256::digest(text.as_bytes()))
+}
+
 /// Makes a new key for `subject` in `tenant`.
 pub fn new_key(tenant: &str, subject: &str, now: u64, expires_at: Option<u64>) -> NewKey {
     let id = random_hex(6);

@@ -156,15 +156,34 @@ fn record_name(now: u64) -> String {
     format!("{now:013}-{}", auth::random_hex(4))
 }
 
+/// How long a verified key is trusted without reading the store again. Revoking a
+/// key or changing a role binding clears this process's cache at once; other
+/// replicas see it within this time.
+const AUTH_TTL: std::time::Duration = std::time::Duration::from_secs(2);
+const AUTH_CACHE_MAX: usize = 10_000;
+
+type AuthCache =
+    std::sync::Mutex<std::collections::HashMap<String, (Caller, Option<u64>, std::time::Instant)>>;
+
 /// The control plane over one store. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct ControlPlane {
     store: AnyStore,
+    auth_cache: std::sync::Arc<AuthCache>,
 }
 
 impl ControlPlane {
     pub fn new(store: AnyStore) -> Self {
-        ControlPlane { store }
+        ControlPlane {
+            store,
+            auth_cache: Default::default(),
+        }
+    }
+
+    fn forget_credentials(&self) {
+        if let Ok(mut m) = self.auth_cache.lock() {
+            m.clear();
+        }
     }
 
     pub fn store(&self) -> &AnyStore {
@@ -253,6 +272,15 @@ impl ControlPlane {
             .map(str::trim)
             .ok_or_else(denied)?;
         let (id, secret) = auth::parse_key(text).ok_or_else(denied)?;
+        let now_s = now_ms() / 1000;
+        let cache_key = auth::fingerprint(text);
+        if let Ok(m) = self.auth_cache.lock()
+            && let Some((caller, expires, at)) = m.get(&cache_key)
+            && at.elapsed() < AUTH_TTL
+            && expires.is_none_or(|e| now_s < e)
+        {
+            return Ok(caller.clone());
+        }
         let o = self
             .store
             .get(&Key::new(kind::APIKEY, "", id))
@@ -278,12 +306,22 @@ impl ControlPlane {
                 ))
             })?;
         let rb: RoleBinding = from_value(&rb)?;
-        Ok(Caller {
+        let caller = Caller {
             tenant: rec.tenant,
             subject: rec.subject,
             key_id: id.to_string(),
             role: rb.role,
-        })
+        };
+        if let Ok(mut m) = self.auth_cache.lock() {
+            if m.len() >= AUTH_CACHE_MAX {
+                m.clear();
+            }
+            m.insert(
+                cache_key,
+                (caller.clone(), rec.expires_at, std::time::Instant::now()),
+            );
+        }
+        Ok(caller)
     }
 
     pub fn whoami(&self, c: &Caller) -> Value {
@@ -352,6 +390,7 @@ impl ControlPlane {
         }
         ops.push(self.audit(c, "create", format!("apikey/{}", k.id), now)?);
         let out = self.store.commit(ops).await?;
+        self.forget_credentials();
         let mut v = render_key(&out[0]);
         v["key"] = Value::String(k.text);
         Ok(v)
@@ -394,6 +433,7 @@ impl ControlPlane {
                 self.audit(c, "revoke", format!("apikey/{id}"), now)?,
             ])
             .await?;
+        self.forget_credentials();
         Ok(render_key(&out[0]))
     }
 
@@ -428,6 +468,7 @@ impl ControlPlane {
                 self.audit(c, "bind", format!("rolebinding/{subject}"), now)?,
             ])
             .await?;
+        self.forget_credentials();
         Ok(render(&out[0]))
     }
 
@@ -451,6 +492,7 @@ impl ControlPlane {
                 self.audit(c, "unbind", format!("rolebinding/{subject}"), now)?,
             ])
             .await?;
+        self.forget_credentials();
         Ok(render(&out[0]))
     }
 

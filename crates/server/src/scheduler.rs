@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tessera_model::{Node, PodGroup, Queue, Snapshot, Task};
-use tessera_store::{AnyStore, Key, Object, Op, Store, StoreError};
+use tessera_store::{AnyStore, ChangeOp, Key, Object, Op, Store, StoreError};
 
 use crate::plane::{event_op, kind, now_ms};
 use crate::problem::ApiError;
@@ -39,69 +39,155 @@ fn scoped(tenant: &str, name: &str) -> String {
     format!("{tenant}/{name}")
 }
 
-/// Builds the scheduler's snapshot from stored nodes, queues and jobs. Returns the
-/// snapshot and the jobs it includes, by scoped name.
-pub fn build_snapshot(
-    nodes: &[Object],
-    queues: &[Object],
-    jobs: &[Object],
-) -> (Snapshot, BTreeMap<String, (Object, JobBody)>) {
-    let mut snap = Snapshot::default();
-    for o in nodes {
-        if let Ok(n) = serde_json::from_value::<Node>(o.body.clone()) {
-            snap.nodes.push(n);
-        }
-    }
-    for o in queues {
-        if let Ok(mut q) = serde_json::from_value::<Queue>(o.body.clone()) {
-            q.name = scoped(&o.tenant, &q.name);
-            q.parent = q.parent.map(|p| scoped(&o.tenant, &p));
-            snap.queues.push(q);
-        }
-    }
-    let mut index = BTreeMap::new();
-    for o in jobs {
-        let Ok(job) = serde_json::from_value::<JobBody>(o.body.clone()) else {
-            continue;
-        };
-        if job.status.phase == Phase::Cancelled {
-            continue;
-        }
-        let name = scoped(&o.tenant, &o.name);
-        let spec = &job.spec;
-        let mut g = PodGroup::new(
-            name.clone(),
-            scoped(&o.tenant, &spec.queue),
-            spec.min_member.unwrap_or(spec.tasks.len() as u32),
-        );
-        g.min_resources = spec.min_resources.clone();
-        g.priority = spec.priority;
-        g.kind = spec.kind;
-        g.creation = job.created_at;
-        g.preemptable = spec.preemptable;
-        for t in &spec.tasks {
-            let mut task = Task::new(t.name.clone(), t.resources.clone()).with_gpu(t.gpu.clone());
-            task.node_selector = t.node_selector.clone();
-            task.tolerations = t.tolerations.clone();
-            task.priority = t.priority;
-            if let Some(st) = job.status.tasks.get(&t.name) {
-                task.node = Some(st.node.clone());
-                task.gpu_indices = st.gpus.clone();
-            }
-            g.tasks.push(task);
-        }
-        snap.groups.push(g);
-        index.insert(name, (o.clone(), job));
-    }
-    (snap, index)
+/// The loop's view of the store: nodes, queues and jobs, parsed once and kept up
+/// to date from the change log (so a round costs the changes since the last round,
+/// not a full read of the store).
+#[derive(Debug, Default)]
+pub struct Cache {
+    rev: u64,
+    nodes: BTreeMap<String, Node>,
+    queues: BTreeMap<(String, String), Queue>,
+    jobs: BTreeMap<(String, String), (u64, JobBody)>,
 }
 
-/// Runs one round: snapshot, schedule, write back.
-pub async fn run_once(store: &AnyStore, schedule: &ScheduleFn) -> Result<Round, ApiError> {
-    let nodes = store.list(kind::NODE, Some("")).await?;
-    let queues = store.list(kind::QUEUE, None).await?;
-    let jobs = store.list(kind::JOB, None).await?;
-    let (snap, mut index) = build_snapshot(&nodes.objects, &queues.objects, &jobs.objects);
+impl Cache {
+    /// Reads everything once.
+    pub async fn load(store: &AnyStore) -> Result<Cache, ApiError> {
+        let mut c = Cache {
+            rev: store.revision().await?,
+            ..Cache::default()
+        };
+        // Lists may run ahead of `rev`; replaying those changes later is harmless
+        // because an entry is only replaced by a newer version.
+        for k in [kind::NODE, kind::QUEUE, kind::JOB] {
+            for o in store.list(k, None).await?.objects {
+                c.put(&o);
+            }
+        }
+        Ok(c)
+    }
+
+    fn put(&mut self, o: &Object) {
+        match o.kind.as_str() {
+            kind::NODE if o.tenant.is_empty() => {
+                if let Ok(n) = serde_json::from_value::<Node>(o.body.clone()) {
+                    self.nodes.insert(o.name.clone(), n);
+                }
+            }
+            kind::QUEUE => {
+                if let Ok(q) = serde_json::from_value::<Queue>(o.body.clone()) {
+                    self.queues.insert((o.tenant.clone(), o.name.clone()), q);
+                }
+            }
+            kind::JOB => {
+                let key = (o.tenant.clone(), o.name.clone());
+                if self.jobs.get(&key).is_some_and(|(v, _)| *v > o.version) {
+                    return;
+                }
+                if let Ok(j) = serde_json::from_value::<JobBody>(o.body.clone()) {
+                    self.jobs.insert(key, (o.version, j));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn remove(&mut self, o: &Object) {
+        let key = (o.tenant.clone(), o.name.clone());
+        match o.kind.as_str() {
+            kind::NODE => {
+                self.nodes.remove(&o.name);
+            }
+            kind::QUEUE => {
+                self.queues.remove(&key);
+            }
+            kind::JOB => {
+                self.jobs.remove(&key);
+            }
+            _ => {}
+        }
+    }
+
+    /// Applies the changes since the last sync.
+    pub async fn sync(&mut self, store: &AnyStore) -> Result<(), ApiError> {
+        loop {
+            let changes = store.changes(self.rev, 10_000).await?;
+            let Some(last) = changes.last() else {
+                return Ok(());
+            };
+            self.rev = last.version();
+            for c in &changes {
+                match c.op {
+                    ChangeOp::Deleted => self.remove(&c.object),
+                    _ => self.put(&c.object),
+                }
+            }
+        }
+    }
+
+    /// Builds the scheduler's snapshot. Queue and job names become `tenant/name`;
+    /// cancelled jobs are left out.
+    pub fn snapshot(&self) -> Snapshot {
+        let mut snap = Snapshot {
+            nodes: self.nodes.values().cloned().collect(),
+            ..Snapshot::default()
+        };
+        for ((tenant, _), q) in &self.queues {
+            let mut q = q.clone();
+            q.name = scoped(tenant, &q.name);
+            q.parent = q.parent.map(|p| scoped(tenant, &p));
+            snap.queues.push(q);
+        }
+        for ((tenant, name), (_, job)) in &self.jobs {
+            if job.status.phase == Phase::Cancelled {
+                continue;
+            }
+            snap.groups.push(group(tenant, name, job));
+        }
+        snap
+    }
+}
+
+fn group(tenant: &str, name: &str, job: &JobBody) -> PodGroup {
+    let spec = &job.spec;
+    let mut g = PodGroup::new(
+        scoped(tenant, name),
+        scoped(tenant, &spec.queue),
+        spec.min_member.unwrap_or(spec.tasks.len() as u32),
+    );
+    g.min_resources = spec.min_resources.clone();
+    g.priority = spec.priority;
+    g.kind = spec.kind;
+    g.creation = job.created_at;
+    g.preemptable = spec.preemptable;
+    for t in &spec.tasks {
+        let mut task = Task::new(t.name.clone(), t.resources.clone()).with_gpu(t.gpu.clone());
+        task.node_selector = t.node_selector.clone();
+        task.tolerations = t.tolerations.clone();
+        task.priority = t.priority;
+        if let Some(st) = job.status.tasks.get(&t.name) {
+            task.node = Some(st.node.clone());
+            task.gpu_indices = st.gpus.clone();
+        }
+        g.tasks.push(task);
+    }
+    g
+}
+
+/// Runs one round: sync the cache, snapshot, schedule, write back.
+pub async fn run_once(
+    store: &AnyStore,
+    schedule: &ScheduleFn,
+    cache: &mut Cache,
+) -> Result<Round, ApiError> {
+    cache.sync(store).await?;
+    let snap = cache.snapshot();
+    let mut index: BTreeMap<String, (Key, u64, JobBody)> = cache
+        .jobs
+        .iter()
+        .filter(|(_, (_, j))| j.status.phase != Phase::Cancelled)
+        .map(|((t, n), (v, j))| (scoped(t, n), (Key::new(kind::JOB, t, n), *v, j.clone())))
+        .collect();
     let mut round = Round {
         jobs_considered: index.len(),
         ..Round::default()
@@ -118,12 +204,12 @@ pub async fn run_once(store: &AnyStore, schedule: &ScheduleFn) -> Result<Round, 
 
     let old: BTreeMap<String, JobBody> = index
         .iter()
-        .map(|(k, (_, j))| (k.clone(), j.clone()))
+        .map(|(k, (_, _, j))| (k.clone(), j.clone()))
         .collect();
     let mut bound: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut evicted: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for e in &plan.evictions {
-        if let Some((_, job)) = index.get_mut(&e.task.group) {
+        if let Some((_, _, job)) = index.get_mut(&e.task.group) {
             job.status.tasks.remove(&e.task.task);
             evicted
                 .entry(e.task.group.clone())
@@ -132,7 +218,7 @@ pub async fn run_once(store: &AnyStore, schedule: &ScheduleFn) -> Result<Round, 
         }
     }
     for b in &plan.bindings {
-        if let Some((_, job)) = index.get_mut(&b.task.group) {
+        if let Some((_, _, job)) = index.get_mut(&b.task.group) {
             job.status.tasks.insert(
                 b.task.task.clone(),
                 TaskStatus {
@@ -150,7 +236,7 @@ pub async fn run_once(store: &AnyStore, schedule: &ScheduleFn) -> Result<Round, 
         plan.pending.iter().map(|p| (p.group.as_str(), p)).collect();
     let now = now_ms();
     let mut ops = Vec::new();
-    for (name, (obj, job)) in &mut index {
+    for (name, (key, version, job)) in &mut index {
         let min = job.spec.min_member.unwrap_or(job.spec.tasks.len() as u32) as usize;
         match pending.get(name.as_str()) {
             Some(p) => {
@@ -172,14 +258,14 @@ pub async fn run_once(store: &AnyStore, schedule: &ScheduleFn) -> Result<Round, 
         }
         let prev = &old[name];
         ops.push(Op::Update {
-            key: Key::new(kind::JOB, &obj.tenant, &obj.name),
-            expected: Some(obj.version),
+            key: key.clone(),
+            expected: Some(*version),
             body: serde_json::to_value(&*job).map_err(ApiError::internal)?,
         });
-        let object = format!("job/{}", obj.name);
+        let object = format!("job/{}", key.name);
         if let Some(b) = bound.get(name) {
             ops.push(event_op(
-                &obj.tenant,
+                &key.tenant,
                 object.clone(),
                 "Scheduled",
                 b.join(", "),
@@ -188,7 +274,7 @@ pub async fn run_once(store: &AnyStore, schedule: &ScheduleFn) -> Result<Round, 
         }
         if let Some(e) = evicted.get(name) {
             ops.push(event_op(
-                &obj.tenant,
+                &key.tenant,
                 object.clone(),
                 "Evicted",
                 e.join(", "),
@@ -198,7 +284,7 @@ pub async fn run_once(store: &AnyStore, schedule: &ScheduleFn) -> Result<Round, 
         if job.status.pending_reason != prev.status.pending_reason
             && let Some(r) = &job.status.pending_reason
         {
-            ops.push(event_op(&obj.tenant, object, "Pending", r.clone(), now)?);
+            ops.push(event_op(&key.tenant, object, "Pending", r.clone(), now)?);
         }
         round.jobs_updated += 1;
     }
@@ -226,15 +312,29 @@ pub async fn run_loop(
 ) {
     let min_gap = Duration::from_millis(20);
     let mut wake = store.notifier();
+    let mut cache = None;
     loop {
         wake.mark_unchanged();
-        match run_once(&store, &schedule).await {
+        if cache.is_none() {
+            match Cache::load(&store).await {
+                Ok(c) => cache = Some(c),
+                Err(e) => eprintln!("scheduler: reading the store failed: {e}"),
+            }
+        }
+        let result = match cache.as_mut() {
+            Some(c) => run_once(&store, &schedule, c).await,
+            None => Ok(Round::default()),
+        };
+        match result {
             Ok(r) if r.conflict => {
                 tokio::time::sleep(min_gap).await;
                 continue;
             }
             Ok(_) => {}
-            Err(e) => eprintln!("scheduler round failed: {e}"),
+            Err(e) => {
+                eprintln!("scheduler round failed: {e}");
+                cache = None;
+            }
         }
         tokio::select! {
             _ = wake.changed() => {}

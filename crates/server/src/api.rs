@@ -28,6 +28,7 @@ use crate::wire::*;
 pub struct App {
     pub plane: ControlPlane,
     pub body_limit: usize,
+    pub metrics: std::sync::Arc<crate::metrics::Metrics>,
 }
 
 impl FromRequestParts<App> for Caller {
@@ -259,6 +260,22 @@ async fn healthz() -> &'static str {
     "ok"
 }
 
+async fn metrics(State(a): State<App>) -> Response {
+    use tessera_store::Store;
+    let rev = a.plane.store().revision().await.unwrap_or(0);
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        a.metrics.render(rev),
+    )
+        .into_response()
+}
+
+async fn count(State(a): State<App>, req: Request, next: axum::middleware::Next) -> Response {
+    let r = next.run(req).await;
+    a.metrics.count_status(r.status().as_u16());
+    r
+}
+
 async fn no_route() -> ApiError {
     ApiError::new(
         Code::NotFound,
@@ -325,8 +342,10 @@ pub fn router(app: App) -> Router {
     api_routes()
         .route("/v1/openapi.json", get(openapi))
         .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
         .fallback(no_route)
         .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn_with_state(app.clone(), count))
         .with_state(app)
 }
 

@@ -9,6 +9,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod metrics;
 pub mod node;
 pub mod plane;
 pub mod problem;
@@ -109,6 +110,7 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
         source,
     })?;
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    let metrics = std::sync::Arc::new(metrics::Metrics::default());
     let mut tasks = Vec::new();
     if let Some(f) = cfg.scheduler.clone() {
         tasks.push(tokio::spawn(scheduler::run_loop(
@@ -116,11 +118,13 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
             f,
             cfg.schedule_period,
             stop_rx.clone(),
+            metrics.clone(),
         )));
     }
     let app = api::router(api::App {
         plane: plane.clone(),
         body_limit: cfg.body_limit,
+        metrics,
     });
     let mut srx = stop_rx;
     tasks.push(tokio::spawn(async move {

@@ -309,7 +309,9 @@ pub async fn run_loop(
     schedule: ScheduleFn,
     period: Duration,
     mut stop: tokio::sync::watch::Receiver<bool>,
+    metrics: Arc<crate::metrics::Metrics>,
 ) {
+    use std::sync::atomic::Ordering::Relaxed;
     let min_gap = Duration::from_millis(20);
     let mut wake = store.notifier();
     let mut cache = None;
@@ -325,6 +327,19 @@ pub async fn run_loop(
             Some(c) => run_once(&store, &schedule, c).await,
             None => Ok(Round::default()),
         };
+        if let Ok(r) = &result {
+            metrics.scheduler_rounds.fetch_add(1, Relaxed);
+            if r.conflict {
+                metrics.scheduler_conflicts.fetch_add(1, Relaxed);
+            } else {
+                metrics
+                    .scheduler_bindings
+                    .fetch_add(r.bindings as u64, Relaxed);
+                metrics
+                    .scheduler_evictions
+                    .fetch_add(r.evictions as u64, Relaxed);
+            }
+        }
         match result {
             Ok(r) if r.conflict => {
                 tokio::time::sleep(min_gap).await;

@@ -638,4 +638,21 @@ async fn openapi_lists_every_route_and_each_requires_a_key() {
     let (_, v) = e.call(Some(&e.admin), Method::GET, "/v1/audit", None).await;
     assert_eq!(v["items"][0]["object"], "tenant/alpha");
     assert_eq!(v["items"][0]["subject"], "admin");
+    // Prometheus counters saw the 401s above.
+    let m = e
+        .http
+        .get(format!("{}/metrics", e.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let line = m
+        .lines()
+        .find(|l| l.starts_with("tessera_http_responses_total{class=\"4xx\"}"))
+        .unwrap();
+    let n: u64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(n >= tessera_server::api::ROUTES.len() as u64, "{m}");
+    assert!(m.contains("tessera_scheduler_rounds_total"), "{m}");
 }

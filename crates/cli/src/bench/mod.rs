@@ -1,6 +1,7 @@
 //! `tessera bench …`: benchmarks that print a table, or one JSON document with `--json`.
 
 pub mod agent;
+pub mod api;
 pub mod guard;
 pub mod sandbox;
 pub mod sched;
@@ -17,6 +18,9 @@ pub enum BenchCommand {
     Guard(guard::Args),
     /// Sandbox: cold create, warm claim, first exec, creations per minute.
     Sandbox(sandbox::Args),
+    /// Control plane: job submissions per second and submit-to-bound latency
+    /// against a real server on loopback.
+    Api(api::Args),
 }
 
 pub fn run(c: BenchCommand) -> i32 {
@@ -25,5 +29,6 @@ pub fn run(c: BenchCommand) -> i32 {
         BenchCommand::Agent(a) => agent::run(a),
         BenchCommand::Guard(a) => guard::run(a),
         BenchCommand::Sandbox(a) => sandbox::run(a),
+        BenchCommand::Api(a) => api::run(a),
     }
 }

@@ -31,6 +31,9 @@ enum Command {
     Sched(cmd::sched::SchedCommand),
     /// Replay GPU-cluster traces through placement policies.
     Sim(cmd::sim::SimArgs),
+    /// Mixed workload: training gangs (batch scheduler) and agent bursts (agent
+    /// scheduler) on one cluster, with node shards moving between them.
+    SimMixed(cmd::mixed::Args),
     /// Benchmarks that print a table, or JSON with --json.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -58,6 +61,7 @@ fn main() {
     let code = match cli.command {
         Command::Sched(c) => cmd::sched::run(c),
         Command::Sim(a) => cmd::sim::run(a),
+        Command::SimMixed(a) => cmd::mixed::run_cmd(a),
         Command::Bench(c) => bench::run(c),
         Command::Guard(c) => cmd::guard::run(c),
         Command::Sandbox(c) => cmd::sandbox::run(c),

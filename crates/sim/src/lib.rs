@@ -1,6 +1,7 @@
 //! `tessera-sim`: loaders (scenario files, GPU-cluster traces), discrete-event
 //! replay, metrics and plots. Depends on the pure scheduler; does file I/O.
 
+pub mod mixed;
 pub mod replay;
 pub mod scenario;
 pub mod trace;

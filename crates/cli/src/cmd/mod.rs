@@ -1,4 +1,5 @@
 pub mod guard;
+pub mod mixed;
 pub mod sandbox;
 pub mod sched;
 pub mod sim;

@@ -125,6 +125,16 @@ impl GpuRequest {
         }
     }
 
+    /// How many devices the request is given: the count of whole GPUs, one for
+    /// a fraction, none for no GPU.
+    pub fn devices(&self) -> u32 {
+        match self {
+            GpuRequest::None => 0,
+            GpuRequest::Whole { count, .. } => *count,
+            GpuRequest::Shared { .. } => 1,
+        }
+    }
+
     /// Allowed GPU models; empty means any.
     pub fn models(&self) -> &[String] {
         match self {

@@ -62,6 +62,8 @@ struct Session<'s, 'c, 'o> {
     /// Nodes that run tasks which were running before the session and may be
     /// evicted: the only places preempt and reclaim look for victims.
     victim_nodes: Vec<NodeId>,
+    /// Evictions in the plan so far, per node.
+    releasing: Vec<u32>,
 }
 
 /// Runs a session; see [`crate::schedule`].
@@ -88,7 +90,9 @@ pub fn run(snapshot: &Snapshot, cfg: &Config, obs: &mut dyn Observer) -> Plan {
         generation: 0,
         diag_cache: HashMap::new(),
         victim_nodes: Vec::new(),
+        releasing: Vec::new(),
     };
+    s.releasing = vec![0; s.st.nodes.len()];
     s.victim_nodes = (0..s.st.nodes.len() as NodeId)
         .filter(|&n| {
             s.st.nodes[n as usize].tasks.iter().any(|&t| {
@@ -331,22 +335,21 @@ impl Session<'_, '_, '_> {
         }
         let c_lo = cpu_mag(task.request.cpu_milli);
         let c_hi = self.max_cpu_mag.max(c_lo);
-        let classes: Vec<u32> = (0..self.st.classes.len() as u32)
-            .filter(|&c| !self.st.predicates || self.st.sig_classes[task.sig as usize][c as usize])
-            .collect();
+        let classes: &[u32] = if self.st.predicates {
+            &self.st.sig_class_list[task.sig as usize]
+        } else {
+            &self.st.all_classes
+        };
         if classes.is_empty() {
             return None;
         }
         // Binpack fills the fullest node that fits; spread the emptiest. A
         // shared-GPU task looks at every GPU bucket (partly used GPUs sit in the
         // low ones), binpack first.
-        let gpu_order: Vec<u32> = if self.spread && !shared {
-            (g_lo..=max_g).rev().collect()
-        } else {
-            (g_lo..=max_g).collect()
-        };
+        let gpu_desc = self.spread && !shared;
         let mut found: Vec<(NodeId, Vec<u32>)> = Vec::new();
-        for &g in &gpu_order {
+        for gi in 0..=(max_g - g_lo) {
+            let g = if gpu_desc { max_g - gi } else { g_lo + gi };
             for step in 0..=(c_hi - c_lo) {
                 let c = if self.spread {
                     c_hi - step
@@ -356,7 +359,7 @@ impl Session<'_, '_, '_> {
                 if c > NodeIndex::MAX_CPU_MAG {
                     continue;
                 }
-                for &class in &classes {
+                for &class in classes {
                     for &n in ix.bucket(class, g, c) {
                         if let Some(gpus) = self.st.fits(t, n) {
                             found.push((n, gpus));
@@ -405,6 +408,17 @@ impl Session<'_, '_, '_> {
         })
     }
 
+    /// Places a task; on a node where this plan evicts, the binding waits for
+    /// the evictions (pipelined), whichever action places it.
+    fn place_task(&mut self, t: u32, n: NodeId, gpus: Vec<u32>) {
+        let status = if self.releasing[n as usize] > 0 {
+            TaskStatus::Pipelined
+        } else {
+            TaskStatus::Bound
+        };
+        self.st.place(t, n, gpus, status);
+    }
+
     fn commit(&mut self, stmt: Stmt) {
         self.generation += 1;
         for op in stmt.ops {
@@ -421,6 +435,7 @@ impl Session<'_, '_, '_> {
                 Op::Placed(t) => self.st.unplace(t, TaskStatus::Pending),
                 Op::Evicted(t) => {
                     let n = self.st.tasks[t as usize].node.unwrap_or(0);
+                    self.releasing[n as usize] -= 1;
                     let gpus = std::mem::take(&mut self.st.tasks[t as usize].gpus);
                     self.st.place(t, n, gpus, TaskStatus::Running);
                 }
@@ -552,9 +567,11 @@ impl Session<'_, '_, '_> {
         };
         let mut stmt = Stmt::default();
         let tasks = self.st.jobs[j as usize].tasks.clone();
+        // Best-effort members of a job with real requests are placed with it,
+        // so that a gang that needs them can start.
         for t in tasks {
             let ts = &self.st.tasks[t as usize];
-            if ts.status != TaskStatus::Pending || ts.request.is_best_effort() {
+            if ts.status != TaskStatus::Pending {
                 continue;
             }
             if let Err(r) = self.queue_allows(q, &ts.request, true) {
@@ -566,7 +583,7 @@ impl Session<'_, '_, '_> {
             self.obs.decision();
             match found {
                 Some((n, gpus)) => {
-                    self.st.place(t, n, gpus, TaskStatus::Bound);
+                    self.place_task(t, n, gpus);
                     stmt.ops.push(Op::Placed(t));
                 }
                 None => {
@@ -604,7 +621,7 @@ impl Session<'_, '_, '_> {
                     self.obs.decision();
                     match found {
                         Some((n, gpus)) => {
-                            self.st.place(t, n, gpus, TaskStatus::Bound);
+                            self.place_task(t, n, gpus);
                             stmt.ops.push(Op::Placed(t));
                         }
                         None => {
@@ -723,25 +740,25 @@ impl Session<'_, '_, '_> {
         let Some(q) = self.st.jobs[j as usize].queue else {
             return;
         };
-        if !self.st.jobs[j as usize].src.tasks.iter().any(|_| true) {
-            return;
-        }
         let mut stmt = Stmt::default();
-        let mut evicted_any = false;
         let tasks = self.st.jobs[j as usize].tasks.clone();
         for t in tasks {
             let ts = &self.st.tasks[t as usize];
-            if ts.status != TaskStatus::Pending || ts.request.is_best_effort() {
+            if ts.status != TaskStatus::Pending {
                 continue;
             }
             let req = ts.request.clone();
-            if self.queue_allows(q, &req, check_deserved).is_err() {
-                break;
+            // Free room is used only within the queue's deserved share, as in
+            // allocate; evictions only as far as `check_deserved` allows.
+            if self.queue_allows(q, &req, true).is_ok() {
+                if let Some((n, gpus)) = self.find_node(t) {
+                    self.place_task(t, n, gpus);
+                    stmt.ops.push(Op::Placed(t));
+                    continue;
+                }
             }
-            if let Some((n, gpus)) = self.find_node(t) {
-                self.st.place(t, n, gpus, TaskStatus::Bound);
-                stmt.ops.push(Op::Placed(t));
-                continue;
+            if req.is_best_effort() || self.queue_allows(q, &req, check_deserved).is_err() {
+                break;
             }
             let Some((n, victims)) = self.find_victims(t, &eligible) else {
                 break;
@@ -749,21 +766,17 @@ impl Session<'_, '_, '_> {
             for v in victims {
                 let r = reason(self, v);
                 self.st.unplace(v, TaskStatus::Evicted);
+                self.releasing[n as usize] += 1;
                 stmt.ops.push(Op::Evicted(v));
                 self.pending_evictions.push((v, r));
             }
             let Some(gpus) = self.st.fits(t, n) else {
                 break;
             };
-            self.st.place(t, n, gpus, TaskStatus::Pipelined);
+            self.place_task(t, n, gpus);
             stmt.ops.push(Op::Placed(t));
-            evicted_any = true;
         }
-        // Within-queue preemption must not push the queue over capability.
-        let cap_ok = self.st.jobs[j as usize]
-            .queue
-            .is_none_or(|q| self.queue_allows(q, &Resources::default(), false).is_ok());
-        if !stmt.ops.is_empty() && cap_ok && (evicted_any || !stmt.ops.is_empty()) {
+        if !stmt.ops.is_empty() {
             if self.settle(j, stmt) {
                 let job = &mut self.st.jobs[j as usize];
                 if job.pending_tasks() == 0 {

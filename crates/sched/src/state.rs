@@ -126,6 +126,10 @@ pub struct State<'s> {
     pub sigs: Vec<Sig<'s>>,
     /// `sig_classes[sig][class]`: does the class pass the signature's predicates.
     pub sig_classes: Vec<Vec<bool>>,
+    /// The same, as lists of the classes that pass, per signature.
+    pub sig_class_list: Vec<Vec<u32>>,
+    /// Every class id (when predicates are off).
+    pub all_classes: Vec<u32>,
     pub index: NodeIndex,
     pub total: Resources,
     pub predicates: bool,
@@ -299,10 +303,15 @@ impl<'s> State<'s> {
             });
         }
 
-        let sig_classes = sigs
+        let sig_classes: Vec<Vec<bool>> = sigs
             .iter()
             .map(|s| classes.iter().map(|c| class_passes(c, s)).collect())
             .collect();
+        let sig_class_list = sig_classes
+            .iter()
+            .map(|v| (0..v.len() as u32).filter(|&c| v[c as usize]).collect())
+            .collect();
+        let all_classes = (0..classes.len() as u32).collect();
 
         let mut st = State {
             index: NodeIndex::new(classes.len().max(1), max_gpus, node_states.len()),
@@ -313,6 +322,8 @@ impl<'s> State<'s> {
             tasks,
             sigs,
             sig_classes,
+            sig_class_list,
+            all_classes,
             total,
             predicates,
         };
@@ -329,14 +340,16 @@ impl<'s> State<'s> {
                 let ns = &mut st.nodes[n as usize];
                 ns.free.sub_assign_saturating(&st.tasks[t].request);
                 let task = &st.tasks[t];
-                let gpus = if task.gpus.is_empty() {
-                    // Running without recorded devices: charge the GPUs a
-                    // fresh selection would pick, so accounting stays whole.
-                    ns.gpus.select(&task.src.gpu).unwrap_or_default()
-                } else {
-                    task.gpus.clone()
-                };
-                ns.gpus.assign(&task.src.gpu, &gpus);
+                // Charge the recorded devices; if none are recorded, or they do
+                // not exist or are already taken (an inconsistent snapshot),
+                // charge what a fresh selection picks, so accounting stays whole.
+                let mut gpus = task.gpus.clone();
+                if gpus.len() != task.src.gpu.devices() as usize
+                    || !ns.gpus.assign(&task.src.gpu, &gpus)
+                {
+                    gpus = ns.gpus.select(&task.src.gpu).unwrap_or_default();
+                    ns.gpus.assign(&task.src.gpu, &gpus);
+                }
                 ns.tasks.push(t as u32);
                 st.tasks[t].gpus = gpus;
             }

@@ -4,6 +4,7 @@
 //! - gangs are all or nothing: a group gets bindings only if it ends at or
 //!   above `min_member`;
 //! - a queue's capability is never exceeded by new bindings;
+//! - bindings not marked `after_evictions` fit without the plan's evictions;
 //! - the same input in any order gives the same plan;
 //! - preemption never evicts a task of equal or higher priority.
 
@@ -396,6 +397,33 @@ fn check_invariants(snap: &Snapshot, plan: &Plan) -> Result<(), TestCaseError> {
                 cap
             );
         }
+    }
+    // 4. Bindings that do not wait for evictions fit beside everything that ran
+    //    before the plan, victims included: a binder may apply them at once.
+    for n in &snap.nodes {
+        let mut used = Resources::default();
+        for g in &snap.groups {
+            for t in &g.tasks {
+                if t.node.as_deref() == Some(n.name.as_str()) {
+                    used.add_assign_saturating(&t.request());
+                }
+            }
+        }
+        for b in plan
+            .bindings
+            .iter()
+            .filter(|b| b.node == n.name && !b.after_evictions)
+        {
+            let (_, task) = task_of(snap, &b.task.group, &b.task.task);
+            used.add_assign_saturating(&task.request());
+        }
+        prop_assert!(
+            used.fits_in(&n.allocatable),
+            "node {}: immediate bindings need the evictions: {} > {}",
+            n.name,
+            used,
+            n.allocatable
+        );
     }
     // 5. Preemption: only strictly lower priority.
     for e in &plan.evictions {

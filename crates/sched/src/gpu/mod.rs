@@ -3,6 +3,12 @@
 //! The batch session keeps one [`NodeGpus`] per node and asks it, for a task
 //! that passed the node-level checks, for concrete GPU indices.
 
+pub mod frag;
+pub mod policy;
+
+pub use frag::{TypicalPod, Workload};
+pub use policy::{GpuCluster, NodeState, Placement, PodShape, Policy, RandomSource};
+
 use tessera_model::{GpuRequest, Node};
 
 /// The state of one GPU during a session.

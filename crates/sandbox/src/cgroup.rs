@@ -17,8 +17,31 @@ pub trait CgroupManager: Send + Sync + std::fmt::Debug {
     fn version(&self) -> &'static str;
     /// Creates the cgroup `id` with `limits`.
     fn create(&self, id: &str, limits: &Limits) -> Result<Box<dyn SandboxCgroup>, CgroupError>;
-    /// Names of sandbox cgroups that exist now (for leak checks).
+    /// Paths of sandbox cgroups that exist now (for leak checks).
     fn list(&self) -> Vec<String>;
+
+    /// Removes cgroups left by supervisors that died (their ids are `sb-<pid>-<n>` and
+    /// `<pid>` is gone). Returns how many were removed.
+    fn remove_stale(&self) -> usize {
+        let mut n = 0;
+        for p in self.list() {
+            let path = Path::new(&p);
+            let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+                continue;
+            };
+            let Some(pid) = name
+                .strip_prefix("sb-")
+                .and_then(|r| r.split('-').next())
+                .and_then(|p| p.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if !Path::new(&format!("/proc/{pid}")).exists() && fs::remove_dir(path).is_ok() {
+                n += 1;
+            }
+        }
+        n
+    }
 }
 
 /// One sandbox's cgroup.

@@ -171,6 +171,10 @@ impl Runtime {
         } else {
             None
         };
+        if let Some(c) = &cgroups {
+            // Crash recovery: cgroups of supervisors that died without destroying.
+            c.remove_stale();
+        }
         Ok(Arc::new(Runtime {
             init_fd,
             init_path: init.path,

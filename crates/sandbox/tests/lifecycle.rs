@@ -242,7 +242,7 @@ fn create_destroy_cycles_leave_nothing_behind() {
     .unwrap();
     let _ = runtime();
     let mounts = mount_count();
-    let cg = rt.cgroups().expect("cgroups").list().len();
+    assert!(rt.cgroups().is_some(), "cgroups expected as root");
     let mut ids = Vec::new();
     let (fds_before, kids_before) = (fd_count(), children_of_us().len());
     let mut seen_pids = Vec::new();
@@ -276,10 +276,6 @@ fn create_destroy_cycles_leave_nothing_behind() {
         .filter(|c| ids.iter().any(|id| c.ends_with(id.as_str())))
         .collect();
     assert!(left.is_empty(), "cgroups left behind: {left:?}");
-    assert!(
-        rt.cgroups().unwrap().list().len() <= cg + 8 * 4,
-        "cgroups grew"
-    );
     assert_eq!(mount_count(), mounts, "host mount table changed");
     // Other tests open descriptors concurrently; allow slack for them but not a leak per cycle.
     assert!(
@@ -386,4 +382,27 @@ fn guard_checks_file_operations() {
         sb.read_file("/workspace/secret/x").is_err(),
         "was never written"
     );
+}
+
+#[test]
+fn stale_cgroups_of_dead_supervisors_are_removed() {
+    if !root_or_skip("stale_cgroups_of_dead_supervisors_are_removed") {
+        return;
+    }
+    let rt = runtime();
+    let m = rt.cgroups().expect("cgroups");
+    // A cgroup named after a pid that cannot exist (above pid_max).
+    let limits = tessera_sandbox::Limits::default();
+    let cg = m.create("sb-99999999-1", &limits).unwrap();
+    assert!(m.list().iter().any(|p| p.ends_with("sb-99999999-1")));
+    assert!(
+        m.remove_stale() >= 3,
+        "memory, pids, freezer (and cpu) dirs"
+    );
+    assert!(!m.list().iter().any(|p| p.ends_with("sb-99999999-1")));
+    // Our own live sandboxes are untouched.
+    let sb = sandbox();
+    m.remove_stale();
+    assert!(m.list().iter().any(|p| p.ends_with(sb.id())));
+    drop(cg);
 }

@@ -182,14 +182,8 @@ pub async fn run_once(
 ) -> Result<Round, ApiError> {
     cache.sync(store).await?;
     let snap = cache.snapshot();
-    let mut index: BTreeMap<String, (Key, u64, JobBody)> = cache
-        .jobs
-        .iter()
-        .filter(|(_, (_, j))| j.status.phase != Phase::Cancelled)
-        .map(|((t, n), (v, j))| (scoped(t, n), (Key::new(kind::JOB, t, n), *v, j.clone())))
-        .collect();
     let mut round = Round {
-        jobs_considered: index.len(),
+        jobs_considered: snap.groups.len(),
         ..Round::default()
     };
     if snap.groups.is_empty() {
@@ -202,6 +196,34 @@ pub async fn run_once(
     round.bindings = plan.bindings.len();
     round.evictions = plan.evictions.len();
 
+    // Only jobs the plan names, or that carry a pending reason to clear, can change.
+    let mut touched: std::collections::BTreeSet<&str> = plan
+        .bindings
+        .iter()
+        .map(|b| b.task.group.as_str())
+        .chain(plan.evictions.iter().map(|e| e.task.group.as_str()))
+        .chain(plan.pending.iter().map(|p| p.group.as_str()))
+        .collect();
+    let with_reason: Vec<String> = cache
+        .jobs
+        .iter()
+        .filter(|(_, (_, j))| {
+            j.status.phase != Phase::Cancelled && j.status.pending_reason.is_some()
+        })
+        .map(|((t, n), _)| scoped(t, n))
+        .collect();
+    touched.extend(with_reason.iter().map(String::as_str));
+    let mut index: BTreeMap<String, (Key, u64, JobBody)> = BTreeMap::new();
+    for g in touched {
+        let Some((t, n)) = g.split_once('/') else {
+            continue;
+        };
+        if let Some((v, j)) = cache.jobs.get(&(t.to_string(), n.to_string()))
+            && j.status.phase != Phase::Cancelled
+        {
+            index.insert(g.to_string(), (Key::new(kind::JOB, t, n), *v, j.clone()));
+        }
+    }
     let old: BTreeMap<String, JobBody> = index
         .iter()
         .map(|(k, (_, _, j))| (k.clone(), j.clone()))

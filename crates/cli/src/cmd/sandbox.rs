@@ -11,8 +11,8 @@ use std::time::Duration;
 use clap::{Args, Subcommand, ValueEnum};
 use serde::Serialize;
 use tessera_sandbox::{
-    CheckDecision, Command, CommandCheck, ExecError, ExecRequest, ExitStatus, FileAccess,
-    InitProgram, Limits, Network, PathAccess, Runtime, RuntimeConfig, SandboxSpec,
+    CheckDecision, Command, CommandCheck, ExecError, ExecOutput, ExecRequest, ExitStatus,
+    FileAccess, InitProgram, Limits, Network, PathAccess, Runtime, RuntimeConfig, SandboxSpec,
 };
 
 use crate::output::{EXIT_BAD_INPUT, EXIT_FAILURE, fail, print_json};
@@ -24,9 +24,23 @@ pub const EXIT_BLOCKED: i32 = 3;
 pub enum SandboxCommand {
     /// Create a sandbox, run one command in it, destroy it.
     Run(RunArgs),
+    /// Create a long-lived sandbox (kept by a background supervisor); prints its name.
+    Create(CreateArgs),
+    /// Run a command in a long-lived sandbox.
+    Exec(ExecArgs),
+    /// Copy a file into or out of a long-lived sandbox: `cp NAME:/path local` or
+    /// `cp local NAME:/path`.
+    Cp(CpArgs),
+    /// List long-lived sandboxes.
+    Ls(LsArgs),
+    /// Destroy long-lived sandboxes.
+    Rm(RmArgs),
     /// The sandbox's init (PID 1 inside each sandbox); not for people.
     #[command(name = "__init", hide = true)]
     Init,
+    /// The background supervisor of a long-lived sandbox; not for people.
+    #[command(name = "__serve", hide = true)]
+    Serve(ServeArgs),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -54,10 +68,9 @@ pub struct LimitArgs {
     pub disk: String,
 }
 
+/// What to run and how.
 #[derive(Debug, Args)]
-pub struct RunArgs {
-    #[command(flatten)]
-    pub limits: LimitArgs,
+pub struct CmdArgs {
     /// Kill the whole process tree after this long, e.g. `10s`, `500ms`, `2m`.
     #[arg(long, default_value = "60s")]
     pub timeout: String,
@@ -73,9 +86,6 @@ pub struct RunArgs {
     /// Run the words as one shell command line (`/bin/sh -c`), not as argv.
     #[arg(long)]
     pub shell: bool,
-    /// Do not check the command with the runtime guard.
-    #[arg(long)]
-    pub no_guard: bool,
     /// Print one JSON document (status, output, timings) instead of passing output through.
     #[arg(long)]
     pub json: bool,
@@ -84,10 +94,103 @@ pub struct RunArgs {
     pub command: Vec<String>,
 }
 
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub limits: LimitArgs,
+    /// Do not check the command with the runtime guard.
+    #[arg(long)]
+    pub no_guard: bool,
+    #[command(flatten)]
+    pub cmd: CmdArgs,
+}
+
+/// Where long-lived sandboxes keep their sockets and records.
+#[derive(Debug, Args)]
+pub struct StateArgs {
+    /// State directory (one socket, record and log per sandbox).
+    #[arg(
+        long,
+        env = "TESSERA_SANDBOX_STATE",
+        default_value = "/run/tessera/sandboxes"
+    )]
+    pub state: std::path::PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct CreateArgs {
+    #[command(flatten)]
+    pub limits: LimitArgs,
+    #[command(flatten)]
+    pub state: StateArgs,
+    /// Name (default: generated). Letters, digits, `-`, `_`.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Do not check commands with the runtime guard.
+    #[arg(long)]
+    pub no_guard: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub limits: LimitArgs,
+    #[command(flatten)]
+    pub state: StateArgs,
+    #[arg(long)]
+    pub name: String,
+    #[arg(long)]
+    pub no_guard: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    #[command(flatten)]
+    pub state: StateArgs,
+    /// The sandbox's name.
+    pub name: String,
+    #[command(flatten)]
+    pub cmd: CmdArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct CpArgs {
+    #[command(flatten)]
+    pub state: StateArgs,
+    /// Source: a local path, or `NAME:/path` in a sandbox.
+    pub src: String,
+    /// Destination: a local path, or `NAME:/path` in a sandbox.
+    pub dst: String,
+}
+
+#[derive(Debug, Args)]
+pub struct LsArgs {
+    #[command(flatten)]
+    pub state: StateArgs,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct RmArgs {
+    #[command(flatten)]
+    pub state: StateArgs,
+    /// Names of the sandboxes to destroy.
+    #[arg(required = true)]
+    pub names: Vec<String>,
+}
+
 pub fn run(c: SandboxCommand) -> i32 {
     match c {
         SandboxCommand::Init => tessera_sandbox::init::main(),
         SandboxCommand::Run(a) => run_one(a),
+        SandboxCommand::Create(a) => long::create(a),
+        SandboxCommand::Serve(a) => long::serve(a),
+        SandboxCommand::Exec(a) => long::exec(a),
+        SandboxCommand::Cp(a) => long::cp(a),
+        SandboxCommand::Ls(a) => long::ls(a),
+        SandboxCommand::Rm(a) => long::rm(a),
     }
 }
 
@@ -272,8 +375,8 @@ pub fn runtime(guard: bool) -> Result<Arc<Runtime>, String> {
     .map_err(|e| e.to_string())
 }
 
-#[derive(Serialize)]
-struct RunJson {
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct RunJson {
     exit_code: i32,
     signal: Option<i32>,
     timed_out: bool,
@@ -286,7 +389,38 @@ struct RunJson {
     redacted: bool,
     create_ms: f64,
     exec_ms: f64,
-    cgroups: Option<&'static str>,
+    cgroups: Option<String>,
+}
+
+/// Builds the request from the flags; `Err` is (exit status, message).
+pub fn build_request(c: &CmdArgs) -> Result<ExecRequest, String> {
+    let timeout = parse_duration(&c.timeout).map_err(|e| format!("--timeout: {e}"))?;
+    let mut env = Vec::new();
+    for kv in &c.env {
+        match kv.split_once('=') {
+            Some((k, v)) if !k.is_empty() => env.push((k.to_string(), v.to_string())),
+            _ => return Err(format!("--env {kv:?}: write KEY=VALUE")),
+        }
+    }
+    let command = if c.shell {
+        Command::Shell(c.command.join(" "))
+    } else {
+        Command::Argv(c.command.clone())
+    };
+    let mut req = ExecRequest::new(command)
+        .timeout(timeout)
+        .cwd(c.cwd.clone());
+    req.env = env;
+    Ok(req)
+}
+
+fn read_stdin_into(req: &mut ExecRequest) -> Result<(), String> {
+    let mut buf = Vec::new();
+    std::io::stdin()
+        .read_to_end(&mut buf)
+        .map_err(|e| format!("reading stdin: {e}"))?;
+    req.stdin = Some(buf);
+    Ok(())
 }
 
 fn run_one(a: RunArgs) -> i32 {
@@ -294,32 +428,14 @@ fn run_one(a: RunArgs) -> i32 {
         Ok(s) => s,
         Err(e) => return fail(EXIT_BAD_INPUT, e),
     };
-    let timeout = match parse_duration(&a.timeout) {
-        Ok(t) => t,
-        Err(e) => return fail(EXIT_BAD_INPUT, format!("--timeout: {e}")),
+    let mut req = match build_request(&a.cmd) {
+        Ok(r) => r,
+        Err(e) => return fail(EXIT_BAD_INPUT, e),
     };
-    let mut env = Vec::new();
-    for kv in &a.env {
-        match kv.split_once('=') {
-            Some((k, v)) if !k.is_empty() => env.push((k.to_string(), v.to_string())),
-            _ => return fail(EXIT_BAD_INPUT, format!("--env {kv:?}: write KEY=VALUE")),
-        }
-    }
-    let command = if a.shell {
-        Command::Shell(a.command.join(" "))
-    } else {
-        Command::Argv(a.command.clone())
-    };
-    let mut req = ExecRequest::new(command)
-        .timeout(timeout)
-        .cwd(a.cwd.clone());
-    req.env = env;
-    if a.stdin {
-        let mut buf = Vec::new();
-        if let Err(e) = std::io::stdin().read_to_end(&mut buf) {
-            return fail(EXIT_FAILURE, format!("reading stdin: {e}"));
-        }
-        req.stdin = Some(buf);
+    if a.cmd.stdin
+        && let Err(e) = read_stdin_into(&mut req)
+    {
+        return fail(EXIT_FAILURE, e);
     }
     if !nix_is_root() {
         eprintln!("warning: not root: no cgroup limits, single-id user namespace");
@@ -345,20 +461,13 @@ fn run_one(a: RunArgs) -> i32 {
         }
         Err(e) => return fail(EXIT_FAILURE, e),
     };
-    for al in &out.alerts {
-        eprintln!("guard alert: {al}");
-    }
-    if out.timed_out {
-        eprintln!("timed out after {}; the process tree was killed", a.timeout);
-    }
-    if out.oom_killed {
-        eprintln!(
-            "out of memory: a process was killed at the {} limit",
-            a.limits.memory
-        );
-    }
-    if a.json {
-        let code = print_json(&RunJson {
+    let report = RunJson::new(&out, create_ms, exec_ms, rt.cgroups().map(|c| c.version()));
+    report_output(&report, &a.cmd)
+}
+
+impl RunJson {
+    fn new(out: &ExecOutput, create_ms: f64, exec_ms: f64, cgroups: Option<&str>) -> Self {
+        RunJson {
             exit_code: out.status.code(),
             signal: match out.status {
                 ExitStatus::Signaled(s) => Some(s),
@@ -374,16 +483,474 @@ fn run_one(a: RunArgs) -> i32 {
             redacted: out.redacted,
             create_ms,
             exec_ms,
-            cgroups: rt.cgroups().map(|c| c.version()),
-        });
+            cgroups: cgroups.map(str::to_string),
+        }
+    }
+}
+
+/// Prints what a command produced (or one JSON document) and returns its exit status.
+fn report_output(r: &RunJson, c: &CmdArgs) -> i32 {
+    for al in &r.alerts {
+        eprintln!("guard alert: {al}");
+    }
+    if r.timed_out {
+        eprintln!("timed out after {}; the process tree was killed", c.timeout);
+    }
+    if r.oom_killed {
+        eprintln!("out of memory: a process was killed at the sandbox's memory limit");
+    }
+    if c.json {
+        let code = print_json(r);
         if code != 0 {
             return code;
         }
     } else {
-        let _ = std::io::stdout().write_all(&out.stdout);
-        let _ = std::io::stderr().write_all(&out.stderr);
+        let _ = std::io::stdout().write_all(r.stdout.as_bytes());
+        let _ = std::io::stderr().write_all(r.stderr.as_bytes());
     }
-    out.status.code()
+    r.exit_code
+}
+
+/// Long-lived sandboxes: each is kept by a background supervisor (`__serve`) that owns
+/// it and answers one JSON line per connection on `<state>/<name>.sock`. The sandbox
+/// lives as long as that process; `rm` ends both.
+mod long {
+    use super::*;
+    use serde::Deserialize;
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::net::{UnixListener, UnixStream};
+    use std::path::{Path, PathBuf};
+
+    #[derive(Debug, Serialize, Deserialize)]
+    enum Req {
+        Exec {
+            command: Command,
+            env: Vec<(String, String)>,
+            cwd: Option<String>,
+            stdin: Option<Vec<u8>>,
+            timeout_ms: Option<u64>,
+        },
+        Read {
+            path: String,
+        },
+        Write {
+            path: String,
+            data: Vec<u8>,
+        },
+        Destroy,
+    }
+
+    #[derive(Debug, Serialize, Deserialize)]
+    enum Resp {
+        Exec(RunJson),
+        Data(Vec<u8>),
+        Done,
+        Blocked(String),
+        Failed(String),
+    }
+
+    #[derive(Debug, Serialize, Deserialize)]
+    struct Record {
+        name: String,
+        supervisor_pid: u32,
+        init_pid: i32,
+        sandbox_id: String,
+        created_unix_s: u64,
+        memory: String,
+        cpus: String,
+        pids: u32,
+    }
+
+    #[cfg(test)]
+    pub fn valid_name_pub(n: &str) -> bool {
+        valid_name(n)
+    }
+    #[cfg(test)]
+    pub fn remote_pub(s: &str) -> Option<(&str, &str)> {
+        remote(s)
+    }
+
+    fn valid_name(n: &str) -> bool {
+        !n.is_empty()
+            && n.len() <= 64
+            && n.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    }
+
+    fn sock(state: &Path, name: &str) -> PathBuf {
+        state.join(format!("{name}.sock"))
+    }
+    fn record(state: &Path, name: &str) -> PathBuf {
+        state.join(format!("{name}.json"))
+    }
+    fn log(state: &Path, name: &str) -> PathBuf {
+        state.join(format!("{name}.log"))
+    }
+
+    fn call(state: &Path, name: &str, req: &Req) -> Result<Resp, String> {
+        if !valid_name(name) {
+            return Err(format!(
+                "{name:?} is not a sandbox name (letters, digits, - and _)"
+            ));
+        }
+        let path = sock(state, name);
+        let mut s = UnixStream::connect(&path).map_err(|e| {
+            format!(
+                "no running sandbox {name:?} in {} ({e}); see `tessera sandbox ls`",
+                state.display()
+            )
+        })?;
+        let mut line = serde_json::to_vec(req).map_err(|e| e.to_string())?;
+        line.push(b'\n');
+        s.write_all(&line)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut reply = String::new();
+        BufReader::new(s)
+            .read_line(&mut reply)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        serde_json::from_str(&reply).map_err(|e| format!("bad reply from {name}: {e}"))
+    }
+
+    pub fn create(a: CreateArgs) -> i32 {
+        if let Err(e) = spec_from(&a.limits) {
+            return fail(EXIT_BAD_INPUT, e);
+        }
+        let name = a.name.clone().unwrap_or_else(|| {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0);
+            format!(
+                "sbx-{:08x}",
+                (t as u64 ^ u64::from(std::process::id())) & 0xffff_ffff
+            )
+        });
+        if !valid_name(&name) {
+            return fail(
+                EXIT_BAD_INPUT,
+                format!("--name {name:?}: use letters, digits, - and _"),
+            );
+        }
+        let state = &a.state.state;
+        if let Err(e) = std::fs::create_dir_all(state) {
+            return fail(EXIT_FAILURE, format!("{}: {e}", state.display()));
+        }
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(state, std::fs::Permissions::from_mode(0o700));
+        if UnixStream::connect(sock(state, &name)).is_ok() {
+            return fail(EXIT_BAD_INPUT, format!("sandbox {name:?} already exists"));
+        }
+        let exe = match std::env::current_exe() {
+            Ok(e) => e,
+            Err(e) => return fail(EXIT_FAILURE, format!("locating this program: {e}")),
+        };
+        let logf = match std::fs::File::create(log(state, &name)) {
+            Ok(f) => f,
+            Err(e) => {
+                return fail(
+                    EXIT_FAILURE,
+                    format!("{}: {e}", log(state, &name).display()),
+                );
+            }
+        };
+        let l = &a.limits;
+        let mut cmd = std::process::Command::new(exe);
+        cmd.args(["sandbox", "__serve", "--name", &name, "--memory", &l.memory])
+            .args([
+                "--cpus",
+                &l.cpus,
+                "--disk",
+                &l.disk,
+                "--pids",
+                &l.pids.to_string(),
+            ])
+            .arg("--state")
+            .arg(state)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(logf);
+        if a.no_guard {
+            cmd.arg("--no-guard");
+        }
+        use std::os::unix::process::CommandExt;
+        cmd.process_group(0);
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => return fail(EXIT_FAILURE, format!("starting the supervisor: {e}")),
+        };
+        let mut line = String::new();
+        if let Some(out) = child.stdout.take() {
+            let _ = BufReader::new(out).read_line(&mut line);
+        }
+        if line.trim() == name {
+            println!("{name}");
+            0
+        } else {
+            let _ = child.wait();
+            let why = std::fs::read_to_string(log(state, &name)).unwrap_or_default();
+            let _ = std::fs::remove_file(log(state, &name));
+            fail(
+                EXIT_FAILURE,
+                format!("the sandbox did not start: {}", why.trim()),
+            )
+        }
+    }
+
+    pub fn serve(a: ServeArgs) -> i32 {
+        let state = a.state.state.clone();
+        let spec = match spec_from(&a.limits) {
+            Ok(s) => s,
+            Err(e) => return fail(EXIT_BAD_INPUT, e),
+        };
+        let rt = match runtime(!a.no_guard) {
+            Ok(r) => r,
+            Err(e) => return fail(EXIT_FAILURE, e),
+        };
+        let sb = match rt.spawn(&spec) {
+            Ok(s) => s,
+            Err(e) => return fail(EXIT_FAILURE, format!("creating the sandbox: {e}")),
+        };
+        let sp = sock(&state, &a.name);
+        let _ = std::fs::remove_file(&sp);
+        let listener = match UnixListener::bind(&sp) {
+            Ok(l) => l,
+            Err(e) => return fail(EXIT_FAILURE, format!("{}: {e}", sp.display())),
+        };
+        let rec = Record {
+            name: a.name.clone(),
+            supervisor_pid: std::process::id(),
+            init_pid: sb.pid(),
+            sandbox_id: sb.id().to_string(),
+            created_unix_s: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            memory: a.limits.memory.clone(),
+            cpus: a.limits.cpus.clone(),
+            pids: a.limits.pids,
+        };
+        let _ = std::fs::write(
+            record(&state, &a.name),
+            serde_json::to_vec_pretty(&rec).unwrap_or_default(),
+        );
+        println!("{}", a.name);
+        let _ = std::io::stdout().flush();
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { continue };
+            let mut line = String::new();
+            let mut reader = BufReader::new(&conn);
+            if reader.read_line(&mut line).is_err() {
+                continue;
+            }
+            let (resp, stop) = match serde_json::from_str::<Req>(&line) {
+                Err(e) => (Resp::Failed(format!("bad request: {e}")), false),
+                Ok(Req::Destroy) => (Resp::Done, true),
+                Ok(req) => (handle(&sb, req, rt.cgroups().map(|c| c.version())), false),
+            };
+            let mut out = serde_json::to_vec(&resp).unwrap_or_default();
+            out.push(b'\n');
+            let _ = (&conn).write_all(&out);
+            if stop {
+                break;
+            }
+        }
+        let _ = sb.destroy();
+        let _ = std::fs::remove_file(&sp);
+        let _ = std::fs::remove_file(record(&state, &a.name));
+        let _ = std::fs::remove_file(log(&state, &a.name));
+        0
+    }
+
+    fn handle(sb: &tessera_sandbox::Sandbox, req: Req, cgroups: Option<&str>) -> Resp {
+        match req {
+            Req::Exec {
+                command,
+                env,
+                cwd,
+                stdin,
+                timeout_ms,
+            } => {
+                let mut r = ExecRequest::new(command);
+                r.env = env;
+                r.cwd = cwd;
+                r.stdin = stdin;
+                r.timeout = timeout_ms.map(Duration::from_millis);
+                let t = std::time::Instant::now();
+                match sb.exec(&r) {
+                    Ok(out) => Resp::Exec(RunJson::new(
+                        &out,
+                        0.0,
+                        t.elapsed().as_secs_f64() * 1e3,
+                        cgroups,
+                    )),
+                    Err(ExecError::Blocked(why)) => Resp::Blocked(why),
+                    Err(e) => Resp::Failed(e.to_string()),
+                }
+            }
+            Req::Read { path } => match sb.read_file(&path) {
+                Ok(d) => Resp::Data(d),
+                Err(e) => Resp::Failed(e.to_string()),
+            },
+            Req::Write { path, data } => match sb.write_file(&path, &data) {
+                Ok(()) => Resp::Done,
+                Err(e) => Resp::Failed(e.to_string()),
+            },
+            Req::Destroy => Resp::Done,
+        }
+    }
+
+    pub fn exec(a: ExecArgs) -> i32 {
+        let mut req = match build_request(&a.cmd) {
+            Ok(r) => r,
+            Err(e) => return fail(EXIT_BAD_INPUT, e),
+        };
+        if a.cmd.stdin
+            && let Err(e) = read_stdin_into(&mut req)
+        {
+            return fail(EXIT_FAILURE, e);
+        }
+        let wire = Req::Exec {
+            command: req.command.clone(),
+            env: req.env.clone(),
+            cwd: req.cwd.clone(),
+            stdin: req.stdin.clone(),
+            timeout_ms: req.timeout.map(|t| t.as_millis() as u64),
+        };
+        match call(&a.state.state, &a.name, &wire) {
+            Ok(Resp::Exec(r)) => report_output(&r, &a.cmd),
+            Ok(Resp::Blocked(why)) => fail(EXIT_BLOCKED, format!("blocked by the guard: {why}")),
+            Ok(Resp::Failed(e)) => fail(EXIT_FAILURE, e),
+            Ok(other) => fail(EXIT_FAILURE, format!("unexpected reply {other:?}")),
+            Err(e) => fail(EXIT_BAD_INPUT, e),
+        }
+    }
+
+    /// `NAME:/path` -> (name, path).
+    fn remote(s: &str) -> Option<(&str, &str)> {
+        let (n, p) = s.split_once(':')?;
+        (valid_name(n) && p.starts_with('/')).then_some((n, p))
+    }
+
+    pub fn cp(a: CpArgs) -> i32 {
+        let state = &a.state.state;
+        match (remote(&a.src), remote(&a.dst)) {
+            (Some((name, path)), None) => match call(state, name, &Req::Read { path: path.into() })
+            {
+                Ok(Resp::Data(d)) => match std::fs::write(&a.dst, d) {
+                    Ok(()) => 0,
+                    Err(e) => fail(EXIT_FAILURE, format!("{}: {e}", a.dst)),
+                },
+                Ok(Resp::Failed(e)) | Ok(Resp::Blocked(e)) => fail(EXIT_FAILURE, e),
+                Ok(other) => fail(EXIT_FAILURE, format!("unexpected reply {other:?}")),
+                Err(e) => fail(EXIT_BAD_INPUT, e),
+            },
+            (None, Some((name, path))) => {
+                let data = match std::fs::read(&a.src) {
+                    Ok(d) => d,
+                    Err(e) => return fail(EXIT_BAD_INPUT, format!("{}: {e}", a.src)),
+                };
+                match call(
+                    state,
+                    name,
+                    &Req::Write {
+                        path: path.into(),
+                        data,
+                    },
+                ) {
+                    Ok(Resp::Done) => 0,
+                    Ok(Resp::Failed(e)) | Ok(Resp::Blocked(e)) => fail(EXIT_FAILURE, e),
+                    Ok(other) => fail(EXIT_FAILURE, format!("unexpected reply {other:?}")),
+                    Err(e) => fail(EXIT_BAD_INPUT, e),
+                }
+            }
+            _ => fail(
+                EXIT_BAD_INPUT,
+                "exactly one of SRC and DST must be NAME:/absolute/path inside a sandbox",
+            ),
+        }
+    }
+
+    #[derive(Serialize)]
+    struct LsRow {
+        #[serde(flatten)]
+        record: Record,
+        running: bool,
+    }
+
+    pub fn ls(a: LsArgs) -> i32 {
+        let state = &a.state.state;
+        let mut rows = Vec::new();
+        if let Ok(rd) = std::fs::read_dir(state) {
+            for e in rd.flatten() {
+                let p = e.path();
+                if p.extension().and_then(|x| x.to_str()) != Some("json") {
+                    continue;
+                }
+                let Ok(rec) = std::fs::read(&p)
+                    .map_err(|e| e.to_string())
+                    .and_then(|b| serde_json::from_slice::<Record>(&b).map_err(|e| e.to_string()))
+                else {
+                    continue;
+                };
+                let running = UnixStream::connect(sock(state, &rec.name)).is_ok();
+                rows.push(LsRow {
+                    record: rec,
+                    running,
+                });
+            }
+        }
+        rows.sort_by(|x, y| x.record.name.cmp(&y.record.name));
+        if a.json {
+            return print_json(&rows);
+        }
+        println!(
+            "{:<24} {:>8} {:>8} {:>6} {:>6}  status",
+            "name", "pid", "memory", "cpus", "pids"
+        );
+        for r in &rows {
+            println!(
+                "{:<24} {:>8} {:>8} {:>6} {:>6}  {}",
+                r.record.name,
+                r.record.supervisor_pid,
+                r.record.memory,
+                r.record.cpus,
+                r.record.pids,
+                if r.running {
+                    "running"
+                } else {
+                    "dead (rm to clean up)"
+                }
+            );
+        }
+        0
+    }
+
+    pub fn rm(a: RmArgs) -> i32 {
+        let state = &a.state.state;
+        let mut code = 0;
+        for name in &a.names {
+            match call(state, name, &Req::Destroy) {
+                Ok(_) => {
+                    // The supervisor removes its files once the sandbox is gone.
+                    for _ in 0..500 {
+                        if !sock(state, name).exists() {
+                            break;
+                        }
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                    println!("{name}");
+                }
+                Err(e) if record(state, name).exists() => {
+                    eprintln!("{name}: supervisor gone ({e}); removing its records");
+                    let _ = std::fs::remove_file(sock(state, name));
+                    let _ = std::fs::remove_file(record(state, name));
+                    let _ = std::fs::remove_file(log(state, name));
+                }
+                Err(e) => code = fail(EXIT_BAD_INPUT, e),
+            }
+        }
+        code
+    }
 }
 
 fn nix_is_root() -> bool {
@@ -416,5 +983,15 @@ mod tests {
         assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
         assert!(parse_duration("0s").is_err());
         assert!(parse_duration("1d").is_err());
+    }
+
+    #[test]
+    fn long_lived_names_are_checked() {
+        assert!(long::valid_name_pub("sbx-01_a"));
+        assert!(!long::valid_name_pub("../x"));
+        assert!(!long::valid_name_pub(""));
+        assert_eq!(long::remote_pub("a:/x/y"), Some(("a", "/x/y")));
+        assert_eq!(long::remote_pub("a:rel"), None);
+        assert_eq!(long::remote_pub("./local"), None);
     }
 }

@@ -181,18 +181,27 @@ pub async fn run_once(
     cache: &mut Cache,
 ) -> Result<Round, ApiError> {
     cache.sync(store).await?;
-    let snap = cache.snapshot();
-    let mut round = Round {
-        jobs_considered: snap.groups.len(),
-        ..Round::default()
-    };
-    if snap.groups.is_empty() {
-        return Ok(round);
-    }
+    let mut round = Round::default();
+    // Snapshot and session run off the async workers: they are CPU work that grows
+    // with the cluster, and must not stall API requests.
     let f = schedule.clone();
-    let plan = tokio::task::spawn_blocking(move || f(&snap))
-        .await
-        .map_err(ApiError::internal)?;
+    let taken = std::mem::take(cache);
+    let (back, plan) = tokio::task::spawn_blocking(move || {
+        let snap = taken.snapshot();
+        let plan = if snap.groups.is_empty() {
+            None
+        } else {
+            Some((snap.groups.len(), f(&snap)))
+        };
+        (taken, plan)
+    })
+    .await
+    .map_err(ApiError::internal)?;
+    *cache = back;
+    let Some((considered, plan)) = plan else {
+        return Ok(round);
+    };
+    round.jobs_considered = considered;
     round.bindings = plan.bindings.len();
     round.evictions = plan.evictions.len();
 

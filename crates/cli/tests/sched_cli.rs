@@ -64,6 +64,41 @@ fn bad_file_exits_2_and_names_the_field() {
 }
 
 #[test]
+fn config_file_overrides_and_is_checked() {
+    // The shipped default config turns the spread scenario into binpack.
+    let (code, out, _) = tessera(&[
+        "sched",
+        "plan",
+        "crates/sim/tests/scenarios/spread_inference.yaml",
+        "--config",
+        "docs/examples/scheduler.yaml",
+    ]);
+    assert_eq!(code, 0);
+    assert_eq!(
+        out.lines().filter(|l| l.contains("-> n-0")).count(),
+        4,
+        "{out}"
+    );
+    let dir = std::env::temp_dir().join(format!("tessera-cfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.yaml");
+    std::fs::write(&bad, "actions: \"allocate, backfil\"\ntiers: []\n").unwrap();
+    let (code, _, err) = tessera(&[
+        "sched",
+        "plan",
+        "crates/sim/tests/scenarios/spread_inference.yaml",
+        "--config",
+        bad.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("bad.yaml: actions[1]: unknown action `backfil`"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
 fn bench_json_has_the_fields() {
     let (code, out, err) = tessera(&[
         "bench", "sched", "--nodes", "50", "--tasks", "300", "--repeat", "1", "--json",

@@ -95,14 +95,51 @@ struct RawScenario {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
-    actions: Vec<String>,
+    actions: RawActions,
     tiers: Vec<RawTier>,
+}
+
+/// Actions as a YAML list, or as Volcano writes them: one comma-separated string.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum RawActions {
+    List(Vec<String>),
+    Joined(String),
+}
+
+impl RawActions {
+    fn names(&self) -> Vec<String> {
+        match self {
+            RawActions::List(v) => v.clone(),
+            RawActions::Joined(s) => s
+                .split(',')
+                .map(|a| a.trim().to_string())
+                .filter(|a| !a.is_empty())
+                .collect(),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawTier {
-    plugins: Vec<String>,
+    plugins: Vec<RawPlugin>,
+}
+
+/// A plugin by name, or as Volcano writes it: `{name: gang}`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum RawPlugin {
+    Name(String),
+    Named { name: String },
+}
+
+impl RawPlugin {
+    fn name(&self) -> &str {
+        match self {
+            RawPlugin::Name(n) | RawPlugin::Named { name: n } => n,
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -198,6 +235,71 @@ struct RawTask {
     running_on: Vec<String>,
 }
 
+fn config_from_raw(c: &RawConfig, file: &str, prefix: &str) -> Result<Config, ScenarioError> {
+    let err = |path: String, message: String| ScenarioError {
+        file: file.to_string(),
+        path,
+        message,
+    };
+    let actions = c.actions.names();
+    for (i, a) in actions.iter().enumerate() {
+        a.parse::<tessera_sched::Action>()
+            .map_err(|e| err(format!("{prefix}actions[{i}]"), e.to_string()))?;
+    }
+    for (ti, t) in c.tiers.iter().enumerate() {
+        for (pi, p) in t.plugins.iter().enumerate() {
+            p.name()
+                .parse::<tessera_sched::PluginName>()
+                .map_err(|e| err(format!("{prefix}tiers[{ti}].plugins[{pi}]"), e.to_string()))?;
+        }
+    }
+    let tiers: Vec<Vec<&str>> = c
+        .tiers
+        .iter()
+        .map(|t| t.plugins.iter().map(RawPlugin::name).collect())
+        .collect();
+    Config::from_names(&actions, &tiers)
+        .map_err(|e| err(prefix.trim_end_matches('.').to_string(), e.to_string()))
+}
+
+/// Reads a scheduler configuration file: `actions` and `tiers`, as under
+/// `config` in a scenario file. Volcano's spelling is accepted too
+/// (`actions: "enqueue, allocate"`, `plugins: [{name: gang}]`).
+pub fn load_config(path: &Path) -> Result<Config, ScenarioError> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| ScenarioError {
+        file: file.clone(),
+        path: String::new(),
+        message: format!("cannot read the file: {e}"),
+    })?;
+    parse_config(&text, &file)
+}
+
+/// Parses scheduler configuration text; `file` names it in errors.
+pub fn parse_config(text: &str, file: &str) -> Result<Config, ScenarioError> {
+    let de = serde_norway::Deserializer::from_str(text);
+    let raw: RawConfig = serde_path_to_error::deserialize(de).map_err(|e| yaml_error(e, file))?;
+    config_from_raw(&raw, file, "")
+}
+
+fn yaml_error(e: serde_path_to_error::Error<serde_norway::Error>, file: &str) -> ScenarioError {
+    let path = e.path().to_string();
+    let path = if path == "." { String::new() } else { path };
+    let mut message = e.into_inner().to_string();
+    // The YAML error repeats a location prefix ("nodes[0]: "); the path
+    // already says where, so keep only what is wrong (and line/column).
+    if let Some((head, rest)) = message.split_once(": ") {
+        if !head.contains(' ') && !path.is_empty() {
+            message = rest.to_string();
+        }
+    }
+    ScenarioError {
+        file: file.to_string(),
+        path,
+        message,
+    }
+}
+
 /// Reads and validates a scenario file.
 pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
     let file = path.display().to_string();
@@ -212,23 +314,7 @@ pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
 /// Parses and validates scenario text; `file` names it in errors.
 pub fn parse(text: &str, file: &str) -> Result<Scenario, ScenarioError> {
     let de = serde_norway::Deserializer::from_str(text);
-    let raw: RawScenario = serde_path_to_error::deserialize(de).map_err(|e| {
-        let path = e.path().to_string();
-        let path = if path == "." { String::new() } else { path };
-        let mut message = e.into_inner().to_string();
-        // The YAML error repeats a location prefix ("nodes[0]: "); the path
-        // already says where, so keep only what is wrong (and line/column).
-        if let Some((head, rest)) = message.split_once(": ") {
-            if !head.contains(' ') && !path.is_empty() {
-                message = rest.to_string();
-            }
-        }
-        ScenarioError {
-            file: file.to_string(),
-            path,
-            message,
-        }
-    })?;
+    let raw: RawScenario = serde_path_to_error::deserialize(de).map_err(|e| yaml_error(e, file))?;
     Builder { file }.build(raw)
 }
 
@@ -330,19 +416,7 @@ impl Builder<'_> {
     }
 
     fn config(&self, c: &RawConfig) -> Result<Config, ScenarioError> {
-        for (i, a) in c.actions.iter().enumerate() {
-            a.parse::<tessera_sched::Action>()
-                .map_err(|e| self.err(format!("config.actions[{i}]"), e.to_string()))?;
-        }
-        for (ti, t) in c.tiers.iter().enumerate() {
-            for (pi, p) in t.plugins.iter().enumerate() {
-                p.parse::<tessera_sched::PluginName>().map_err(|e| {
-                    self.err(format!("config.tiers[{ti}].plugins[{pi}]"), e.to_string())
-                })?;
-            }
-        }
-        let tiers: Vec<Vec<String>> = c.tiers.iter().map(|t| t.plugins.clone()).collect();
-        Config::from_names(&c.actions, &tiers).map_err(|e| self.err("config", e.to_string()))
+        config_from_raw(c, self.file, "config.")
     }
 
     fn nodes(&self, raw: &[RawNode]) -> Result<Vec<Node>, ScenarioError> {
@@ -714,6 +788,26 @@ mod tests {
         );
         assert!(err("nodes: 5\n").starts_with("s.yaml: nodes: invalid type"));
         assert!(err(": : :\n").starts_with("s.yaml"));
+    }
+
+    #[test]
+    fn volcano_style_config() {
+        let c = parse_config(
+            "actions: \"enqueue, allocate, backfill\"\ntiers:\n- plugins:\n  - name: priority\n  - name: gang\n- plugins:\n  - name: drf\n  - name: proportion\n",
+            "v.yaml",
+        )
+        .unwrap();
+        assert_eq!(c.actions.len(), 3);
+        assert!(c.enabled(tessera_sched::PluginName::Proportion));
+        let e = parse_config(
+            "actions: [allocate]\ntiers:\n- plugins: [{name: conformance}]\n",
+            "v.yaml",
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "v.yaml: tiers[0].plugins[0]: unknown plugin `conformance`; known plugins: priority, gang, drf, proportion, predicates, binpack, spread"
+        );
     }
 
     proptest::proptest! {

@@ -30,6 +30,10 @@ pub struct Args {
     /// Sessions per size; the run with the median wall time is reported.
     #[arg(long, default_value_t = 3)]
     pub repeat: usize,
+    /// Scheduler configuration file (actions and plugin tiers); default:
+    /// enqueue, allocate, preempt, reclaim, backfill with every plugin but spread.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<std::path::PathBuf>,
     /// Seed of the synthetic workload.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
@@ -192,9 +196,8 @@ fn percentile(sorted: &[u64], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)] as f64 / 1000.0
 }
 
-fn measure(nodes: usize, tasks: usize, seed: u64, repeat: usize) -> Row {
+fn measure(nodes: usize, tasks: usize, seed: u64, repeat: usize, config: &Config) -> Row {
     let snap = synthetic(nodes, tasks, seed);
-    let config = Config::default();
     let mut runs: Vec<(f64, usize, Vec<u64>)> = Vec::new();
     for _ in 0..repeat.max(1) {
         let start = Instant::now();
@@ -202,7 +205,7 @@ fn measure(nodes: usize, tasks: usize, seed: u64, repeat: usize) -> Row {
             last: start,
             samples: Vec::with_capacity(tasks),
         };
-        let plan = tessera_sched::schedule_observed(&snap, &config, &mut timer);
+        let plan = tessera_sched::schedule_observed(&snap, config, &mut timer);
         let wall = start.elapsed().as_secs_f64() * 1000.0;
         runs.push((wall, plan.bindings.len(), timer.samples));
     }
@@ -232,6 +235,13 @@ pub fn run(a: Args) -> i32 {
     if a.nodes == 0 {
         return fail(EXIT_BAD_INPUT, "--nodes must be at least 1");
     }
+    let config = match &a.config {
+        Some(p) => match tessera_sim::scenario::load_config(p) {
+            Ok(c) => c,
+            Err(e) => return fail(EXIT_BAD_INPUT, e),
+        },
+        None => Config::default(),
+    };
     let sizes: Vec<(usize, usize)> = if a.sweep {
         [1_000, 5_000, 20_000]
             .into_iter()
@@ -246,7 +256,7 @@ pub fn run(a: Args) -> i32 {
             "scheduling {t} tasks on {n} nodes ({} sessions)…",
             a.repeat.max(1)
         );
-        rows.push(measure(n, t, a.seed, a.repeat));
+        rows.push(measure(n, t, a.seed, a.repeat, &config));
     }
     if a.json {
         return if a.sweep {

@@ -13,6 +13,10 @@ pub enum SchedCommand {
     Plan {
         /// Scenario file (YAML).
         file: PathBuf,
+        /// Scheduler configuration file (actions and plugin tiers); overrides
+        /// the scenario's `config`. Volcano's spelling is accepted.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
         /// Print the plan as JSON.
         #[arg(long)]
         json: bool,
@@ -21,12 +25,19 @@ pub enum SchedCommand {
 
 pub fn run(c: SchedCommand) -> i32 {
     match c {
-        SchedCommand::Plan { file, json } => {
+        SchedCommand::Plan { file, config, json } => {
             let sc = match tessera_sim::scenario::load(&file) {
                 Ok(s) => s,
                 Err(e) => return fail(EXIT_BAD_INPUT, e),
             };
-            let plan = tessera_sched::schedule(&sc.snapshot, &sc.config);
+            let cfg = match config {
+                Some(path) => match tessera_sim::scenario::load_config(&path) {
+                    Ok(c) => c,
+                    Err(e) => return fail(EXIT_BAD_INPUT, e),
+                },
+                None => sc.config,
+            };
+            let plan = tessera_sched::schedule(&sc.snapshot, &cfg);
             if json {
                 print_json(&plan)
             } else {

@@ -32,7 +32,7 @@ pub use cgroup::{CgroupManager, SandboxCgroup};
 pub use error::{CgroupError, ExecError, FileError, SpawnError, StepError};
 pub use guard::{AllowAll, CheckDecision, CommandCheck, FileAccess};
 pub use pool::{PoolConfig, PoolStats, WarmPool};
-pub use sandbox::{InitProgram, Runtime, RuntimeConfig, Sandbox, SandboxBuilder};
+pub use sandbox::{InitProgram, Runtime, RuntimeConfig, Sandbox, SandboxBuilder, Stream};
 pub use spec::{
     Command, DirEntry, ExecOutput, ExecRequest, ExitStatus, FileKind, Limits, Network, PathAccess,
     Rlimits, SandboxSpec, Template,

@@ -462,6 +462,16 @@ fn recv_timeout<T: for<'de> serde::Deserialize<'de>>(
     }
 }
 
+/// Receives output chunks as they arrive.
+type OutputSink<'a> = dyn FnMut(Stream, &[u8]) + 'a;
+
+/// Which output stream a chunk came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
 /// Creates sandboxes: `SandboxBuilder::new(spec).spawn()`.
 #[derive(Debug, Clone)]
 pub struct SandboxBuilder {
@@ -601,6 +611,30 @@ impl Sandbox {
     /// checks it first; a blocked command is an `Err`, a failing one an `Ok` with its
     /// status. On timeout the whole tree is killed.
     pub fn exec(&self, req: &ExecRequest) -> Result<ExecOutput, ExecError> {
+        self.exec_inner(req, None)
+    }
+
+    /// Like [`Sandbox::exec`], and calls `on_output` with each chunk of stdout and
+    /// stderr as it arrives (redacted chunk by chunk when the guard redacts; a secret
+    /// split across two chunks can slip through the stream, not the final output).
+    pub fn exec_streaming(
+        &self,
+        req: &ExecRequest,
+        mut on_output: impl FnMut(Stream, &[u8]),
+    ) -> Result<ExecOutput, ExecError> {
+        let guard = self.rt.guard.clone();
+        let mut f = |st: Stream, data: &[u8]| match guard.as_ref().and_then(|g| g.redact(data)) {
+            Some(r) => on_output(st, &r),
+            None => on_output(st, data),
+        };
+        self.exec_inner(req, Some(&mut f))
+    }
+
+    fn exec_inner(
+        &self,
+        req: &ExecRequest,
+        on_chunk: Option<&mut OutputSink<'_>>,
+    ) -> Result<ExecOutput, ExecError> {
         self.check_alive()?;
         let argv = req.command.argv();
         if argv.is_empty() || argv[0].is_empty() {
@@ -621,7 +655,13 @@ impl Sandbox {
             env,
             cwd: req.cwd.clone().unwrap_or_else(|| "/workspace".into()),
         };
-        let r = self.run_job(job, req.stdin.as_deref(), req.timeout, req.max_output)?;
+        let r = self.run_job(
+            job,
+            req.stdin.as_deref(),
+            req.timeout,
+            req.max_output,
+            on_chunk,
+        )?;
         let mut out = ExecOutput {
             status: r.status,
             stdout: r.stdout,
@@ -652,6 +692,7 @@ impl Sandbox {
         stdin: Option<&[u8]>,
         timeout: Option<Duration>,
         max_output: usize,
+        mut on_chunk: Option<&mut OutputSink<'_>>,
     ) -> Result<JobResult, ExecError> {
         let sys = |syscall: &'static str| {
             move |e: Errno| ExecError::Syscall {
@@ -770,6 +811,16 @@ impl Sandbox {
                             trunc[i] = true;
                         }
                         bufs[i].extend_from_slice(&chunk[..n.min(room)]);
+                        if i < 2
+                            && let Some(f) = on_chunk.as_mut()
+                        {
+                            let stream = if i == 0 {
+                                Stream::Stdout
+                            } else {
+                                Stream::Stderr
+                            };
+                            f(stream, &chunk[..n]);
+                        }
                     }
                     Err(Errno::EINTR) | Err(Errno::EAGAIN) => {}
                     Err(_) => open[i] = None,
@@ -828,6 +879,7 @@ impl Sandbox {
             Some(input.unwrap_or(b"")),
             Some(Duration::from_secs(60)),
             1 << 30,
+            None,
         ) {
             Ok(r) if r.status.success() => Ok(r.stdout),
             Ok(r) => Err(FileError::Op {

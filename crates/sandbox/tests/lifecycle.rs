@@ -406,3 +406,76 @@ fn stale_cgroups_of_dead_supervisors_are_removed() {
     assert!(m.list().iter().any(|p| p.ends_with(sb.id())));
     drop(cg);
 }
+
+#[test]
+fn exec_streams_output_as_it_arrives() {
+    if !root_or_skip("exec_streams_output_as_it_arrives") {
+        return;
+    }
+    let sb = sandbox();
+    // The command waits (up to ~10 s) for a file that the output callback creates when
+    // it sees the first line: it can only finish early if output is streamed.
+    let cmd = "echo one; echo err >&2; i=0; while [ ! -e /tmp/go ] && [ $i -lt 1000 ]; do sleep 0.01; i=$((i+1)); done; \
+               [ -e /tmp/go ] && echo three";
+    let mut seen_one = false;
+    let mut stderr_chunks = Vec::new();
+    let out = sb
+        .exec_streaming(&ExecRequest::shell(cmd).timeout(T), |s, d| match s {
+            tessera_sandbox::Stream::Stdout => {
+                if !seen_one && d.starts_with(b"one") {
+                    seen_one = true;
+                    sb.write_file("/tmp/go", b"").unwrap();
+                }
+            }
+            tessera_sandbox::Stream::Stderr => stderr_chunks.extend_from_slice(d),
+        })
+        .unwrap();
+    assert!(seen_one);
+    assert_eq!(
+        text(&out.stdout),
+        "one\nthree\n",
+        "the callback did not run while the command ran"
+    );
+    assert_eq!(text(&stderr_chunks), "err\n");
+    assert_eq!(text(&out.stderr), "err\n");
+}
+
+#[test]
+fn directory_templates_are_bound_read_only() {
+    if !root_or_skip("directory_templates_are_bound_read_only") {
+        return;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("tessera-tpl-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    std::fs::create_dir(dir.path().join("data")).unwrap();
+    std::fs::write(dir.path().join("data/hello.txt"), b"from template").unwrap();
+    std::fs::create_dir(dir.path().join("tmp")).unwrap(); // reserved: replaced by the sandbox's own
+    std::fs::write(dir.path().join("tmp/hidden"), b"x").unwrap();
+    // Readable by the sandbox user (uid 101000 on the host).
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let spec = SandboxSpec {
+        template: tessera_sandbox::Template::Dir(dir.path().to_path_buf()),
+        ..SandboxSpec::default()
+    };
+    let sb = common::spawn(&spec);
+    // No /usr in this template, so no programs: the files API still works (it runs no
+    // program), confined the same way.
+    assert_eq!(sb.read_file("/data/hello.txt").unwrap(), b"from template");
+    assert!(
+        sb.write_file("/data/new.txt", b"x").is_err(),
+        "template must be read-only"
+    );
+    assert!(
+        sb.read_file("/tmp/hidden").is_err(),
+        "reserved entries come from the sandbox"
+    );
+    sb.write_file("/tmp/mine", b"ok").unwrap();
+    assert!(
+        sb.exec(&ExecRequest::argv(["/usr/bin/true"])).is_err(),
+        "no /usr in this template"
+    );
+    assert!(!dir.path().join("data/new.txt").exists());
+}

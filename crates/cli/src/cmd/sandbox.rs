@@ -451,7 +451,20 @@ fn run_one(a: RunArgs) -> i32 {
     };
     let create_ms = t0.elapsed().as_secs_f64() * 1e3;
     let t1 = std::time::Instant::now();
-    let r = sb.exec(&req);
+    // Without --json, output is passed through as it arrives.
+    let r = if a.cmd.json {
+        sb.exec(&req)
+    } else {
+        sb.exec_streaming(&req, |stream, data| {
+            let _ = match stream {
+                tessera_sandbox::Stream::Stdout => {
+                    let mut o = std::io::stdout().lock();
+                    o.write_all(data).and_then(|()| o.flush())
+                }
+                tessera_sandbox::Stream::Stderr => std::io::stderr().write_all(data),
+            };
+        })
+    };
     let exec_ms = t1.elapsed().as_secs_f64() * 1e3;
     let _ = sb.destroy();
     let out = match r {
@@ -462,7 +475,7 @@ fn run_one(a: RunArgs) -> i32 {
         Err(e) => return fail(EXIT_FAILURE, e),
     };
     let report = RunJson::new(&out, create_ms, exec_ms, rt.cgroups().map(|c| c.version()));
-    report_output(&report, &a.cmd)
+    report_output(&report, &a.cmd, !a.cmd.json)
 }
 
 impl RunJson {
@@ -489,7 +502,7 @@ impl RunJson {
 }
 
 /// Prints what a command produced (or one JSON document) and returns its exit status.
-fn report_output(r: &RunJson, c: &CmdArgs) -> i32 {
+fn report_output(r: &RunJson, c: &CmdArgs, streamed: bool) -> i32 {
     for al in &r.alerts {
         eprintln!("guard alert: {al}");
     }
@@ -504,7 +517,7 @@ fn report_output(r: &RunJson, c: &CmdArgs) -> i32 {
         if code != 0 {
             return code;
         }
-    } else {
+    } else if !streamed {
         let _ = std::io::stdout().write_all(r.stdout.as_bytes());
         let _ = std::io::stderr().write_all(r.stderr.as_bytes());
     }
@@ -817,7 +830,7 @@ mod long {
             timeout_ms: req.timeout.map(|t| t.as_millis() as u64),
         };
         match call(&a.state.state, &a.name, &wire) {
-            Ok(Resp::Exec(r)) => report_output(&r, &a.cmd),
+            Ok(Resp::Exec(r)) => report_output(&r, &a.cmd, false),
             Ok(Resp::Blocked(why)) => fail(EXIT_BLOCKED, format!("blocked by the guard: {why}")),
             Ok(Resp::Failed(e)) => fail(EXIT_FAILURE, e),
             Ok(other) => fail(EXIT_FAILURE, format!("unexpected reply {other:?}")),

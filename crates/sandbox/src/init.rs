@@ -27,7 +27,7 @@ use nix::unistd::{ForkResult, Gid, Pid, Uid, fork};
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::CString;
 use std::fs;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
@@ -580,21 +580,25 @@ fn start_job(
     job: Job,
     fds: Vec<OwnedFd>,
 ) -> Result<i32, StepError> {
-    let [stdin, stdout, stderr, status]: [OwnedFd; 4] = fds
-        .try_into()
-        .map_err(|_| StepError::new("job", "fds", "want 4 descriptors"))?;
+    let want = if job.check_exec { 5 } else { 4 };
+    if fds.len() != want {
+        return Err(StepError::new(
+            "job",
+            "fds",
+            format!("want {want} descriptors"),
+        ));
+    }
+    let mut it = fds.into_iter();
+    let mut next = || it.next().expect("length checked");
+    let (stdin, stdout, stderr, status) = (next(), next(), next(), next());
+    let exec_sock = job.check_exec.then(&mut next);
     // SAFETY: init is single-threaded, so the child may run any code after fork.
     match unsafe { fork() }.map_err(se("fork", "job runner"))? {
         ForkResult::Parent { child } => Ok(child.as_raw()),
         ForkResult::Child => {
             let _ = ctrl;
-            close_from_except(&[
-                stdin.as_raw_fd(),
-                stdout.as_raw_fd(),
-                stderr.as_raw_fd(),
-                status.as_raw_fd(),
-            ]);
-            runner(st, job, stdin, stdout, stderr, status)
+            close_from_except(&[]);
+            runner(st, job, [stdin, stdout, stderr, status], exec_sock)
         }
     }
 }
@@ -624,25 +628,38 @@ fn exit_now(code: i32) -> ! {
 }
 
 /// The job's runner: a child subreaper that starts the job process, reaps everything
-/// the job leaves, kills stragglers, and reports on the status pipe.
-fn runner(
-    st: &mut State,
-    job: Job,
-    stdin: OwnedFd,
-    stdout: OwnedFd,
-    stderr: OwnedFd,
-    status: OwnedFd,
-) -> ! {
+/// the job leaves, kills stragglers, answers exec checks, and reports on the status pipe.
+fn runner(st: &mut State, job: Job, fds: [OwnedFd; 4], exec_sock: Option<OwnedFd>) -> ! {
+    let [stdin, stdout, stderr, status] = fds;
     let _ = nix::sys::prctl::set_child_subreaper(true);
     let Ok((err_r, err_w)) = nix::unistd::pipe2(OFlag::O_CLOEXEC) else {
         exit_now(1)
+    };
+    // The job process hands its seccomp listener to us over this pair before execve.
+    let pair = if exec_sock.is_some() {
+        match nix::sys::socket::socketpair(
+            nix::sys::socket::AddressFamily::Unix,
+            nix::sys::socket::SockType::SeqPacket,
+            None,
+            nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        ) {
+            Ok(p) => Some(p),
+            Err(_) => exit_now(1),
+        }
+    } else {
+        None
     };
     // SAFETY: the runner is single-threaded (forked from the single-threaded init).
     let child = match unsafe { fork() } {
         Err(_) => exit_now(1),
         Ok(ForkResult::Child) => {
             drop(err_r);
-            let e = confine_and_run(st, &job, stdin, stdout, stderr);
+            drop(exec_sock);
+            let give = pair.map(|(a, b)| {
+                drop(a);
+                b
+            });
+            let e = confine_and_run(st, &job, stdin, stdout, stderr, give);
             let mut f = fs::File::from(err_w);
             let _ = f.write_all(&serde_json::to_vec(&e).unwrap_or_default());
             exit_now(127)
@@ -650,21 +667,85 @@ fn runner(
         Ok(ForkResult::Parent { child }) => child,
     };
     drop((stdin, stdout, stderr, err_w));
+    // The listener, if the job got as far as installing it (else the job failed and
+    // its error arrives on err_r).
+    let listener: Option<OwnedFd> = pair.and_then(|(mine, theirs)| {
+        drop(theirs);
+        match proto::recv::<u8>(mine.as_fd()) {
+            Ok(Some((_, mut fds))) if fds.len() == 1 => fds.pop(),
+            _ => None,
+        }
+    });
+    let mut mask = SigSet::empty();
+    mask.add(Signal::SIGCHLD);
+    let Ok(sfd) = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
+    else {
+        exit_now(1)
+    };
+    let me = nix::unistd::getpid().as_raw();
     let mut err = Vec::new();
-    let _ = fs::File::from(err_r).read_to_end(&mut err);
+    let mut err_r = Some(err_r);
     let mut job_status = None;
+    let mut first_exec_seen = false;
+    let mut chunk = [0u8; 4096];
     loop {
-        match waitpid(Pid::from_raw(-1), None) {
-            Ok(WaitStatus::Exited(p, c)) if p == child => {
-                job_status = Some(JobStatus::Exited(c));
-                kill_tree(nix::unistd::getpid().as_raw(), true);
+        // Reap first: the job may already be gone.
+        loop {
+            match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(p, c)) if p == child => {
+                    job_status = Some(JobStatus::Exited(c));
+                    kill_tree(me, true);
+                }
+                Ok(WaitStatus::Signaled(p, sig, _)) if p == child => {
+                    job_status = Some(JobStatus::Signaled(sig as i32));
+                    kill_tree(me, true);
+                }
+                Ok(WaitStatus::StillAlive) => break,
+                Ok(_) | Err(Errno::EINTR) => {}
+                Err(_) => break,
             }
-            Ok(WaitStatus::Signaled(p, s, _)) if p == child => {
-                job_status = Some(JobStatus::Signaled(s as i32));
-                kill_tree(nix::unistd::getpid().as_raw(), true);
-            }
+        }
+        let no_children =
+            waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) == Err(Errno::ECHILD);
+        if job_status.is_some() && no_children && err_r.is_none() {
+            break;
+        }
+        if job_status.is_none() && no_children && err_r.is_none() {
+            break; // the job vanished without a status we saw; report below
+        }
+        let mut pfds = vec![PollFd::new(sfd.as_fd(), PollFlags::POLLIN)];
+        if let Some(r) = &err_r {
+            pfds.push(PollFd::new(r.as_fd(), PollFlags::POLLIN));
+        }
+        if let Some(l) = &listener {
+            pfds.push(PollFd::new(l.as_fd(), PollFlags::POLLIN));
+        }
+        match poll(&mut pfds, PollTimeout::from(100u16)) {
             Ok(_) | Err(Errno::EINTR) => {}
-            Err(_) => break,
+            Err(_) => exit_now(1),
+        }
+        let ready: Vec<bool> = pfds
+            .iter()
+            .map(|p| p.revents().is_some_and(|r| !r.is_empty()))
+            .collect();
+        drop(pfds);
+        if ready[0] {
+            while let Ok(Some(_)) = sfd.read_signal() {}
+        }
+        let mut k = 1;
+        if err_r.is_some() {
+            if ready[k] {
+                match nix::unistd::read(err_r.as_ref().expect("checked"), &mut chunk) {
+                    Ok(0) | Err(_) => err_r = None,
+                    Ok(n) => err.extend_from_slice(&chunk[..n]),
+                }
+            }
+            k += 1;
+        }
+        if let (Some(l), Some(x)) = (&listener, &exec_sock)
+            && ready[k]
+        {
+            crate::execcheck::handle(l, x, child.as_raw(), &mut first_exec_seen);
         }
     }
     let out = if !err.is_empty() {
@@ -761,10 +842,11 @@ fn confine_and_run(
     stdin: OwnedFd,
     stdout: OwnedFd,
     stderr: OwnedFd,
+    give_listener: Option<OwnedFd>,
 ) -> StepError {
     match confine(st, job, stdin, stdout, stderr) {
         Err(e) => e,
-        Ok(()) => match run_job(st, job) {
+        Ok(()) => match run_job(st, job, give_listener) {
             Ok(()) => exit_now(0),
             Err(e) => e,
         },
@@ -901,7 +983,7 @@ fn resolve(argv0: &str, env: &[(String, String)]) -> Result<String, StepError> {
     Err(StepError::new("execve", argv0, "command not found in PATH"))
 }
 
-fn run_job(st: &mut State, job: &Job) -> Result<(), StepError> {
+fn run_job(st: &mut State, job: &Job, give_listener: Option<OwnedFd>) -> Result<(), StepError> {
     match &job.kind {
         JobKind::Exec { argv } => {
             let first = argv
@@ -920,10 +1002,20 @@ fn run_job(st: &mut State, job: &Job) -> Result<(), StepError> {
                 .collect::<Result<Vec<_>, _>>()?;
             crate::seccomp::apply(&st.seccomp)
                 .map_err(|e| StepError::new("seccomp", "apply", e))?;
+            if let Some(sock) = give_listener {
+                // Install the execve listener and hand it to the runner; we must not
+                // keep it (a job holding it could approve its own execs).
+                let l = crate::execcheck::install_listener()?;
+                proto::send(sock.as_fd(), &0u8, &[l.as_raw_fd()])
+                    .map_err(|e| StepError::new("sendmsg", "seccomp listener", e))?;
+                drop(l);
+                drop(sock);
+            }
             let e = nix::unistd::execve(&cpath, &args, &envs).unwrap_err();
             Err(StepError::new("execve", &path, e))
         }
         kind => {
+            drop(give_listener);
             crate::seccomp::apply(&st.seccomp)
                 .map_err(|e| StepError::new("seccomp", "apply", e))?;
             file_op(kind)

@@ -20,6 +20,7 @@
 
 pub mod cgroup;
 pub mod error;
+mod execcheck;
 pub mod guard;
 pub mod init;
 pub mod pool;

@@ -35,6 +35,23 @@ pub struct Job {
     pub kind: JobKind,
     pub env: Vec<(String, String)>,
     pub cwd: String,
+    /// Every `execve` of the job's tree is held (seccomp user notification) and sent on
+    /// a fifth fd, a SOCK_SEQPACKET socket, as [`ExecCheck`] for a verdict.
+    #[serde(default)]
+    pub check_exec: bool,
+}
+
+/// Runner -> supervisor: a process of the job wants to execute this.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExecCheck {
+    pub path: String,
+    pub argv: Vec<String>,
+}
+
+/// Supervisor -> runner.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExecVerdict {
+    pub allow: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

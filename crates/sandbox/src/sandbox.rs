@@ -529,6 +529,8 @@ struct JobResult {
     stderr_truncated: bool,
     timed_out: bool,
     oom_killed: bool,
+    /// Alerts and blocks from checks of `execve`s inside the sandbox.
+    exec_alerts: Vec<String>,
 }
 
 fn set_nonblocking(fd: &OwnedFd) {
@@ -654,6 +656,7 @@ impl Sandbox {
             kind: JobKind::Exec { argv },
             env,
             cwd: req.cwd.clone().unwrap_or_else(|| "/workspace".into()),
+            check_exec: self.rt.guard.is_some(),
         };
         let r = self.run_job(
             job,
@@ -670,7 +673,11 @@ impl Sandbox {
             stderr_truncated: r.stderr_truncated,
             timed_out: r.timed_out,
             oom_killed: r.oom_killed,
-            alerts,
+            alerts: {
+                let mut a = alerts;
+                a.extend(r.exec_alerts);
+                a
+            },
             redacted: false,
         };
         if let Some(g) = &self.rt.guard {
@@ -705,16 +712,32 @@ impl Sandbox {
         let (err_r, err_w) = pipe2(OFlag::O_CLOEXEC).map_err(sys("pipe2"))?;
         let (st_r, st_w) = pipe2(OFlag::O_CLOEXEC).map_err(sys("pipe2"))?;
         let oom_before = self.cgroup.as_ref().map(|c| c.oom_kills()).unwrap_or(0);
-        let reply = self.request(
-            &Request::Job(job),
-            &[
-                in_r.as_raw_fd(),
-                out_w.as_raw_fd(),
-                err_w.as_raw_fd(),
-                st_w.as_raw_fd(),
-            ],
-        )?;
-        drop((in_r, out_w, err_w, st_w));
+        let check_exec = job.check_exec;
+        let (exec_sup, exec_run) = if check_exec {
+            let (a, b) = socketpair(
+                AddressFamily::Unix,
+                SockType::SeqPacket,
+                None,
+                SockFlag::SOCK_CLOEXEC,
+            )
+            .map_err(sys("socketpair"))?;
+            (Some(a), Some(b))
+        } else {
+            (None, None)
+        };
+        let mut job_fds = vec![
+            in_r.as_raw_fd(),
+            out_w.as_raw_fd(),
+            err_w.as_raw_fd(),
+            st_w.as_raw_fd(),
+        ];
+        if let Some(x) = &exec_run {
+            job_fds.push(x.as_raw_fd());
+        }
+        let reply = self.request(&Request::Job(job), &job_fds)?;
+        drop((in_r, out_w, err_w, st_w, exec_run));
+        let mut exec_sup = exec_sup;
+        let mut exec_alerts = Vec::new();
         let runner = match reply {
             Reply::Started { pid } => pid,
             Reply::Failed(e) => return Err(ExecError::Start(e)),
@@ -769,6 +792,10 @@ impl Sandbox {
                 pfds.push(PollFd::new(fd.as_fd(), PollFlags::POLLOUT));
                 which.push(3);
             }
+            if let Some(x) = &exec_sup {
+                pfds.push(PollFd::new(x.as_fd(), PollFlags::POLLIN));
+                which.push(4);
+            }
             let timeout = PollTimeout::try_from(wait_ms).unwrap_or(PollTimeout::NONE);
             match poll(&mut pfds, timeout) {
                 Ok(_) | Err(Errno::EINTR) => {}
@@ -782,6 +809,14 @@ impl Sandbox {
             drop(pfds);
             for (i, is_ready) in ready {
                 if !is_ready {
+                    continue;
+                }
+                if i == 4 {
+                    if let Some(x) = &exec_sup
+                        && !self.answer_exec_check(x, &mut exec_alerts)
+                    {
+                        exec_sup = None;
+                    }
                     continue;
                 }
                 if i == 3 {
@@ -844,7 +879,35 @@ impl Sandbox {
             stderr_truncated: trunc[1],
             timed_out,
             oom_killed,
+            exec_alerts,
         })
+    }
+
+    /// Answers one exec check from a job's runner with the guard's verdict. Returns
+    /// false when the runner's socket is closed.
+    fn answer_exec_check(&self, sock: &OwnedFd, alerts: &mut Vec<String>) -> bool {
+        let Ok(Some((check, _))) = proto::recv::<proto::ExecCheck>(sock.as_fd()) else {
+            return false;
+        };
+        let mut argv = check.argv.clone();
+        if argv.is_empty() {
+            argv.push(check.path.clone());
+        }
+        let allow = match &self.rt.guard {
+            None => true,
+            Some(g) => match g.check(self.rt.tenant.as_deref(), &crate::Command::Argv(argv)) {
+                CheckDecision::Allow => true,
+                CheckDecision::Alert(r) => {
+                    alerts.push(format!("execve {}: {}", check.path, r.join("; ")));
+                    true
+                }
+                CheckDecision::Block(r) => {
+                    alerts.push(format!("execve {} blocked: {}", check.path, r.join("; ")));
+                    false
+                }
+            },
+        };
+        proto::send(sock.as_fd(), &proto::ExecVerdict { allow }, &[]).is_ok()
     }
 
     fn file_job(
@@ -873,6 +936,7 @@ impl Sandbox {
             kind,
             env: Vec::new(),
             cwd: "/".into(),
+            check_exec: false,
         };
         match self.run_job(
             job,

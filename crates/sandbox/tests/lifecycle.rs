@@ -187,6 +187,33 @@ fn guard_checks_every_command_and_redacts_output() {
     assert_eq!(text(&out.stdout), "key=[REDACTED]\ncurl\n");
     assert!(out.redacted);
     assert_eq!(out.alerts, vec!["network tool".to_string()]);
+    // The command line hides the program; the check of the inner execve still sees it.
+    let out = sb
+        .exec(
+            &ExecRequest::shell(
+                "X=rm; $X -rf / 2>&1; echo rc=$?; ls /usr >/dev/null && echo ls-ok",
+            )
+            .timeout(T),
+        )
+        .unwrap();
+    let s = text(&out.stdout);
+    assert!(s.contains("rc=126"), "{s}");
+    assert!(s.contains("ls-ok"), "other execs are allowed: {s}");
+    assert!(
+        out.alerts.iter().any(|a| a.contains("execve")
+            && a.contains("blocked")
+            && a.contains("recursive delete")),
+        "{:?}",
+        out.alerts
+    );
+    // Many execs in a tree (each one checked) still work.
+    let out = sb
+        .exec(
+            &ExecRequest::shell("for i in 1 2 3 4 5 6 7 8; do /bin/echo $i | cat; done | wc -l")
+                .timeout(T),
+        )
+        .unwrap();
+    assert_eq!(text(&out.stdout).trim(), "8");
 }
 
 fn children_of_us() -> Vec<i32> {

@@ -207,6 +207,17 @@ async fn get_job(State(a): State<App>, c: Caller, Path(n): Path<String>) -> R {
 async fn cancel_job(State(a): State<App>, c: Caller, Path(n): Path<String>) -> R {
     ok(a.plane.cancel_job(&c, &n).await?)
 }
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LogsQuery {
+    #[serde(default)]
+    task: Option<String>,
+}
+
+async fn job_logs(State(a): State<App>, c: Caller, Path(n): Path<String>, Q(q): Q<LogsQuery>) -> R {
+    let text = a.plane.job_logs(&c, &n, q.task.as_deref()).await?;
+    Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response())
+}
 async fn list_events(State(a): State<App>, c: Caller) -> R {
     items(a.plane.list_events(&c).await?)
 }
@@ -331,6 +342,7 @@ routes! {
     get "/v1/jobs" list_jobs "List jobs with status and pending reasons" None, 200;
     get "/v1/jobs/{name}" get_job "Get a job" None, 200;
     post "/v1/jobs/{name}/cancel" cancel_job "Cancel a job" None, 200;
+    get "/v1/jobs/{name}/logs" job_logs "Output of the job's tasks on this machine (?task=NAME for one)" None, 200;
     get "/v1/events" list_events "List events" None, 200;
     get "/v1/audit" list_audit "The audit log: who changed what (admins)" None, 200;
     get "/v1/watch" watch "Watch changes as server-sent events (?kind=job|queue|event&after=REVISION)" None, 200;

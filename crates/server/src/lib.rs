@@ -9,6 +9,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod exec;
 pub mod metrics;
 pub mod node;
 pub mod plane;
@@ -35,6 +36,9 @@ pub struct ServerConfig {
     pub schedule_period: Duration,
     /// Register the local machine as a node at start.
     pub register_local_node: bool,
+    /// Run the tasks bound to the local node as child processes, with their logs
+    /// in this folder (needs `register_local_node`).
+    pub executor_logs: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for ServerConfig {
@@ -44,6 +48,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("body_limit", &self.body_limit)
             .field("scheduler", &self.scheduler.is_some())
             .field("schedule_period", &self.schedule_period)
+            .field("executor_logs", &self.executor_logs)
             .finish()
     }
 }
@@ -56,6 +61,7 @@ impl Default for ServerConfig {
             scheduler: Some(scheduler::batch_scheduler()),
             schedule_period: Duration::from_secs(1),
             register_local_node: true,
+            executor_logs: None,
         }
     }
 }
@@ -91,11 +97,12 @@ pub enum StartError {
 /// Bootstraps the store (first start), registers the local node, starts the
 /// scheduler loop and the HTTP server.
 pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartError> {
-    let plane = ControlPlane::new(store.clone());
+    let plane = ControlPlane::new(store.clone()).with_logs(cfg.executor_logs.clone());
     let admin_key = plane.bootstrap().await.map_err(StartError::Bootstrap)?;
+    let local = node::local_node();
     if cfg.register_local_node {
         plane
-            .upsert_node(&node::local_node())
+            .upsert_node(&local)
             .await
             .map_err(StartError::Bootstrap)?;
     }
@@ -119,6 +126,16 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
             cfg.schedule_period,
             stop_rx.clone(),
             metrics.clone(),
+        )));
+    }
+    if let (true, Some(logs)) = (cfg.register_local_node, cfg.executor_logs.clone()) {
+        tasks.push(tokio::spawn(exec::run_executor(
+            plane.store().clone(),
+            exec::ExecConfig {
+                node: local.name.clone(),
+                logs,
+            },
+            stop_rx.clone(),
         )));
     }
     let app = api::router(api::App {

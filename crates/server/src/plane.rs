@@ -170,6 +170,7 @@ type AuthCache =
 pub struct ControlPlane {
     store: AnyStore,
     auth_cache: std::sync::Arc<AuthCache>,
+    logs: Option<std::path::PathBuf>,
 }
 
 impl ControlPlane {
@@ -177,7 +178,14 @@ impl ControlPlane {
         ControlPlane {
             store,
             auth_cache: Default::default(),
+            logs: None,
         }
+    }
+
+    /// Where the local executor writes task logs (for `GET /v1/jobs/{name}/logs`).
+    pub fn with_logs(mut self, logs: Option<std::path::PathBuf>) -> Self {
+        self.logs = logs;
+        self
     }
 
     fn forget_credentials(&self) {
@@ -739,7 +747,7 @@ impl ControlPlane {
             .await?
             .ok_or_else(|| ApiError::not_found(format!("job {name:?}")))?;
         let mut job: JobBody = from_value(&o)?;
-        if job.status.phase == Phase::Cancelled {
+        if job.status.phase.is_final() {
             return Ok(render(&o));
         }
         job.status = JobStatus {
@@ -766,6 +774,52 @@ impl ControlPlane {
             ])
             .await?;
         Ok(render(&out[0]))
+    }
+
+    /// The output of a job's tasks that ran on this machine (the last 1 MiB of each).
+    pub async fn job_logs(
+        &self,
+        c: &Caller,
+        name: &str,
+        task: Option<&str>,
+    ) -> Result<String, ApiError> {
+        c.require(Role::Viewer)?;
+        // Names go into a path: only valid names get that far.
+        check_name("name", name).map_err(|_| ApiError::not_found(format!("job {name:?}")))?;
+        let o = self
+            .store
+            .get(&Key::new(kind::JOB, &c.tenant, name))
+            .await?
+            .ok_or_else(|| ApiError::not_found(format!("job {name:?}")))?;
+        let job: JobBody = from_value(&o)?;
+        let Some(logs) = &self.logs else {
+            return Err(ApiError::not_found("logs: this server runs no executor"));
+        };
+        let tasks: Vec<&str> = match task {
+            Some(t) => {
+                if !job.spec.tasks.iter().any(|x| x.name == t) {
+                    return Err(ApiError::not_found(format!("task {t:?} of job {name:?}")));
+                }
+                vec![t]
+            }
+            None => job.spec.tasks.iter().map(|t| t.name.as_str()).collect(),
+        };
+        let mut out = String::new();
+        for t in &tasks {
+            let path = crate::exec::log_path(logs, &c.tenant, name, t);
+            let text = match std::fs::read(&path) {
+                Ok(b) => {
+                    let from = b.len().saturating_sub(1 << 20);
+                    String::from_utf8_lossy(&b[from..]).into_owned()
+                }
+                Err(_) => String::new(),
+            };
+            if tasks.len() > 1 {
+                out.push_str(&format!("==> {t} <==\n"));
+            }
+            out.push_str(&text);
+        }
+        Ok(out)
     }
 
     // ---- events and audit ----

@@ -139,7 +139,7 @@ impl Cache {
             snap.queues.push(q);
         }
         for ((tenant, name), (_, job)) in &self.jobs {
-            if job.status.phase == Phase::Cancelled {
+            if job.status.phase.is_final() {
                 continue;
             }
             snap.groups.push(group(tenant, name, job));
@@ -216,9 +216,7 @@ pub async fn run_once(
     let with_reason: Vec<String> = cache
         .jobs
         .iter()
-        .filter(|(_, (_, j))| {
-            j.status.phase != Phase::Cancelled && j.status.pending_reason.is_some()
-        })
+        .filter(|(_, (_, j))| !j.status.phase.is_final() && j.status.pending_reason.is_some())
         .map(|((t, n), _)| scoped(t, n))
         .collect();
     touched.extend(with_reason.iter().map(String::as_str));
@@ -228,7 +226,7 @@ pub async fn run_once(
             continue;
         };
         if let Some((v, j)) = cache.jobs.get(&(t.to_string(), n.to_string()))
-            && j.status.phase != Phase::Cancelled
+            && !j.status.phase.is_final()
         {
             index.insert(g.to_string(), (Key::new(kind::JOB, t, n), *v, j.clone()));
         }
@@ -255,6 +253,7 @@ pub async fn run_once(
                 TaskStatus {
                     node: b.node.clone(),
                     gpus: b.gpus.clone(),
+                    ..TaskStatus::default()
                 },
             );
             bound

@@ -106,8 +106,28 @@ pub enum Phase {
     Pending,
     /// At least `min_member` tasks are bound.
     Running,
+    /// Every task ran and exited with status 0.
+    Succeeded,
+    /// A task exited with a non-zero status, could not start, or was lost.
+    Failed,
     /// Cancelled by a user; its tasks are released.
     Cancelled,
+}
+
+impl Phase {
+    /// Whether the job is over: the scheduler no longer considers it.
+    pub fn is_final(self) -> bool {
+        matches!(self, Phase::Succeeded | Phase::Failed | Phase::Cancelled)
+    }
+}
+
+/// Where a bound task's process is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskState {
+    Running,
+    Succeeded,
+    Failed,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Deserialize, Serialize)]
@@ -115,6 +135,13 @@ pub struct TaskStatus {
     pub node: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<u32>,
+    /// Set by the executor once it started the task's process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<TaskState>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Deserialize, Serialize)]

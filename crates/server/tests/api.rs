@@ -52,6 +52,7 @@ async fn env() -> Env {
             scheduler: Some(Arc::new(bind_all)),
             schedule_period: Duration::from_millis(100),
             register_local_node: true,
+            executor_logs: Some(dir.path().join("logs")),
         },
     )
     .await
@@ -655,4 +656,101 @@ async fn openapi_lists_every_route_and_each_requires_a_key() {
     let n: u64 = line.rsplit(' ').next().unwrap().parse().unwrap();
     assert!(n >= tessera_server::api::ROUTES.len() as u64, "{m}");
     assert!(m.contains("tessera_scheduler_rounds_total"), "{m}");
+}
+
+async fn wait_for(e: &Env, key: &str, job: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    let mut v = Value::Null;
+    for _ in 0..400 {
+        (_, v) = e
+            .call(Some(key), Method::GET, &format!("/v1/jobs/{job}"), None)
+            .await;
+        if pred(&v) {
+            return v;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("job {job} never got there: {v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn executor_runs_bound_tasks_and_records_how_they_end() {
+    let e = env().await;
+    let a = e.tenant("alpha").await;
+    let b = e.tenant("beta").await;
+    e.call(
+        Some(&a),
+        Method::POST,
+        "/v1/queues",
+        Some(json!({"name": "q"})),
+    )
+    .await;
+    let mut ok = job("ok", 2);
+    for t in ok["tasks"].as_array_mut().unwrap() {
+        t["command"] = json!([
+            "sh",
+            "-c",
+            "echo hello-$TESSERA_TASK gpus=[$CUDA_VISIBLE_DEVICES]"
+        ]);
+    }
+    let (st, v) = e.call(Some(&a), Method::POST, "/v1/jobs", Some(ok)).await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    let v = wait_for(&e, &a, "ok", |v| v["status"]["phase"] == "succeeded").await;
+    assert_eq!(v["status"]["tasks"]["t1"]["exit_code"], 0, "{v}");
+    let logs = e
+        .http
+        .get(format!("{}/v1/jobs/ok/logs", e.base))
+        .bearer_auth(&a)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(logs.status(), StatusCode::OK);
+    let text = logs.text().await.unwrap();
+    assert!(
+        text.contains("hello-t0 gpus=[]") && text.contains("hello-t1"),
+        "{text}"
+    );
+    // Another tenant cannot read them.
+    let (st, _) = e
+        .call(Some(&b), Method::GET, "/v1/jobs/ok/logs", None)
+        .await;
+    assert_eq!(st, StatusCode::NOT_FOUND);
+
+    let mut bad = job("bad", 1);
+    bad["tasks"][0]["command"] = json!(["sh", "-c", "exit 3"]);
+    e.call(Some(&a), Method::POST, "/v1/jobs", Some(bad)).await;
+    let v = wait_for(&e, &a, "bad", |v| v["status"]["phase"] == "failed").await;
+    assert_eq!(v["status"]["tasks"]["t0"]["exit_code"], 3, "{v}");
+
+    let mut missing = job("missing", 1);
+    missing["tasks"][0]["command"] = json!(["/nonexistent/binary"]);
+    e.call(Some(&a), Method::POST, "/v1/jobs", Some(missing))
+        .await;
+    let v = wait_for(&e, &a, "missing", |v| v["status"]["phase"] == "failed").await;
+    assert!(
+        v["status"]["tasks"]["t0"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("nonexistent"),
+        "{v}"
+    );
+
+    let mut sleeper = job("sleeper", 1);
+    sleeper["tasks"][0]["command"] = json!(["sleep", "60"]);
+    e.call(Some(&a), Method::POST, "/v1/jobs", Some(sleeper))
+        .await;
+    wait_for(&e, &a, "sleeper", |v| {
+        v["status"]["tasks"]["t0"]["state"] == "running"
+    })
+    .await;
+    let (st, _) = e
+        .call(Some(&a), Method::POST, "/v1/jobs/sleeper/cancel", None)
+        .await;
+    assert_eq!(st, StatusCode::OK);
+    let v = wait_for(&e, &a, "sleeper", |v| v["status"]["phase"] == "cancelled").await;
+    assert!(
+        v["status"]["tasks"]
+            .as_object()
+            .is_none_or(|m| m.is_empty()),
+        "{v}"
+    );
 }

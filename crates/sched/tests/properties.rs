@@ -505,3 +505,97 @@ proptest! {
         prop_assert_eq!(plan, schedule(&shuffled, &Config::default()));
     }
 }
+
+/// Arbitrary, inconsistent snapshots: unknown queues and nodes, duplicate names,
+/// devices out of range, over-full nodes, odd GPU requests, queue cycles. The
+/// scheduler must still return a plan, not panic.
+fn messy() -> impl Strategy<Value = Snapshot> {
+    let name = prop::sample::select(vec!["a", "b", "c", "x"]);
+    let gpu = prop_oneof![
+        Just(GpuRequest::None),
+        (0u32..10).prop_map(|count| GpuRequest::Whole {
+            count,
+            models: vec![]
+        }),
+        (0u32..2000, 0u64..(64 << 30)).prop_map(|(milli, memory)| GpuRequest::Shared {
+            milli,
+            memory,
+            models: vec![]
+        }),
+    ];
+    let task = (
+        name.clone(),
+        0u64..100_000,
+        gpu,
+        prop::option::of(name.clone()),
+        prop::collection::vec(0u32..12, 0..3),
+        prop::option::of(-5i32..5),
+    )
+        .prop_map(|(n, cpu, gpu, node, gpu_indices, priority)| {
+            let mut t = Task::new(n, Resources::new(cpu, 0)).with_gpu(gpu);
+            t.node = node.map(str::to_string);
+            t.gpu_indices = gpu_indices;
+            t.priority = priority;
+            t
+        });
+    let group = (
+        name.clone(),
+        name.clone(),
+        0u32..6,
+        -3i32..3,
+        prop::collection::vec(task, 0..5),
+    )
+        .prop_map(|(n, q, min, p, tasks)| {
+            let mut g = PodGroup::new(n, q, min);
+            g.priority = p;
+            g.tasks = tasks;
+            g
+        });
+    let node = (name.clone(), 0u64..64_000, 0u64..3, 0u32..9, any::<bool>()).prop_map(
+        |(n, cpu, pods, gpus, cordon)| {
+            let mut node = Node::new(
+                n,
+                Resources::new(cpu, 1 << 34)
+                    .with_gpu_milli(u64::from(gpus) * 1000)
+                    .with_pods(pods),
+            );
+            node.gpus = (0..gpus).map(|i| GpuDevice::new(i, "T", 1 << 34)).collect();
+            node.unschedulable = cordon;
+            node
+        },
+    );
+    let queue = (
+        name.clone(),
+        prop::option::of(name),
+        0u32..3,
+        prop::option::of(0u64..8_000),
+    )
+        .prop_map(|(n, p, w, cap)| {
+            let mut q = Queue::new(n);
+            q.parent = p.map(str::to_string);
+            q.weight = w;
+            q.capability = cap.map(|c| Resources::new(c, u64::MAX));
+            q
+        });
+    (
+        prop::collection::vec(node, 0..4),
+        prop::collection::vec(queue, 0..4),
+        prop::collection::vec(group, 0..5),
+    )
+        .prop_map(|(nodes, queues, groups)| Snapshot {
+            nodes,
+            queues,
+            groups,
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, .. ProptestConfig::default() })]
+
+    #[test]
+    fn inconsistent_snapshots_still_plan(snap in messy()) {
+        let plan = schedule(&snap, &Config::default());
+        // And the same input still gives the same plan.
+        prop_assert_eq!(&plan, &schedule(&snap, &Config::default()));
+    }
+}

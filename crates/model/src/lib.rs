@@ -8,12 +8,14 @@
 //! mapping to their CRDs stays one to one.
 
 pub mod group;
+pub mod mig;
 pub mod node;
 pub mod plan;
 pub mod quantity;
 pub mod queue;
 pub mod resources;
 pub mod snapshot;
+pub mod topology;
 
 pub use group::{GpuRequest, GroupKind, PodGroup, Task, TaskId};
 pub use node::{GpuDevice, Node, Taint, TaintEffect, Toleration, TolerationOperator};

@@ -66,6 +66,9 @@ pub struct GpuDevice {
     /// NUMA node the GPU is attached to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub numa: Option<u32>,
+    /// The GPU's MIG partitioning, when MIG is enabled on it (see [`crate::mig`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig: Option<crate::mig::MigLayout>,
 }
 
 impl GpuDevice {
@@ -77,6 +80,7 @@ impl GpuDevice {
             nvlink_domain: None,
             pcie_root: None,
             numa: None,
+            mig: None,
         }
     }
 }

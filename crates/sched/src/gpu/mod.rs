@@ -78,7 +78,7 @@ impl NodeGpus {
     }
 
     fn model_ok(slot: &GpuSlot, models: &[String]) -> bool {
-        models.is_empty() || models.iter().any(|m| *m == slot.model)
+        models.is_empty() || models.contains(&slot.model)
     }
 
     /// Chooses GPUs for `req`, or `None` if this node cannot hold it.

@@ -6,8 +6,8 @@
 //! scale (0..100), so that ties happen where they happen there. Ties go to the
 //! node of lowest rank in a tie-break order the caller sets (the simulator's
 //! scheduler picks the smallest node name, and names carry a random per-run
-//! prefix). `fgd-bf` is ours: FGD's fragmentation gradient without the integer
-//! rounding, with best fit to break what is left of the ties.
+//! prefix). `fgd-mem` is ours: FGD with memory in the target workload, so that
+//! GPUs stranded behind exhausted host memory count as fragmented.
 //!
 //! Everything is pure: the caller owns the cluster state and passes randomness in
 //! through [`RandomSource`].
@@ -38,8 +38,10 @@ pub enum Policy {
     Packing,
     BestFit,
     Fgd,
-    /// Ours: exact fragmentation gradient, best-fit tie-break.
-    FgdBf,
+    /// Ours: FGD whose target workload also knows memory (a node that cannot
+    /// give a typical pod its memory cannot run it). Uses whatever workload the
+    /// [`GpuCluster`] was built with; callers give it one with memory.
+    FgdMem,
 }
 
 impl Policy {
@@ -50,7 +52,7 @@ impl Policy {
         Policy::Packing,
         Policy::BestFit,
         Policy::Fgd,
-        Policy::FgdBf,
+        Policy::FgdMem,
     ];
 
     pub fn name(self) -> &'static str {
@@ -61,13 +63,13 @@ impl Policy {
             Policy::Packing => "packing",
             Policy::BestFit => "bestfit",
             Policy::Fgd => "fgd",
-            Policy::FgdBf => "fgd-bf",
+            Policy::FgdMem => "fgd-mem",
         }
     }
 
     /// Whether the policy needs the target workload (fragmentation).
     pub fn uses_workload(self) -> bool {
-        matches!(self, Policy::Fgd | Policy::FgdBf)
+        matches!(self, Policy::Fgd | Policy::FgdMem)
     }
 }
 
@@ -390,14 +392,10 @@ impl GpuCluster {
                         fgd_delta(&self.workload, node, self.frag[i], pod, &mut scratch, true);
                     (d, 0.0, g)
                 }
-                Policy::FgdBf => {
+                Policy::FgdMem => {
                     let (d, g) =
-                        fgd_delta(&self.workload, node, self.frag[i], pod, &mut scratch, false);
-                    let k: f64 = std::env::var("K")
-                        .ok()
-                        .and_then(|v| v.parse().ok())
-                        .unwrap_or(100.0);
-                    ((sigmoid(d / 1000.0) * k).floor(), 0.0, g)
+                        fgd_delta(&self.workload, node, self.frag[i], pod, &mut scratch, true);
+                    (d, 0.0, g)
                 }
             };
             let better = match &best {
@@ -420,7 +418,7 @@ impl GpuCluster {
             Vec::new()
         } else if pod.is_share() {
             let g = match (policy, hint) {
-                (Policy::Fgd | Policy::FgdBf, Some(g)) => Some(g),
+                (Policy::Fgd | Policy::FgdMem, Some(g)) => Some(g),
                 (Policy::Random, _) => random_fit_gpu(n, pod.milli, rng),
                 _ => n.best_fit_gpu(pod.milli),
             };
@@ -563,10 +561,6 @@ fn best_fit_score(n: &NodeState, pod: &PodShape) -> i64 {
         return 0;
     }
     ((1.0 - best_fit_left(n, pod)) * MAX_SCORE as f64) as i64
-}
-
-fn best_fit_raw(n: &NodeState, pod: &PodShape) -> f64 {
-    -best_fit_left(n, pod)
 }
 
 fn sigmoid(x: f64) -> f64 {

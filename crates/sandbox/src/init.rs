@@ -689,7 +689,9 @@ fn runner(st: &mut State, job: Job, fds: [OwnedFd; 4], exec_sock: Option<OwnedFd
     let mut first_exec_seen = false;
     let mut chunk = [0u8; 4096];
     loop {
-        // Reap first: the job may already be gone.
+        // Reap first: the job may already be gone. Only this loop calls waitpid, so no
+        // status is ever reaped and dropped.
+        let mut no_children = false;
         loop {
             match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
                 Ok(WaitStatus::Exited(p, c)) if p == child => {
@@ -702,16 +704,16 @@ fn runner(st: &mut State, job: Job, fds: [OwnedFd; 4], exec_sock: Option<OwnedFd
                 }
                 Ok(WaitStatus::StillAlive) => break,
                 Ok(_) | Err(Errno::EINTR) => {}
-                Err(_) => break,
+                Err(_) => {
+                    no_children = true;
+                    break;
+                }
             }
         }
-        let no_children =
-            waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) == Err(Errno::ECHILD);
-        if job_status.is_some() && no_children && err_r.is_none() {
+        if no_children && err_r.is_none() {
+            // Everything is reaped and the error pipe is closed: done (a missing
+            // status is reported below).
             break;
-        }
-        if job_status.is_none() && no_children && err_r.is_none() {
-            break; // the job vanished without a status we saw; report below
         }
         let mut pfds = vec![PollFd::new(sfd.as_fd(), PollFlags::POLLIN)];
         if let Some(r) = &err_r {

@@ -893,16 +893,27 @@ impl Sandbox {
         if argv.is_empty() {
             argv.push(check.path.clone());
         }
+        let cmd = crate::Command::Argv(argv);
+        let mut note = |msg: String| {
+            // A PATH search tries the same argv in several directories: report it once.
+            if !alerts.contains(&msg) {
+                alerts.push(msg);
+            }
+        };
         let allow = match &self.rt.guard {
             None => true,
-            Some(g) => match g.check(self.rt.tenant.as_deref(), &crate::Command::Argv(argv)) {
+            Some(g) => match g.check(self.rt.tenant.as_deref(), &cmd) {
                 CheckDecision::Allow => true,
                 CheckDecision::Alert(r) => {
-                    alerts.push(format!("execve {}: {}", check.path, r.join("; ")));
+                    note(format!("execve `{}`: {}", cmd.display(), r.join("; ")));
                     true
                 }
                 CheckDecision::Block(r) => {
-                    alerts.push(format!("execve {} blocked: {}", check.path, r.join("; ")));
+                    note(format!(
+                        "execve `{}` blocked: {}",
+                        cmd.display(),
+                        r.join("; ")
+                    ));
                     false
                 }
             },

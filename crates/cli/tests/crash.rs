@@ -134,7 +134,12 @@ async fn crash_rounds(args: Vec<String>) {
     for n in nodes["items"].as_array().unwrap() {
         let name = n["name"].as_str().unwrap();
         let (mut pods, mut cpu) = (0u64, 0u64);
-        for j in items {
+        // Jobs that are over hold nothing (the scheduler frees their tasks).
+        let active = items.iter().filter(|j| {
+            !["succeeded", "failed", "cancelled"]
+                .contains(&j["status"]["phase"].as_str().unwrap_or(""))
+        });
+        for j in active {
             for (t, st) in j["status"]["tasks"].as_object().into_iter().flatten() {
                 if st["node"] == name {
                     pods += 1;

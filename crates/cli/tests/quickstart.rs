@@ -77,6 +77,24 @@ fn quick_start_from_the_docs() {
         ["hello", "default", "running", "2/2", "-"],
         "{list}"
     );
+    // The tasks run, print, and end.
+    let mut phase = String::new();
+    for _ in 0..400 {
+        let (_, out, _) = tessera(&server, &key, &["job", "get", "hello", "-o", "json"]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        phase = v["status"]["phase"].as_str().unwrap_or("").to_string();
+        if phase == "succeeded" {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(phase, "succeeded");
+    let (c, out, err) = tessera(&server, &key, &["job", "logs", "hello"]);
+    assert_eq!(c, 0, "{err}");
+    assert!(
+        out.contains("hello from worker-0") && out.contains("hello from worker-1"),
+        "{out}"
+    );
     let (c, out, _) = tessera(&server, &key, &["node", "list", "-o", "json"]);
     assert_eq!(c, 0);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -112,5 +130,5 @@ fn quick_start_from_the_docs() {
     let (c, out, _) = tessera(&again, &key, &["job", "get", "hello", "-o", "json"]);
     assert_eq!(c, 0);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(v["status"]["phase"], "running");
+    assert_eq!(v["status"]["phase"], "succeeded");
 }

@@ -7,8 +7,8 @@
 //! Protocol with the store: before starting a task the executor marks it `running`
 //! with compare-and-swap, so a task is started at most once even across restarts. A
 //! task found `running` at start without a process of ours was lost with the
-//! previous control plane and is marked `failed`. A task without a command holds its
-//! resources until the job is cancelled.
+//! previous control plane and is marked `failed`. A task without a command has no
+//! process and no state: it holds its resources until the job is cancelled.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -182,11 +182,18 @@ impl Executor {
         if job.status.phase != Phase::Running {
             return;
         }
+        // Tasks without a command have no process: they only hold their resources.
+        let has_command = |n: &str| {
+            job.spec
+                .tasks
+                .iter()
+                .any(|t| t.name == n && !t.command.is_empty())
+        };
         let start: Vec<String> = job
             .status
             .tasks
             .iter()
-            .filter(|(_, st)| st.node == self.cfg.node && st.state.is_none())
+            .filter(|(n, st)| st.node == self.cfg.node && st.state.is_none() && has_command(n))
             .map(|(n, _)| n.clone())
             .collect();
         if start.is_empty() {
@@ -220,9 +227,6 @@ impl Executor {
                 .map(|s| s.gpus.clone())
                 .unwrap_or_default();
             let task = (o.tenant.clone(), o.name.clone(), n.clone());
-            if spec.command.is_empty() {
-                continue;
-            }
             match self.spawn(&task, &spec.command, &gpus) {
                 Ok(kill) => {
                     self.children.insert(task, kill);

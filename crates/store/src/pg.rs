@@ -12,6 +12,7 @@ use std::str::FromStr;
 use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{PgPool, Row};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::sqlite::check_version;
 use crate::{Change, ChangeOp, Key, Listing, Object, Op, Store, StoreError, check_ops};
@@ -21,7 +22,13 @@ use crate::{Change, ChangeOp, Key, Listing, Object, Op, Store, StoreError, check
 pub struct PgStore {
     pool: PgPool,
     notify: std::sync::Arc<tokio::sync::watch::Sender<u64>>,
+    writer: mpsc::UnboundedSender<Request>,
 }
+
+type Request = (Vec<Op>, oneshot::Sender<Result<Vec<Object>, StoreError>>);
+
+/// Requests one group commit takes at most.
+const GROUP: usize = 512;
 
 impl std::fmt::Debug for PgStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -109,9 +116,13 @@ impl PgStore {
         }
         let top = revision(&pool).await?;
         let (notify, _) = tokio::sync::watch::channel(top);
+        let notify = std::sync::Arc::new(notify);
+        let (writer, rx) = mpsc::unbounded_channel();
+        tokio::spawn(write_loop(pool.clone(), rx, notify.clone()));
         Ok(PgStore {
             pool,
-            notify: std::sync::Arc::new(notify),
+            notify,
+            writer,
         })
     }
 
@@ -218,103 +229,11 @@ impl Store for PgStore {
 
     async fn commit(&self, ops: Vec<Op>) -> Result<Vec<Object>, StoreError> {
         check_ops(&ops)?;
-        let mut tx = self.pool.begin().await.map_err(be)?;
-        let top: i64 = sqlx::query(
-            "UPDATE tessera_revision SET version = version + $1 WHERE id = 1 RETURNING version",
-        )
-        .bind(ops.len() as i64)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(be)?
-        .try_get(0)
-        .map_err(be)?;
-        let mut version = top - ops.len() as i64;
-        let mut out = Vec::with_capacity(ops.len());
-        for op in &ops {
-            // Dropping `tx` on an early return rolls the whole commit back.
-            version += 1;
-            let key = op.key();
-            let cur = sqlx::query(
-                "SELECT version, body FROM tessera_objects WHERE kind=$1 AND tenant=$2 AND name=$3",
-            )
-            .bind(&key.kind)
-            .bind(&key.tenant)
-            .bind(&key.name)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(be)?;
-            let cur: Option<(u64, String)> = match cur {
-                Some(r) => Some((
-                    r.try_get::<i64, _>(0).map_err(be)? as u64,
-                    r.try_get(1).map_err(be)?,
-                )),
-                None => None,
-            };
-            let (change, text, body): (ChangeOp, String, Value) = match (op, cur) {
-                (Op::Create { .. }, Some(_)) => return Err(StoreError::AlreadyExists(key.clone())),
-                (Op::Create { body, .. }, None) => {
-                    (ChangeOp::Created, body.to_string(), body.clone())
-                }
-                (Op::Update { .. } | Op::Delete { .. }, None) => {
-                    return Err(StoreError::NotFound(key.clone()));
-                }
-                (Op::Update { expected, body, .. }, Some((v, _))) => {
-                    check_version(key, *expected, v)?;
-                    (ChangeOp::Updated, body.to_string(), body.clone())
-                }
-                (Op::Delete { expected, .. }, Some((v, old))) => {
-                    check_version(key, *expected, v)?;
-                    let body = serde_json::from_str(&old).map_err(be)?;
-                    (ChangeOp::Deleted, old, body)
-                }
-            };
-            let written = match change {
-                ChangeOp::Deleted => {
-                    sqlx::query("DELETE FROM tessera_objects WHERE kind=$1 AND tenant=$2 AND name=$3")
-                        .bind(&key.kind)
-                        .bind(&key.tenant)
-                        .bind(&key.name)
-                        .execute(&mut *tx)
-                        .await
-                }
-                _ => {
-                    sqlx::query(
-                        "INSERT INTO tessera_objects (kind, tenant, name, version, body) VALUES ($1, $2, $3, $4, $5)
-                         ON CONFLICT (kind, tenant, name) DO UPDATE SET version = EXCLUDED.version, body = EXCLUDED.body",
-                    )
-                    .bind(&key.kind)
-                    .bind(&key.tenant)
-                    .bind(&key.name)
-                    .bind(version)
-                    .bind(&text)
-                    .execute(&mut *tx)
-                    .await
-                }
-            };
-            written.map_err(be)?;
-            sqlx::query(
-                "INSERT INTO tessera_changes (version, op, kind, tenant, name, body) VALUES ($1, $2, $3, $4, $5, $6)",
-            )
-            .bind(version)
-            .bind(change.code() as i16)
-            .bind(&key.kind)
-            .bind(&key.tenant)
-            .bind(&key.name)
-            .bind(&text)
-            .execute(&mut *tx)
-            .await
-            .map_err(be)?;
-            out.push(Object {
-                kind: key.kind.clone(),
-                tenant: key.tenant.clone(),
-                name: key.name.clone(),
-                version: version as u64,
-                body,
-            });
-        }
-        tx.commit().await.map_err(be)?;
-        self.notify.send_replace(top as u64);
-        Ok(out)
+        let (tx, rx) = oneshot::channel();
+        self.writer
+            .send((ops, tx))
+            .map_err(|_| StoreError::Closed)?;
+        rx.await.map_err(|_| StoreError::Closed)?
     }
 
     async fn changes(&self, after: u64, limit: usize) -> Result<Vec<Change>, StoreError> {
@@ -343,4 +262,172 @@ impl Store for PgStore {
     fn notifier(&self) -> tokio::sync::watch::Receiver<u64> {
         self.notify.subscribe()
     }
+}
+
+/// The one writer of this process: takes every waiting request into one
+/// transaction, each in its own savepoint (a failing request rolls back alone), and
+/// commits once.
+async fn write_loop(
+    pool: PgPool,
+    mut rx: mpsc::UnboundedReceiver<Request>,
+    notify: std::sync::Arc<tokio::sync::watch::Sender<u64>>,
+) {
+    while let Some(first) = rx.recv().await {
+        let mut group = vec![first];
+        while group.len() < GROUP {
+            match rx.try_recv() {
+                Ok(r) => group.push(r),
+                Err(_) => break,
+            }
+        }
+        match commit_group(&pool, &group).await {
+            Ok((results, top)) => {
+                if let Some(top) = top {
+                    notify.send_replace(top);
+                }
+                for ((_, reply), r) in group.into_iter().zip(results) {
+                    let _ = reply.send(r);
+                }
+            }
+            Err(e) => {
+                for (_, reply) in group {
+                    let _ = reply.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+}
+
+type GroupResult = (Vec<Result<Vec<Object>, StoreError>>, Option<u64>);
+
+async fn commit_group(pool: &PgPool, group: &[Request]) -> Result<GroupResult, StoreError> {
+    let mut tx = pool.begin().await.map_err(be)?;
+    let mut out = Vec::with_capacity(group.len());
+    let mut top = None;
+    for (ops, _) in group {
+        sqlx::query("SAVEPOINT req")
+            .execute(&mut *tx)
+            .await
+            .map_err(be)?;
+        match apply(&mut tx, ops).await {
+            Ok((objs, t)) => {
+                sqlx::query("RELEASE SAVEPOINT req")
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(be)?;
+                top = Some(t);
+                out.push(Ok(objs));
+            }
+            Err(e @ StoreError::Backend(_)) => return Err(e),
+            Err(e) => {
+                sqlx::query("ROLLBACK TO SAVEPOINT req")
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(be)?;
+                sqlx::query("RELEASE SAVEPOINT req")
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(be)?;
+                out.push(Err(e));
+            }
+        }
+    }
+    tx.commit().await.map_err(be)?;
+    Ok((out, top))
+}
+
+/// Applies one request inside the open transaction `tx`; returns the written
+/// objects and the new top revision.
+async fn apply(tx: &mut sqlx::PgConnection, ops: &[Op]) -> Result<(Vec<Object>, u64), StoreError> {
+    let top: i64 = sqlx::query(
+        "UPDATE tessera_revision SET version = version + $1 WHERE id = 1 RETURNING version",
+    )
+    .bind(ops.len() as i64)
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(be)?
+    .try_get(0)
+    .map_err(be)?;
+    let mut version = top - ops.len() as i64;
+    let mut out = Vec::with_capacity(ops.len());
+    for op in ops {
+        version += 1;
+        let key = op.key();
+        let cur = sqlx::query(
+            "SELECT version, body FROM tessera_objects WHERE kind=$1 AND tenant=$2 AND name=$3",
+        )
+        .bind(&key.kind)
+        .bind(&key.tenant)
+        .bind(&key.name)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(be)?;
+        let cur: Option<(u64, String)> = match cur {
+            Some(r) => Some((
+                r.try_get::<i64, _>(0).map_err(be)? as u64,
+                r.try_get(1).map_err(be)?,
+            )),
+            None => None,
+        };
+        let (change, text, body): (ChangeOp, String, Value) = match (op, cur) {
+            (Op::Create { .. }, Some(_)) => return Err(StoreError::AlreadyExists(key.clone())),
+            (Op::Create { body, .. }, None) => (ChangeOp::Created, body.to_string(), body.clone()),
+            (Op::Update { .. } | Op::Delete { .. }, None) => {
+                return Err(StoreError::NotFound(key.clone()));
+            }
+            (Op::Update { expected, body, .. }, Some((v, _))) => {
+                check_version(key, *expected, v)?;
+                (ChangeOp::Updated, body.to_string(), body.clone())
+            }
+            (Op::Delete { expected, .. }, Some((v, old))) => {
+                check_version(key, *expected, v)?;
+                let body = serde_json::from_str(&old).map_err(be)?;
+                (ChangeOp::Deleted, old, body)
+            }
+        };
+        let written = match change {
+            ChangeOp::Deleted => {
+                sqlx::query("DELETE FROM tessera_objects WHERE kind=$1 AND tenant=$2 AND name=$3")
+                    .bind(&key.kind)
+                    .bind(&key.tenant)
+                    .bind(&key.name)
+                    .execute(&mut *tx)
+                    .await
+            }
+            _ => {
+                sqlx::query(
+                    "INSERT INTO tessera_objects (kind, tenant, name, version, body) VALUES ($1, $2, $3, $4, $5)
+                     ON CONFLICT (kind, tenant, name) DO UPDATE SET version = EXCLUDED.version, body = EXCLUDED.body",
+                )
+                .bind(&key.kind)
+                .bind(&key.tenant)
+                .bind(&key.name)
+                .bind(version)
+                .bind(&text)
+                .execute(&mut *tx)
+                .await
+            }
+        };
+        written.map_err(be)?;
+        sqlx::query(
+            "INSERT INTO tessera_changes (version, op, kind, tenant, name, body) VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(version)
+        .bind(change.code() as i16)
+        .bind(&key.kind)
+        .bind(&key.tenant)
+        .bind(&key.name)
+        .bind(&text)
+        .execute(&mut *tx)
+        .await
+        .map_err(be)?;
+        out.push(Object {
+            kind: key.kind.clone(),
+            tenant: key.tenant.clone(),
+            name: key.name.clone(),
+            version: version as u64,
+            body,
+        });
+    }
+    Ok((out, top as u64))
 }

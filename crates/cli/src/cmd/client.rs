@@ -67,6 +67,13 @@ pub enum JobCommand {
         #[command(flatten)]
         out: Out,
     },
+    /// Print the output of a job's tasks (those that ran on the server's machine).
+    Logs {
+        name: String,
+        /// Only this task.
+        #[arg(long)]
+        task: Option<String>,
+    },
     /// Cancel a job.
     Cancel {
         name: String,
@@ -130,11 +137,20 @@ impl Client {
             )
         })?;
         let status = resp.status();
+        let plain = resp
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|c| c.starts_with("text/plain"));
         let text = resp
             .text()
             .await
             .map_err(|e| Failure(EXIT_FAILURE, format!("reading the reply: {e}")))?;
-        let v: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        let v: Value = if plain {
+            Value::String(text)
+        } else {
+            serde_json::from_str(&text).unwrap_or(Value::String(text))
+        };
         if status.is_success() {
             return Ok(v);
         }
@@ -351,6 +367,18 @@ pub fn job(c: JobCommand) -> i32 {
                         .call(reqwest::Method::GET, &format!("/v1/jobs/{name}"), None)
                         .await?;
                     show(&v, out.format, job_table)
+                }
+                JobCommand::Logs { name, task } => {
+                    let path = match task {
+                        Some(t) => format!("/v1/jobs/{name}/logs?task={t}"),
+                        None => format!("/v1/jobs/{name}/logs"),
+                    };
+                    let v = client.call(reqwest::Method::GET, &path, None).await?;
+                    match v {
+                        Value::String(s) => print!("{s}"),
+                        other => print!("{other}"),
+                    }
+                    Ok(0)
                 }
                 JobCommand::Cancel { name, out } => {
                     let v = client

@@ -12,8 +12,8 @@ use crate::output::{EXIT_BAD_INPUT, EXIT_FAILURE, fail};
 
 #[derive(Debug, Args)]
 pub struct UpArgs {
-    /// Data folder of the embedded store (default: $XDG_DATA_HOME/tessera or
-    /// ~/.local/share/tessera).
+    /// Data folder: the embedded store and task logs (default:
+    /// $XDG_DATA_HOME/tessera or ~/.local/share/tessera).
     #[arg(long, value_name = "DIR")]
     pub data: Option<PathBuf>,
     /// Address to serve the API on.
@@ -70,13 +70,14 @@ pub fn run(a: UpArgs) -> i32 {
 }
 
 async fn serve(a: UpArgs, listen: SocketAddr) -> i32 {
+    let data = a.data.clone().unwrap_or_else(default_data_dir);
     let (store, where_): (AnyStore, String) = match &a.postgres {
         Some(url) => match PgStore::connect_in_schema(url, a.postgres_schema.as_deref()).await {
             Ok(s) => (s.into(), "PostgreSQL".to_string()),
             Err(e) => return fail(EXIT_FAILURE, format!("--postgres: {e}")),
         },
         None => {
-            let dir = a.data.clone().unwrap_or_else(default_data_dir);
+            let dir = data.clone();
             match SqliteStore::open(&dir) {
                 Ok(s) => (s.into(), format!("{}", dir.display())),
                 Err(e) => {
@@ -93,6 +94,7 @@ async fn serve(a: UpArgs, listen: SocketAddr) -> i32 {
         listen,
         body_limit: a.body_limit,
         register_local_node: !a.no_local_node,
+        executor_logs: Some(data.join("logs")),
         ..ServerConfig::default()
     };
     let running = match tessera_server::start(store, cfg).await {

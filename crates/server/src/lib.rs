@@ -12,6 +12,7 @@ pub mod auth;
 pub mod exec;
 pub mod metrics;
 pub mod node;
+pub mod oidc;
 pub mod plane;
 pub mod problem;
 pub mod scheduler;
@@ -39,6 +40,8 @@ pub struct ServerConfig {
     /// Run the tasks bound to the local node as child processes, with their logs
     /// in this folder (needs `register_local_node`).
     pub executor_logs: Option<std::path::PathBuf>,
+    /// Accept OIDC bearer tokens from this issuer too.
+    pub oidc: Option<oidc::OidcConfig>,
 }
 
 impl std::fmt::Debug for ServerConfig {
@@ -62,6 +65,7 @@ impl Default for ServerConfig {
             schedule_period: Duration::from_secs(1),
             register_local_node: true,
             executor_logs: None,
+            oidc: None,
         }
     }
 }
@@ -97,7 +101,9 @@ pub enum StartError {
 /// Bootstraps the store (first start), registers the local node, starts the
 /// scheduler loop and the HTTP server.
 pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartError> {
-    let plane = ControlPlane::new(store.clone()).with_logs(cfg.executor_logs.clone());
+    let plane = ControlPlane::new(store.clone())
+        .with_logs(cfg.executor_logs.clone())
+        .with_oidc(cfg.oidc.clone());
     let admin_key = plane.bootstrap().await.map_err(StartError::Bootstrap)?;
     let local = node::local_node();
     if cfg.register_local_node {

@@ -171,6 +171,7 @@ pub struct ControlPlane {
     store: AnyStore,
     auth_cache: std::sync::Arc<AuthCache>,
     logs: Option<std::path::PathBuf>,
+    oidc: Option<std::sync::Arc<crate::oidc::OidcConfig>>,
 }
 
 impl ControlPlane {
@@ -179,7 +180,14 @@ impl ControlPlane {
             store,
             auth_cache: Default::default(),
             logs: None,
+            oidc: None,
         }
+    }
+
+    /// Accept OIDC bearer tokens validated against this configuration.
+    pub fn with_oidc(mut self, oidc: Option<crate::oidc::OidcConfig>) -> Self {
+        self.oidc = oidc.map(std::sync::Arc::new);
+        self
     }
 
     /// Where the local executor writes task logs (for `GET /v1/jobs/{name}/logs`).
@@ -279,6 +287,9 @@ impl ControlPlane {
             .and_then(|h| h.strip_prefix("Bearer "))
             .map(str::trim)
             .ok_or_else(denied)?;
+        if !text.starts_with(auth::KEY_PREFIX) {
+            return self.authenticate_token(text).await;
+        }
         let (id, secret) = auth::parse_key(text).ok_or_else(denied)?;
         let now_s = now_ms() / 1000;
         let cache_key = auth::fingerprint(text);
@@ -330,6 +341,38 @@ impl ControlPlane {
             );
         }
         Ok(caller)
+    }
+
+    /// An OIDC bearer token: valid signature, issuer, audience and expiry, a tenant
+    /// that exists, and a role binding for its subject there.
+    async fn authenticate_token(&self, token: &str) -> Result<Caller, ApiError> {
+        let denied = || ApiError::unauthenticated("a valid API key or bearer token is required");
+        let oidc = self.oidc.as_ref().ok_or_else(denied)?;
+        let (tenant, subject) = oidc.verify(token).ok_or_else(denied)?;
+        if self
+            .store
+            .get(&Key::new(kind::TENANT, "", &tenant))
+            .await?
+            .is_none()
+        {
+            return Err(denied());
+        }
+        let rb = self
+            .store
+            .get(&Key::new(kind::ROLEBINDING, &tenant, &subject))
+            .await?
+            .ok_or_else(|| {
+                ApiError::forbidden(format!(
+                    "{subject:?} has no role in tenant {tenant:?}: ask an admin to bind one"
+                ))
+            })?;
+        let rb: RoleBinding = from_value(&rb)?;
+        Ok(Caller {
+            tenant,
+            subject,
+            key_id: "oidc".into(),
+            role: rb.role,
+        })
     }
 
     pub fn whoami(&self, c: &Caller) -> Value {

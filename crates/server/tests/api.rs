@@ -53,6 +53,7 @@ async fn env() -> Env {
             schedule_period: Duration::from_millis(100),
             register_local_node: true,
             executor_logs: Some(dir.path().join("logs")),
+            oidc: None,
         },
     )
     .await

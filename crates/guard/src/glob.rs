@@ -21,6 +21,7 @@ pub struct Glob {
     toks: Vec<Tok>,
     text: String,
     path_mode: bool,
+    prefix: String,
 }
 
 impl Glob {
@@ -85,10 +86,18 @@ impl Glob {
             }
             i += 1;
         }
+        let mut prefix = Vec::new();
+        for t in &toks {
+            match t {
+                Tok::Lit(c) => prefix.push(*c),
+                _ => break,
+            }
+        }
         Ok(Glob {
             toks,
             text: pattern.to_string(),
             path_mode,
+            prefix: String::from_utf8_lossy(&prefix).into_owned(),
         })
     }
 
@@ -104,18 +113,88 @@ impl Glob {
 
     /// The leading literal part of the pattern, up to the first wildcard.
     pub fn literal_prefix(&self) -> String {
-        let mut s = Vec::new();
-        for t in &self.toks {
-            match t {
-                Tok::Lit(c) => s.push(*c),
-                _ => break,
-            }
-        }
-        String::from_utf8_lossy(&s).into_owned()
+        self.prefix.clone()
+    }
+
+    /// The leading literal part, borrowed.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
     }
 
     /// Whether the whole of `text` matches.
     pub fn matches(&self, text: &str) -> bool {
+        if !text.as_bytes().starts_with(self.prefix.as_bytes()) {
+            return false;
+        }
+        if self.toks.len() < 128 {
+            return self.matches_bits(text);
+        }
+        self.matches_vec(text)
+    }
+
+    /// The NFA simulation on a 128-bit state set (no allocation).
+    fn matches_bits(&self, text: &str) -> bool {
+        let n = self.toks.len();
+        let closure = |mut v: u128| {
+            for i in 0..n {
+                if v >> i & 1 == 1
+                    && matches!(self.toks[i], Tok::Star | Tok::DStar | Tok::DStarSlash)
+                {
+                    v |= 1 << (i + 1);
+                }
+            }
+            v
+        };
+        let mut cur: u128 = closure(1);
+        for &c in text.as_bytes() {
+            let mut next: u128 = 0;
+            let mut bits = cur;
+            while bits != 0 {
+                let i = bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                if i >= n {
+                    continue;
+                }
+                match &self.toks[i] {
+                    Tok::Lit(l) => {
+                        if *l == c {
+                            next |= 1 << (i + 1);
+                        }
+                    }
+                    Tok::Any => {
+                        if !(self.path_mode && c == b'/') {
+                            next |= 1 << (i + 1);
+                        }
+                    }
+                    Tok::Class { neg, items } => {
+                        let hit = items.iter().any(|&(lo, hi)| lo <= c && c <= hi);
+                        if hit != *neg && !(self.path_mode && c == b'/') {
+                            next |= 1 << (i + 1);
+                        }
+                    }
+                    Tok::Star => {
+                        if c != b'/' {
+                            next |= 1 << i;
+                        }
+                    }
+                    Tok::DStar => next |= 1 << i,
+                    Tok::DStarSlash => {
+                        next |= 1 << i;
+                        if c == b'/' {
+                            next |= 1 << (i + 1);
+                        }
+                    }
+                }
+            }
+            cur = closure(next);
+            if cur == 0 {
+                return false;
+            }
+        }
+        cur >> n & 1 == 1
+    }
+
+    fn matches_vec(&self, text: &str) -> bool {
         let n = self.toks.len();
         let mut cur = vec![false; n + 1];
         let mut next = vec![false; n + 1];

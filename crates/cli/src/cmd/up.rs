@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::Args;
+use tessera_server::oidc::OidcConfig;
 use tessera_server::{AnyStore, PgStore, ServerConfig, SqliteStore};
 
 use crate::output::{EXIT_BAD_INPUT, EXIT_FAILURE, fail};
@@ -33,6 +34,15 @@ pub struct UpArgs {
     /// Do not register this machine as a node.
     #[arg(long)]
     pub no_local_node: bool,
+    /// Also accept OIDC bearer tokens from this issuer (the `iss` claim).
+    #[arg(long, value_name = "URL", requires_all = ["oidc_audience", "oidc_jwks"])]
+    pub oidc_issuer: Option<String>,
+    /// The audience (`aud`) OIDC tokens must carry.
+    #[arg(long, value_name = "AUD", requires = "oidc_issuer")]
+    pub oidc_audience: Option<String>,
+    /// The issuer's JSON Web Key Set, saved from its `jwks_uri`.
+    #[arg(long, value_name = "FILE", requires = "oidc_issuer")]
+    pub oidc_jwks: Option<PathBuf>,
 }
 
 /// The default data folder.
@@ -70,6 +80,13 @@ pub fn run(a: UpArgs) -> i32 {
 }
 
 async fn serve(a: UpArgs, listen: SocketAddr) -> i32 {
+    let oidc = match (&a.oidc_issuer, &a.oidc_audience, &a.oidc_jwks) {
+        (Some(iss), Some(aud), Some(jwks)) => match OidcConfig::from_jwks_file(iss, aud, jwks) {
+            Ok(c) => Some(c),
+            Err(e) => return fail(EXIT_BAD_INPUT, format!("--oidc-jwks: {e}")),
+        },
+        _ => None,
+    };
     let data = a.data.clone().unwrap_or_else(default_data_dir);
     let (store, where_): (AnyStore, String) = match &a.postgres {
         Some(url) => match PgStore::connect_in_schema(url, a.postgres_schema.as_deref()).await {
@@ -95,6 +112,7 @@ async fn serve(a: UpArgs, listen: SocketAddr) -> i32 {
         body_limit: a.body_limit,
         register_local_node: !a.no_local_node,
         executor_logs: Some(data.join("logs")),
+        oidc,
         ..ServerConfig::default()
     };
     let running = match tessera_server::start(store, cfg).await {

@@ -1,7 +1,15 @@
 //! Device selection on one node: which GPUs a task gets.
 //!
 //! The batch session keeps one [`NodeGpus`] per node and asks it, for a task
-//! that passed the node-level checks, for concrete GPU indices.
+//! that passed the node-level checks, for concrete GPU indices. Whole GPUs come
+//! from one NVLink domain when the node has domains (the fullest domain that
+//! still fits, so large domains stay whole); [`NodeGpus::select_with`] makes an
+//! NVLink / PCIe-root / NUMA constraint hard or soft. MIG-enabled GPUs hand out
+//! instances of a profile on their memory-slice bitmap ([`NodeGpus::select_mig`]),
+//! re-partitioning idle instances when that is the only way.
+//!
+//! [`policy`] and [`frag`] hold the cluster-level placement policies (FGD and the
+//! baselines of its paper).
 
 pub mod frag;
 pub mod policy;
@@ -9,6 +17,10 @@ pub mod policy;
 pub use frag::{TypicalPod, Workload};
 pub use policy::{GpuCluster, NodeState, Placement, PodShape, Policy, RandomSource};
 
+use std::collections::BTreeMap;
+
+use tessera_model::mig::{self, MigGeometry, Occupancy};
+use tessera_model::topology::{GpuScope, GpuTopology, MigRequest, Strength};
 use tessera_model::{GpuRequest, Node};
 
 /// The state of one GPU during a session.
@@ -22,6 +34,43 @@ pub struct GpuSlot {
     pub free_memory: u64,
     /// Bytes of device memory in total.
     pub memory: u64,
+    pub nvlink_domain: Option<u32>,
+    pub pcie_root: Option<String>,
+    pub numa: Option<u32>,
+    /// Present when MIG is enabled: such a GPU serves MIG requests only.
+    pub mig: Option<MigState>,
+}
+
+/// The MIG partitioning of one GPU during a session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigState {
+    pub geometry: &'static MigGeometry,
+    /// (profile, start slot, in use) per instance.
+    pub instances: Vec<(String, u8, bool)>,
+}
+
+impl MigState {
+    /// Occupancy of the instances that `keep` accepts.
+    fn occupancy(&self, keep: impl Fn(&(String, u8, bool)) -> bool) -> Occupancy {
+        self.instances
+            .iter()
+            .filter(|i| keep(i))
+            .fold(Occupancy::default(), |o, (p, s, _)| {
+                self.geometry.add(o, p, *s).unwrap_or(Occupancy {
+                    slices: u16::MAX,
+                    compute: u8::MAX,
+                })
+            })
+    }
+}
+
+/// Where a MIG instance goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigChoice {
+    pub gpu: u32,
+    pub start: u8,
+    /// Idle instances to destroy first (a re-partition step); empty normally.
+    pub remove_idle: Vec<(String, u8)>,
 }
 
 /// The GPUs of one node and what is free on each.
@@ -38,12 +87,28 @@ impl NodeGpus {
             let slots = node
                 .gpus
                 .iter()
-                .map(|g| GpuSlot {
-                    index: g.index,
-                    model: g.model.clone(),
-                    free_milli: 1000,
-                    free_memory: g.memory,
-                    memory: g.memory,
+                .map(|g| {
+                    let mig = g.mig.as_ref().map(|l| MigState {
+                        // Unknown models get a geometry with no profiles: the GPU
+                        // then serves nothing, which is safer than guessing.
+                        geometry: mig::geometry(&g.model).unwrap_or(&NO_MIG),
+                        instances: l
+                            .instances
+                            .iter()
+                            .map(|i| (i.profile.clone(), i.start, i.in_use))
+                            .collect(),
+                    });
+                    GpuSlot {
+                        index: g.index,
+                        model: g.model.clone(),
+                        free_milli: if mig.is_some() { 0 } else { 1000 },
+                        free_memory: if mig.is_some() { 0 } else { g.memory },
+                        memory: g.memory,
+                        nvlink_domain: g.nvlink_domain,
+                        pcie_root: g.pcie_root.clone(),
+                        numa: g.numa,
+                        mig,
+                    }
                 })
                 .collect();
             return NodeGpus { slots };
@@ -67,14 +132,21 @@ impl NodeGpus {
                     free_milli: 1000,
                     free_memory: per_gpu_mem,
                     memory: per_gpu_mem,
+                    nvlink_domain: None,
+                    pcie_root: None,
+                    numa: None,
+                    mig: None,
                 })
                 .collect(),
         }
     }
 
-    /// Number of GPUs with nothing allocated on them.
+    /// Number of GPUs with nothing allocated on them (MIG GPUs excluded).
     pub fn whole_free(&self) -> u32 {
-        self.slots.iter().filter(|s| s.free_milli == 1000).count() as u32
+        self.slots
+            .iter()
+            .filter(|s| s.free_milli == 1000 && s.mig.is_none())
+            .count() as u32
     }
 
     fn model_ok(slot: &GpuSlot, models: &[String]) -> bool {
@@ -82,20 +154,67 @@ impl NodeGpus {
     }
 
     /// Chooses GPUs for `req`, or `None` if this node cannot hold it.
-    /// Whole GPUs: the lowest free indices. A shared GPU: the fullest GPU that still
-    /// fits (best fit), so that whole GPUs stay whole.
+    /// Whole GPUs: from one NVLink domain when the node has domains (soft), else
+    /// the lowest free indices. A shared GPU: the fullest GPU that still fits (best
+    /// fit), so that whole GPUs stay whole.
     pub fn select(&self, req: &GpuRequest) -> Option<Vec<u32>> {
+        let soft_nvlink = self
+            .slots
+            .iter()
+            .any(|s| s.nvlink_domain.is_some())
+            .then_some(GpuTopology {
+                scope: GpuScope::NvlinkDomain,
+                strength: Strength::Soft,
+            });
+        self.select_with(req, soft_nvlink)
+    }
+
+    /// [`NodeGpus::select`] under a topology constraint: with `Hard`, all GPUs of
+    /// the request share one domain of `scope` or the node does not fit; with
+    /// `Soft`, one domain if possible, else as few domains as possible. A GPU
+    /// without the attribute is a domain of its own.
+    pub fn select_with(&self, req: &GpuRequest, topo: Option<GpuTopology>) -> Option<Vec<u32>> {
         match req {
             GpuRequest::None => Some(Vec::new()),
             GpuRequest::Whole { count, models } => {
-                let picked: Vec<u32> = self
+                let free: Vec<&GpuSlot> = self
                     .slots
                     .iter()
-                    .filter(|s| s.free_milli == 1000 && Self::model_ok(s, models))
-                    .take(*count as usize)
-                    .map(|s| s.index)
+                    .filter(|s| {
+                        s.free_milli == 1000 && s.mig.is_none() && Self::model_ok(s, models)
+                    })
                     .collect();
-                (picked.len() == *count as usize).then_some(picked)
+                let n = *count as usize;
+                if free.len() < n {
+                    return None;
+                }
+                let Some(topo) = topo else {
+                    return Some(free.iter().take(n).map(|s| s.index).collect());
+                };
+                let mut domains: BTreeMap<DomainKey, Vec<u32>> = BTreeMap::new();
+                for s in &free {
+                    domains
+                        .entry(domain_key(s, topo.scope))
+                        .or_default()
+                        .push(s.index);
+                }
+                // Best fit: the smallest domain that holds the whole request.
+                if let Some(d) = domains
+                    .values()
+                    .filter(|d| d.len() >= n)
+                    .min_by_key(|d| (d.len(), d[0]))
+                {
+                    return Some(d[..n].to_vec());
+                }
+                if topo.strength == Strength::Hard {
+                    return None;
+                }
+                // Soft: the fewest domains, biggest first.
+                let mut ds: Vec<&Vec<u32>> = domains.values().collect();
+                ds.sort_by_key(|d| (std::cmp::Reverse(d.len()), d[0]));
+                let mut out: Vec<u32> = ds.into_iter().flatten().copied().take(n).collect();
+                out.sort_unstable();
+                Some(out)
             }
             GpuRequest::Shared {
                 milli,
@@ -105,10 +224,127 @@ impl NodeGpus {
                 .slots
                 .iter()
                 .filter(|s| {
-                    s.free_milli >= *milli && s.free_memory >= *memory && Self::model_ok(s, models)
+                    s.mig.is_none()
+                        && s.free_milli >= *milli
+                        && s.free_memory >= *memory
+                        && Self::model_ok(s, models)
                 })
                 .min_by_key(|s| (s.free_milli, s.index))
                 .map(|s| vec![s.index]),
+        }
+    }
+
+    /// How many distinct domains of `scope` the GPUs `indices` span (1 is best).
+    pub fn domains_spanned(&self, indices: &[u32], scope: GpuScope) -> usize {
+        let mut keys: Vec<DomainKey> = indices
+            .iter()
+            .filter_map(|i| self.slots.iter().find(|s| s.index == *i))
+            .map(|s| domain_key(s, scope))
+            .collect();
+        keys.sort();
+        keys.dedup();
+        keys.len()
+    }
+
+    /// Chooses a MIG GPU and start slot for `req`: among GPUs of an allowed model
+    /// with a free legal start, the one left with the least room afterwards (best
+    /// fit, so emptier GPUs stay open for big profiles); on that GPU the start that
+    /// leaves the most room. When no GPU has a free start, a GPU whose *idle*
+    /// instances can be destroyed to make one is chosen, with a re-partition step.
+    pub fn select_mig(&self, req: &MigRequest) -> Option<MigChoice> {
+        let allowed = |s: &GpuSlot| req.models.is_empty() || req.models.contains(&s.model);
+        let mut best: Option<(usize, u32, u8)> = None;
+        for s in self.slots.iter().filter(|s| allowed(s)) {
+            let Some(m) = &s.mig else { continue };
+            let occ = m.occupancy(|_| true);
+            if let Some(start) = m.geometry.best_start(occ, &req.profile) {
+                let after = m.geometry.add(occ, &req.profile, start).ok()?;
+                let room = m.geometry.room(after);
+                if best.is_none_or(|(r, i, _)| (room, s.index) < (r, i)) {
+                    best = Some((room, s.index, start));
+                }
+            }
+        }
+        if let Some((_, gpu, start)) = best {
+            return Some(MigChoice {
+                gpu,
+                start,
+                remove_idle: Vec::new(),
+            });
+        }
+        // Dynamic MIG: destroy idle instances where the new one would go.
+        for s in self.slots.iter().filter(|s| allowed(s)) {
+            let Some(m) = &s.mig else { continue };
+            let busy = m.occupancy(|i| i.2);
+            let Some(start) = m.geometry.best_start(busy, &req.profile) else {
+                continue;
+            };
+            let p = m.geometry.profile(&req.profile)?;
+            let mask = p.mask(start);
+            let remove_idle = m
+                .instances
+                .iter()
+                .filter(|(prof, st, used)| {
+                    !used
+                        && m.geometry
+                            .profile(prof)
+                            .is_some_and(|q| q.mask(*st) & mask != 0)
+                })
+                .map(|(prof, st, _)| (prof.clone(), *st))
+                .collect();
+            return Some(MigChoice {
+                gpu: s.index,
+                start,
+                remove_idle,
+            });
+        }
+        None
+    }
+
+    /// Records a MIG choice: removes the idle instances it names and adds an
+    /// in-use instance. Returns false (and changes nothing) if it is not legal now.
+    pub fn assign_mig(&mut self, profile: &str, c: &MigChoice) -> bool {
+        let Some(slot) = self.slots.iter_mut().find(|s| s.index == c.gpu) else {
+            return false;
+        };
+        let Some(m) = &mut slot.mig else { return false };
+        let mut next = m.clone();
+        for (p, st) in &c.remove_idle {
+            match next
+                .instances
+                .iter()
+                .position(|i| &i.0 == p && i.1 == *st && !i.2)
+            {
+                Some(k) => {
+                    next.instances.remove(k);
+                }
+                None => return false,
+            }
+        }
+        let occ = next.occupancy(|_| true);
+        if next.geometry.add(occ, profile, c.start).is_err() {
+            return false;
+        }
+        next.instances.push((profile.to_string(), c.start, true));
+        *m = next;
+        true
+    }
+
+    /// Frees an instance (it stays, idle, for the next task of that profile).
+    pub fn release_mig(&mut self, gpu: u32, profile: &str, start: u8) {
+        if let Some(m) = self
+            .slots
+            .iter_mut()
+            .find(|s| s.index == gpu)
+            .and_then(|s| s.mig.as_mut())
+        {
+            if let Some(i) = m
+                .instances
+                .iter_mut()
+                .find(|i| i.0 == profile && i.1 == start && i.2)
+            {
+                i.2 = false;
+            }
         }
     }
 
@@ -144,6 +380,32 @@ impl NodeGpus {
             }
         }
     }
+}
+
+/// A geometry without profiles, for MIG layouts on models Tessera does not know.
+static NO_MIG: MigGeometry = MigGeometry {
+    model: "unknown",
+    aliases: &[],
+    memory_slices: 0,
+    compute_slices: 0,
+    profiles: &[],
+};
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum DomainKey {
+    Id(u64),
+    Name(String),
+    /// No attribute: the GPU is its own domain.
+    Alone(u32),
+}
+
+fn domain_key(s: &GpuSlot, scope: GpuScope) -> DomainKey {
+    match scope {
+        GpuScope::NvlinkDomain => s.nvlink_domain.map(|d| DomainKey::Id(u64::from(d))),
+        GpuScope::Numa => s.numa.map(|d| DomainKey::Id(u64::from(d))),
+        GpuScope::PcieRoot => s.pcie_root.clone().map(DomainKey::Name),
+    }
+    .unwrap_or(DomainKey::Alone(s.index))
 }
 
 /// What a request takes from each GPU it is given: (milli-GPU, bytes of memory).

@@ -147,3 +147,19 @@ fn hand_over_during_binding_is_respected() {
     assert_eq!(bound.len(), 2_000);
     check(&table, &bound, 1_000_000);
 }
+
+#[test]
+fn tiny_nodes_many_rounds() {
+    // Room for two tasks per node, more tasks than room, workers on every core:
+    // the last free slot of a node is contended in every round.
+    // (Checked to fail within these rounds when the binder ignores the version it
+    // was given and does not re-check the fit.)
+    let mut conflicts = 0;
+    for _ in 0..300 {
+        let (table, bound, c) = run(2, 200, 6, 3);
+        check(&table, &bound, 200);
+        assert_eq!(bound.len(), 4);
+        conflicts += c;
+    }
+    eprintln!("conflicts over 300 rounds: {conflicts}");
+}

@@ -100,13 +100,30 @@ fn run() -> Result<(), String> {
     sigprocmask(SigmaskHow::SIG_BLOCK, Some(&mask), None).map_err(|e| e.to_string())?;
     let sfd = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
         .map_err(|e| format!("signalfd: {e}"))?;
+    // The egress proxy's listening socket lives in our network namespace; the
+    // supervisor serves it from outside.
+    let proxy = match &spec.network {
+        crate::spec::Network::Proxy(_) => {
+            match std::net::TcpListener::bind(crate::spec::PROXY_ADDR) {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    let e = StepError::new("bind", crate::spec::PROXY_ADDR, e);
+                    let _ = proto::send(ctrl_fd, &Reply::Failed(e), &[]);
+                    return Ok(());
+                }
+            }
+        }
+        crate::spec::Network::None => None,
+    };
+    let proxy_fds: Vec<RawFd> = proxy.iter().map(|l| l.as_raw_fd()).collect();
     proto::send(
         ctrl_fd,
         &Reply::Ready {
             init_pid_in_ns: nix::unistd::getpid().as_raw(),
         },
-        &[],
+        &proxy_fds,
     )?;
+    drop(proxy);
     serve(&ctrl, &sfd, &mut st)
 }
 

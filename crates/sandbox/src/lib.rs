@@ -25,6 +25,7 @@ pub mod guard;
 pub mod init;
 pub mod pool;
 mod proto;
+pub mod proxy;
 pub mod sandbox;
 pub mod seccomp;
 pub mod spec;
@@ -35,6 +36,6 @@ pub use guard::{AllowAll, CheckDecision, CommandCheck, FileAccess};
 pub use pool::{PoolConfig, PoolStats, WarmPool};
 pub use sandbox::{InitProgram, Runtime, RuntimeConfig, Sandbox, SandboxBuilder, Stream};
 pub use spec::{
-    Command, DirEntry, ExecOutput, ExecRequest, ExitStatus, FileKind, Limits, Network, PathAccess,
-    Rlimits, SandboxSpec, Template,
+    Command, DirEntry, EgressPolicy, ExecOutput, ExecRequest, ExitStatus, FileKind, Limits,
+    Network, PROXY_ADDR, PathAccess, Rlimits, SandboxSpec, Template,
 };

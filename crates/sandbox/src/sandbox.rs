@@ -221,9 +221,10 @@ impl Runtime {
             None => None,
         };
         match self.spawn_in(spec, &id, cg.as_deref()) {
-            Ok((pid, ctrl)) => Ok(Sandbox {
+            Ok((pid, ctrl, proxy)) => Ok(Sandbox {
                 id,
                 pid,
+                proxy: Mutex::new(proxy),
                 ctrl: Mutex::new(ctrl),
                 cgroup: cg,
                 rt: self.clone(),
@@ -245,7 +246,7 @@ impl Runtime {
         spec: &SandboxSpec,
         id: &str,
         cg: Option<&dyn SandboxCgroup>,
-    ) -> Result<(Pid, OwnedFd), SpawnError> {
+    ) -> Result<(Pid, OwnedFd, Option<crate::proxy::Proxy>), SpawnError> {
         let sys = |syscall: &'static str| {
             move |e: Errno| SpawnError::Syscall {
                 syscall,
@@ -266,7 +267,7 @@ impl Runtime {
             | libc::CLONE_NEWUTS
             | libc::CLONE_NEWIPC;
         match spec.network {
-            Network::None => flags |= libc::CLONE_NEWNET,
+            Network::None | Network::Proxy(_) => flags |= libc::CLONE_NEWNET,
         }
         // Everything the child touches is prepared here: after clone it may only make
         // async-signal-safe calls (the supervisor may be multi-threaded).
@@ -338,10 +339,28 @@ impl Runtime {
             gid: self.inner_uid,
         };
         proto::send(sup.as_fd(), &setup, &[]).map_err(|e| abort(SpawnError::Protocol(e)))?;
-        match recv_timeout::<Reply>(&sup, Duration::from_secs(30)) {
-            Ok(Reply::Ready { .. }) => Ok((pid, sup)),
-            Ok(Reply::Failed(e)) => Err(abort(SpawnError::Setup(e))),
-            Ok(other) => Err(abort(SpawnError::Protocol(format!(
+        match recv_timeout_fds::<Reply>(&sup, Duration::from_secs(30)) {
+            Ok((Reply::Ready { .. }, mut fds)) => {
+                let proxy = match (&spec.network, fds.pop()) {
+                    (Network::Proxy(policy), Some(l)) => {
+                        Some(crate::proxy::Proxy::start(l, policy.clone()).map_err(|e| {
+                            abort(SpawnError::Syscall {
+                                syscall: "egress proxy",
+                                source: e,
+                            })
+                        })?)
+                    }
+                    (Network::Proxy(_), None) => {
+                        return Err(abort(SpawnError::Protocol(
+                            "init sent no proxy socket".into(),
+                        )));
+                    }
+                    _ => None,
+                };
+                Ok((pid, sup, proxy))
+            }
+            Ok((Reply::Failed(e), _)) => Err(abort(SpawnError::Setup(e))),
+            Ok((other, _)) => Err(abort(SpawnError::Protocol(format!(
                 "unexpected reply {other:?}"
             )))),
             Err(RecvError::Eof) => {
@@ -440,6 +459,13 @@ fn recv_timeout<T: for<'de> serde::Deserialize<'de>>(
     sock: &OwnedFd,
     t: Duration,
 ) -> Result<T, RecvError> {
+    recv_timeout_fds(sock, t).map(|(m, _)| m)
+}
+
+fn recv_timeout_fds<T: for<'de> serde::Deserialize<'de>>(
+    sock: &OwnedFd,
+    t: Duration,
+) -> Result<(T, Vec<OwnedFd>), RecvError> {
     let deadline = Instant::now() + t;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -456,7 +482,7 @@ fn recv_timeout<T: for<'de> serde::Deserialize<'de>>(
         }
     }
     match proto::recv::<T>(sock.as_fd()) {
-        Ok(Some((m, _))) => Ok(m),
+        Ok(Some((m, fds))) => Ok((m, fds)),
         Ok(None) => Err(RecvError::Eof),
         Err(e) => Err(RecvError::Other(e)),
     }
@@ -504,6 +530,7 @@ impl SandboxBuilder {
 pub struct Sandbox {
     id: String,
     pid: Pid,
+    proxy: Mutex<Option<crate::proxy::Proxy>>,
     ctrl: Mutex<OwnedFd>,
     cgroup: Option<Box<dyn SandboxCgroup>>,
     rt: Arc<Runtime>,
@@ -605,6 +632,13 @@ impl Sandbox {
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
+        if let Network::Proxy(_) = &self.spec.network {
+            let url = format!("http://{}", crate::spec::PROXY_ADDR);
+            for k in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+                env.push((k.to_string(), url.clone()));
+            }
+            env.push(("NO_PROXY".into(), "localhost,127.0.0.1".into()));
+        }
         env.extend(self.spec.env.iter().cloned());
         env
     }
@@ -1048,6 +1082,9 @@ impl Sandbox {
         // only once they are all gone.
         let _ = kill(self.pid, Signal::SIGKILL);
         while let Err(Errno::EINTR) = waitpid(self.pid, None) {}
+        if let Some(p) = self.proxy.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            p.stop();
+        }
         if let Some(cg) = &self.cgroup {
             cg.destroy()?;
         }

@@ -52,11 +52,28 @@ pub enum Template {
 }
 
 /// Network policy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Network {
     /// A private network namespace with only loopback up: no route anywhere.
     None,
+    /// Loopback only, plus an HTTP proxy at `127.0.0.1:3128` inside the sandbox, served by
+    /// the supervisor from outside: `CONNECT` to the allowed domains only.
+    Proxy(EgressPolicy),
 }
+
+/// Which destinations the egress proxy lets a sandbox reach.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct EgressPolicy {
+    /// Domains; each also allows its subdomains (`example.com` allows `api.example.com`).
+    pub allow_domains: Vec<String>,
+    /// Also allow destinations that resolve to loopback, private, link-local or other
+    /// non-public addresses (off by default: an allowed name must not lead to the host's
+    /// own services or a metadata endpoint).
+    pub allow_private: bool,
+}
+
+/// The proxy's address inside a sandbox.
+pub const PROXY_ADDR: &str = "127.0.0.1:3128";
 
 /// cgroup limits. `None` means unlimited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -449,3 +449,73 @@ fn signals_cannot_reach_init() {
     sb.ping().unwrap();
     let _ = runtime();
 }
+
+/// Egress through the proxy: allowed domains only, non-public addresses refused unless
+/// the policy allows them, and still no direct route out.
+#[test]
+fn egress_proxy_enforces_the_allow_list() {
+    if !root_or_skip("egress_proxy_enforces_the_allow_list") {
+        return;
+    }
+    // A host service standing in for "the internet": echoes one line.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for c in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                use std::io::{BufRead, BufReader};
+                let mut line = String::new();
+                let _ = BufReader::new(&c).read_line(&mut line);
+                let _ = (&c).write_all(format!("echo:{line}").as_bytes());
+            });
+        }
+    });
+    let script = format!(
+        r#"
+import socket, os
+def tunnel(host):
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=5)
+    s.sendall(f"CONNECT {{host}}:{port} HTTP/1.1\r\nHost: {{host}}\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        d = s.recv(1)
+        if not d: break
+        head += d
+    status = head.split(b" ")[1].decode() if head else "none"
+    if status != "200":
+        return status
+    s.sendall(b"ping\n")
+    return status + " " + s.recv(100).decode().strip()
+print("allowed", tunnel("localhost"))
+print("denied", tunnel("example.org"))
+try:
+    socket.create_connection(("127.0.0.1", {port}), timeout=2); print("direct ok")
+except OSError as e:
+    print("direct failed")
+print("env", os.environ.get("https_proxy"))
+"#
+    );
+    let spec = |allow_private| SandboxSpec {
+        network: tessera_sandbox::Network::Proxy(tessera_sandbox::EgressPolicy {
+            allow_domains: vec!["localhost".into()],
+            allow_private,
+        }),
+        ..SandboxSpec::default()
+    };
+    let sb = spawn(&spec(true));
+    let out = py(&sb, &script);
+    let s = text(&out.stdout);
+    assert!(
+        s.contains("allowed 200 echo:ping"),
+        "{s}\n{}",
+        text(&out.stderr)
+    );
+    assert!(s.contains("denied 403"), "{s}");
+    assert!(s.contains("direct failed"), "{s}");
+    assert!(s.contains("env http://127.0.0.1:3128"), "{s}");
+    sb.destroy().unwrap();
+    // Default: an allowed name that resolves to loopback is still refused.
+    let sb = spawn(&spec(false));
+    let s = text(&py(&sb, &script).stdout);
+    assert!(s.contains("allowed 403"), "{s}");
+}

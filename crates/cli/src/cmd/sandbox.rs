@@ -51,7 +51,7 @@ pub enum NetArg {
 
 #[derive(Debug, Args)]
 pub struct LimitArgs {
-    /// Network: `none` (loopback only) is the only mode so far.
+    /// Network: `none` (loopback only; with --allow-domain, plus the egress proxy).
     #[arg(long, value_enum, default_value = "none")]
     pub net: NetArg,
     /// Memory limit, e.g. `512M`, `1G`, or bytes.
@@ -60,6 +60,14 @@ pub struct LimitArgs {
     /// CPU limit in cores, e.g. `0.5`, `2`.
     #[arg(long, default_value = "1")]
     pub cpus: String,
+    /// Allow egress to this domain and its subdomains through the sandbox's proxy
+    /// (`HTTPS_PROXY=http://127.0.0.1:3128` inside; repeatable). Without it, no egress.
+    #[arg(long = "allow-domain")]
+    pub allow_domain: Vec<String>,
+    /// Let allowed domains resolve to loopback or private addresses (off: an allowed
+    /// name must not reach the host's own services or a metadata endpoint).
+    #[arg(long, requires = "allow_domain")]
+    pub allow_private_egress: bool,
     /// Maximum number of processes and threads.
     #[arg(long, default_value_t = 256)]
     pub pids: u32,
@@ -258,8 +266,12 @@ pub fn spec_from(l: &LimitArgs) -> Result<SandboxSpec, String> {
         return Err("--pids must be at least 1".into());
     }
     Ok(SandboxSpec {
-        network: match l.net {
-            NetArg::None => Network::None,
+        network: match (l.net, l.allow_domain.is_empty()) {
+            (NetArg::None, true) => Network::None,
+            (NetArg::None, false) => Network::Proxy(tessera_sandbox::EgressPolicy {
+                allow_domains: l.allow_domain.clone(),
+                allow_private: l.allow_private_egress,
+            }),
         },
         limits: Limits {
             memory_bytes: Some(memory),
@@ -684,6 +696,12 @@ mod long {
             .stderr(logf);
         if a.no_guard {
             cmd.arg("--no-guard");
+        }
+        for d in &l.allow_domain {
+            cmd.args(["--allow-domain", d]);
+        }
+        if l.allow_private_egress {
+            cmd.arg("--allow-private-egress");
         }
         use std::os::unix::process::CommandExt;
         cmd.process_group(0);

@@ -75,3 +75,34 @@ fn svg_plot_has_one_line_per_policy() {
     assert!(svg.contains("t &lt;&amp;&gt;"));
     assert!(svg.contains(">random (") && svg.contains(">bestfit ("));
 }
+
+#[test]
+fn realtime_replay_queues_until_a_departure() {
+    let nodes = trace::parse_nodes(
+        "n.csv",
+        "sn,cpu_milli,memory_mib,gpu,model\nn0,8000,1000,1,T4\n".as_bytes(),
+    )
+    .unwrap();
+    let header = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n";
+    let body = "a,1000,10,1,1000,,LS,Running,0,100,0\n\
+                b,1000,10,1,1000,,LS,Running,10,20,\n\
+                c,1000,10,1,600,,LS,Running,30,40,\n\
+                d,1000,10,2,1000,,LS,Running,5,6,\n";
+    let pods = trace::parse_pods("p.csv", format!("{header}{body}").as_bytes()).unwrap();
+    let prep = replay::prepare(&nodes, &pods, &ReplayConfig::default()).unwrap();
+    for policy in [Policy::Fgd, Policy::BestFit, Policy::Random] {
+        let r = replay::run_realtime(&prep, policy, 1).unwrap();
+        // a at once; b and c wait for a (b first, then c after b leaves at 110);
+        // d (2 GPUs) never fits.
+        assert_eq!((r.pods, r.placed, r.immediate), (4, 3, 1), "{policy}");
+        assert_eq!(r.delay_max, 90, "{policy}: b waits from 10 to 100");
+        assert_eq!(r.delay_p50, 80, "{policy}: delays are [0, 80, 90]");
+    }
+    let five = trace::parse_pods(
+        "m.csv",
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1,1,1,1000\n".as_bytes(),
+    )
+    .unwrap();
+    let prep = replay::prepare(&nodes, &five, &ReplayConfig::default()).unwrap();
+    assert!(replay::run_realtime(&prep, Policy::Fgd, 1).is_err());
+}

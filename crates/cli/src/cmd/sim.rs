@@ -38,6 +38,11 @@ pub struct SimArgs {
     /// Write an SVG plot of allocation ratio against arrived workload.
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
+    /// `paper`: the FGD paper's protocol. `realtime`: arrivals and departures at
+    /// the trace's creation/deletion times, a FIFO queue with retries after each
+    /// departure; reports queueing delay percentiles (first seed only).
+    #[arg(long, default_value = "paper", value_parser = ["paper", "realtime"])]
+    pub mode: String,
     /// Print one JSON document instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -152,6 +157,9 @@ pub fn run(a: SimArgs) -> i32 {
         Ok(p) => p,
         Err(e) => return fail(EXIT_BAD_INPUT, e),
     };
+    if a.mode == "realtime" {
+        return run_realtime(&a, &s, &prep);
+    }
     let jobs = (s.policies.len() * s.seeds.len()) as u64;
     let bar = indicatif::ProgressBar::new(jobs);
     bar.set_style(
@@ -231,4 +239,87 @@ fn print_table(sums: &[PolicySummary]) {
             p.frag_at_90
         );
     }
+}
+
+fn run_realtime(a: &SimArgs, s: &Settings, prep: &replay::Prepared) -> i32 {
+    let seed = s.seeds[0];
+    let start = Instant::now();
+    let bar = indicatif::ProgressBar::new(s.policies.len() as u64);
+    let results: Vec<Result<replay::RealtimeResult, replay::PrepareError>> =
+        std::thread::scope(|sc| {
+            let handles: Vec<_> = s
+                .policies
+                .iter()
+                .map(|&p| {
+                    let bar = &bar;
+                    sc.spawn(move || {
+                        let r = replay::run_realtime(prep, p, seed);
+                        bar.inc(1);
+                        r
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(replay::PrepareError("a replay thread panicked".into()))
+                    })
+                })
+                .collect()
+        });
+    bar.finish_and_clear();
+    let mut rows = Vec::new();
+    for r in results {
+        match r {
+            Ok(r) => rows.push(r),
+            Err(e) => return fail(EXIT_BAD_INPUT, format!("{e} (--pods {})", s.pods.display())),
+        }
+    }
+    eprintln!(
+        "real-time replay of {} pods, {} policies, seed {seed}, in {:.1} s",
+        prep.pods.len(),
+        rows.len(),
+        start.elapsed().as_secs_f64()
+    );
+    let pct = |n: usize, of: usize| {
+        if of == 0 {
+            0.0
+        } else {
+            round2(100.0 * n as f64 / of as f64)
+        }
+    };
+    if a.json {
+        return print_json(&serde_json::json!({
+            "mode": "realtime",
+            "pods": s.pods.display().to_string(),
+            "seed": seed,
+            "policies": rows.iter().map(|r| serde_json::json!({
+                "policy": r.policy.name(),
+                "placed_pct": pct(r.placed, r.pods),
+                "immediate_pct": pct(r.immediate, r.pods),
+                "delay_p50_s": r.delay_p50,
+                "delay_p90_s": r.delay_p90,
+                "delay_p99_s": r.delay_p99,
+                "delay_max_s": r.delay_max,
+            })).collect::<Vec<_>>(),
+        }));
+    }
+    println!(
+        "{:<12} {:>9} {:>11} {:>9} {:>9} {:>9} {:>10}",
+        "policy", "placed %", "immediate %", "p50 s", "p90 s", "p99 s", "max s"
+    );
+    for r in &rows {
+        println!(
+            "{:<12} {:>9.2} {:>11.2} {:>9} {:>9} {:>9} {:>10}",
+            r.policy.name(),
+            pct(r.placed, r.pods),
+            pct(r.immediate, r.pods),
+            r.delay_p50,
+            r.delay_p90,
+            r.delay_p99,
+            r.delay_max
+        );
+    }
+    0
 }

@@ -26,8 +26,8 @@ use std::fmt::Write as _;
 use serde::{Deserialize, Serialize};
 use tessera_model::{GpuRequest, GroupKind, Node, PodGroup, Queue, Resources, Snapshot, Task};
 use tessera_sched::agent::{
-    AgentConfig, AgentScheduler, AgentTask, ControllerState, Demand, FixedClock, NodeTable, Owner,
-    Policy, ShardLoad, ShardMode, ShardTable, TenantId, decide,
+    AgentConfig, AgentScheduler, AgentTask, ControllerState, Demand, FixedClock, NodePhase,
+    NodeTable, Owner, Policy, ShardLoad, ShardMode, ShardTable, TenantId, decide,
 };
 
 const S: u64 = 1_000_000_000;
@@ -494,8 +494,17 @@ impl<'c> Sim<'c> {
                     self.gpu_tick(now);
                 }
                 Ev::BatchSession => {
-                    for (n, p) in self.shard.ack(Owner::Batch) {
-                        table.set_phase(n, p);
+                    let acked = self.shard.ack(Owner::Batch);
+                    for (n, p) in &acked {
+                        table.set_phase(*n, *p);
+                    }
+                    // The agent scheduler sees nodes offered to it and takes them
+                    // after its own acknowledgement delay.
+                    if acked
+                        .iter()
+                        .any(|(_, p)| *p == NodePhase::ToAdd(Owner::Agent))
+                    {
+                        self.at(now + cfg.agent_ack_ns, Ev::AgentAck);
                     }
                     sched.set_shard(
                         self.shard.in_use(Owner::Agent),

@@ -8,12 +8,14 @@
 //! Two runs per worker count, each on a fresh cluster:
 //!
 //! * **throughput**: every task is queued first, then the workers drain the queue;
-//!   `tasks_per_sec` is placed tasks over the wall time of the drain (median of
-//!   `--repeat` runs).
+//!   `tasks_per_sec` is placed tasks over the wall time of the drain.
 //! * **latency**: tasks arrive at `--rate` per second (in small bursts every 100
 //!   µs) while the workers run; `latency_p50_us` / `latency_p99_us` are the
 //!   enqueue-to-bind times. (Latency on a pre-filled queue would only measure the
 //!   queue's length.)
+//!
+//! `--repeat` rounds, each running every worker count once in turn; the median run
+//! of each kind is reported (throughput by wall time, latency by p99).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -46,9 +48,12 @@ pub struct Args {
     /// Tenants the tasks come from.
     #[arg(long, default_value_t = 8)]
     pub tenants: u32,
-    /// Throughput runs per worker count; the median is reported.
+    /// Rounds (each runs every worker count once, interleaved); medians are reported.
     #[arg(long, default_value_t = 5)]
     pub repeat: usize,
+    /// Tasks in each latency run (the first ones of the workload).
+    #[arg(long, default_value_t = 100_000)]
+    pub latency_tasks: usize,
     /// Seed of the synthetic workload.
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
@@ -65,6 +70,11 @@ struct Row {
     placed: u64,
     wall_ms: f64,
     tasks_per_sec: f64,
+    /// CPU time of the throughput run, all threads (10 ms resolution).
+    cpu_ms: f64,
+    /// Placed tasks per CPU second: flat across worker counts means the workers
+    /// do not slow each other down, whatever else the machine is doing.
+    tasks_per_cpu_sec: f64,
     conflicts: u64,
     requeued: u64,
     latency_rate: u64,
@@ -73,6 +83,9 @@ struct Row {
     latency_p99_us: f64,
     latency_max_us: f64,
     latency_conflicts: u64,
+    /// The machine's 1-minute load average around the runs (other work competing
+    /// for the cores makes the figures worse, the tail most of all).
+    loadavg_1m: f64,
 }
 
 struct Mono(Instant);
@@ -137,17 +150,33 @@ fn stats(res: &[(tessera_sched::agent::Worker, Vec<Bound>)]) -> WorkerStats {
     s
 }
 
-/// All tasks queued, then drained: (placed, wall, stats).
-fn throughput(a: &Args, tasks: &[AgentTask], workers: usize) -> (u64, Duration, WorkerStats) {
+/// CPU time this process has used (all threads), from `/proc/self/stat`, in ms
+/// (10 ms resolution); 0 where it cannot be read.
+fn cpu_ms() -> f64 {
+    let Ok(s) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    // Fields after the command name (which is in parentheses and may hold spaces).
+    let rest = s.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let tick = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    (tick(11) + tick(12)) * 10.0
+}
+
+/// All tasks queued, then drained: (placed, wall, cpu ms, stats).
+fn throughput(a: &Args, tasks: &[AgentTask], workers: usize) -> (u64, Duration, f64, WorkerStats) {
     let t = table(a.nodes);
     let sched = AgentScheduler::new(&t, config(a), (0..a.nodes as u32).collect(), vec![]);
     sched.submit(tasks);
     let clock = Mono(Instant::now());
+    let cpu0 = cpu_ms();
     let start = Instant::now();
     let res = sched.run_threads(workers, &clock, &|| true, tasks.len());
     let wall = start.elapsed();
+    let cpu = cpu_ms() - cpu0;
     let s = stats(&res);
-    (s.placed, wall, s)
+    (s.placed, wall, cpu, s)
 }
 
 /// Tasks arriving at `rate`: latencies in ns, and stats.
@@ -210,6 +239,14 @@ fn latency(a: &Args, tasks: &[AgentTask], workers: usize) -> (Vec<u64>, WorkerSt
     (lat, s)
 }
 
+/// The 1-minute load average, or 0 where `/proc/loadavg` cannot be read.
+fn loadavg() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|x| x.parse().ok()))
+        .unwrap_or(0.0)
+}
+
 fn pct(sorted: &[u64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -242,18 +279,34 @@ pub fn run(a: Args) -> i32 {
         );
     }
     let tasks = workload(&a);
+    let lat_tasks = &tasks[..a.latency_tasks.clamp(1, tasks.len())];
+    // Interleave the worker counts (A B A B ...) so that whatever else the machine
+    // does at the time hits all of them alike; report medians.
+    let reps = a.repeat.max(1);
+    let mut thr: Vec<Vec<(u64, Duration, f64, WorkerStats)>> = vec![Vec::new(); a.workers.len()];
+    let mut lat: Vec<Vec<(Vec<u64>, WorkerStats)>> = vec![Vec::new(); a.workers.len()];
+    let load_before = loadavg();
+    for r in 0..reps {
+        for (i, &w) in a.workers.iter().enumerate() {
+            eprintln!(
+                "bench agent: round {}/{reps}, {w} worker(s): {} tasks on {} nodes",
+                r + 1,
+                a.tasks,
+                a.nodes
+            );
+            thr[i].push(throughput(&a, &tasks, w));
+            lat[i].push(latency(&a, lat_tasks, w));
+        }
+    }
+    let load_after = loadavg();
     let mut rows = Vec::new();
-    for &w in &a.workers {
-        eprintln!(
-            "bench agent: {w} worker(s), {} tasks on {} nodes",
-            a.tasks, a.nodes
-        );
-        let mut runs: Vec<(u64, Duration, WorkerStats)> = (0..a.repeat.max(1))
-            .map(|_| throughput(&a, &tasks, w))
-            .collect();
+    for (i, &w) in a.workers.iter().enumerate() {
+        let runs = &mut thr[i];
         runs.sort_by_key(|r| r.1);
-        let (placed, wall, st) = runs[runs.len() / 2];
-        let (lat, lst) = latency(&a, &tasks, w);
+        let (placed, wall, cpu, st) = runs[runs.len() / 2];
+        let lruns = &mut lat[i];
+        lruns.sort_by(|x, y| pct(&x.0, 0.99).total_cmp(&pct(&y.0, 0.99)));
+        let (lat, lst) = &lruns[lruns.len() / 2];
         rows.push(Row {
             workers: w,
             nodes: a.nodes,
@@ -261,14 +314,21 @@ pub fn run(a: Args) -> i32 {
             placed,
             wall_ms: wall.as_secs_f64() * 1e3,
             tasks_per_sec: placed as f64 / wall.as_secs_f64().max(1e-9),
+            cpu_ms: cpu,
+            tasks_per_cpu_sec: if cpu > 0.0 {
+                placed as f64 / (cpu / 1e3)
+            } else {
+                0.0
+            },
             conflicts: st.conflicts,
             requeued: st.requeued,
             latency_rate: a.rate,
             latency_placed: lst.placed,
-            latency_p50_us: pct(&lat, 0.50),
-            latency_p99_us: pct(&lat, 0.99),
-            latency_max_us: pct(&lat, 1.0),
+            latency_p50_us: pct(lat, 0.50),
+            latency_p99_us: pct(lat, 0.99),
+            latency_max_us: pct(lat, 1.0),
             latency_conflicts: lst.conflicts,
+            loadavg_1m: load_before.max(load_after),
         });
     }
     if a.json {
@@ -292,9 +352,15 @@ pub fn run(a: Args) -> i32 {
     ));
     for r in &rows {
         s.push_str(&format!(
-            "{:>7} {:>6} {:>8} {:>8} {:>9.1} {:>12.0} {:>9} {:>8} | {:>9} {:>8.1} {:>8.1} {:>9.1}\n",
-            r.workers, r.nodes, r.tasks, r.placed, r.wall_ms, r.tasks_per_sec, r.conflicts,
+            "{:>7} {:>6} {:>8} {:>8} {:>9.1} {:>12.0} {:>12.0} {:>9} {:>8} | {:>9} {:>8.1} {:>8.1} {:>9.1}\n",
+            r.workers, r.nodes, r.tasks, r.placed, r.wall_ms, r.tasks_per_sec, r.tasks_per_cpu_sec, r.conflicts,
             r.requeued, r.latency_rate, r.latency_p50_us, r.latency_p99_us, r.latency_max_us
+        ));
+    }
+    if let Some(r) = rows.first() {
+        s.push_str(&format!(
+            "load average (1 min) around the runs: {:.2}\n",
+            r.loadavg_1m
         ));
     }
     if let (Some(one), Some(two)) = (

@@ -265,8 +265,8 @@ impl Store for PgStore {
 }
 
 /// The one writer of this process: takes every waiting request into one
-/// transaction, each in its own savepoint (a failing request rolls back alone), and
-/// commits once.
+/// transaction (a refused request writes nothing, the others go ahead) and commits
+/// once.
 async fn write_loop(
     pool: PgPool,
     mut rx: mpsc::UnboundedReceiver<Request>,
@@ -302,56 +302,44 @@ type GroupResult = (Vec<Result<Vec<Object>, StoreError>>, Option<u64>);
 
 async fn commit_group(pool: &PgPool, group: &[Request]) -> Result<GroupResult, StoreError> {
     let mut tx = pool.begin().await.map_err(be)?;
+    // The revision row lock serialises writers of all replicas, so revisions commit
+    // in order.
+    let top: i64 = sqlx::query("SELECT version FROM tessera_revision WHERE id = 1 FOR UPDATE")
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(be)?
+        .try_get(0)
+        .map_err(be)?;
+    let mut next = top;
     let mut out = Vec::with_capacity(group.len());
-    let mut top = None;
     for (ops, _) in group {
-        sqlx::query("SAVEPOINT req")
+        // Check every operation before writing any: a refused request writes nothing,
+        // so no savepoint is needed.
+        match check(&mut tx, ops).await? {
+            Err(e) => out.push(Err(e)),
+            Ok(current) => out.push(Ok(write(&mut tx, ops, current, &mut next).await?)),
+        }
+    }
+    if next != top {
+        sqlx::query("UPDATE tessera_revision SET version = $1 WHERE id = 1")
+            .bind(next)
             .execute(&mut *tx)
             .await
             .map_err(be)?;
-        match apply(&mut tx, ops).await {
-            Ok((objs, t)) => {
-                sqlx::query("RELEASE SAVEPOINT req")
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(be)?;
-                top = Some(t);
-                out.push(Ok(objs));
-            }
-            Err(e @ StoreError::Backend(_)) => return Err(e),
-            Err(e) => {
-                sqlx::query("ROLLBACK TO SAVEPOINT req")
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(be)?;
-                sqlx::query("RELEASE SAVEPOINT req")
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(be)?;
-                out.push(Err(e));
-            }
-        }
     }
     tx.commit().await.map_err(be)?;
-    Ok((out, top))
+    Ok((out, (next != top).then_some(next as u64)))
 }
 
-/// Applies one request inside the open transaction `tx`; returns the written
-/// objects and the new top revision.
-async fn apply(tx: &mut sqlx::PgConnection, ops: &[Op]) -> Result<(Vec<Object>, u64), StoreError> {
-    let top: i64 = sqlx::query(
-        "UPDATE tessera_revision SET version = version + $1 WHERE id = 1 RETURNING version",
-    )
-    .bind(ops.len() as i64)
-    .fetch_one(&mut *tx)
-    .await
-    .map_err(be)?
-    .try_get(0)
-    .map_err(be)?;
-    let mut version = top - ops.len() as i64;
+/// The stored body of each operation's key, after checking that every operation
+/// applies (the outer error is a backend failure, the inner one a refusal).
+#[allow(clippy::type_complexity)]
+async fn check(
+    tx: &mut sqlx::PgConnection,
+    ops: &[Op],
+) -> Result<Result<Vec<Option<String>>, StoreError>, StoreError> {
     let mut out = Vec::with_capacity(ops.len());
     for op in ops {
-        version += 1;
         let key = op.key();
         let cur = sqlx::query(
             "SELECT version, body FROM tessera_objects WHERE kind=$1 AND tenant=$2 AND name=$3",
@@ -369,58 +357,66 @@ async fn apply(tx: &mut sqlx::PgConnection, ops: &[Op]) -> Result<(Vec<Object>, 
             )),
             None => None,
         };
-        let (change, text, body): (ChangeOp, String, Value) = match (op, cur) {
-            (Op::Create { .. }, Some(_)) => return Err(StoreError::AlreadyExists(key.clone())),
-            (Op::Create { body, .. }, None) => (ChangeOp::Created, body.to_string(), body.clone()),
+        let refused = match (op, &cur) {
+            (Op::Create { .. }, Some(_)) => Some(StoreError::AlreadyExists(key.clone())),
+            (Op::Create { .. }, None) => None,
             (Op::Update { .. } | Op::Delete { .. }, None) => {
-                return Err(StoreError::NotFound(key.clone()));
+                Some(StoreError::NotFound(key.clone()))
             }
-            (Op::Update { expected, body, .. }, Some((v, _))) => {
-                check_version(key, *expected, v)?;
-                (ChangeOp::Updated, body.to_string(), body.clone())
+            (Op::Update { expected, .. } | Op::Delete { expected, .. }, Some((v, _))) => {
+                check_version(key, *expected, *v).err()
             }
-            (Op::Delete { expected, .. }, Some((v, old))) => {
-                check_version(key, *expected, v)?;
+        };
+        if let Some(e) = refused {
+            return Ok(Err(e));
+        }
+        out.push(cur.map(|(_, body)| body));
+    }
+    Ok(Ok(out))
+}
+
+/// Writes checked operations: the object and its change-log entry in one statement.
+async fn write(
+    tx: &mut sqlx::PgConnection,
+    ops: &[Op],
+    current: Vec<Option<String>>,
+    next: &mut i64,
+) -> Result<Vec<Object>, StoreError> {
+    let mut out = Vec::with_capacity(ops.len());
+    for (op, cur) in ops.iter().zip(current) {
+        *next += 1;
+        let version = *next;
+        let key = op.key();
+        let (change, text, body) = match op {
+            Op::Create { body, .. } => (ChangeOp::Created, body.to_string(), body.clone()),
+            Op::Update { body, .. } => (ChangeOp::Updated, body.to_string(), body.clone()),
+            Op::Delete { .. } => {
+                let old = cur.unwrap_or_default();
                 let body = serde_json::from_str(&old).map_err(be)?;
                 (ChangeOp::Deleted, old, body)
             }
         };
-        let written = match change {
+        let sql = match change {
             ChangeOp::Deleted => {
-                sqlx::query("DELETE FROM tessera_objects WHERE kind=$1 AND tenant=$2 AND name=$3")
-                    .bind(&key.kind)
-                    .bind(&key.tenant)
-                    .bind(&key.name)
-                    .execute(&mut *tx)
-                    .await
+                "WITH gone AS (DELETE FROM tessera_objects WHERE kind=$1 AND tenant=$2 AND name=$3)
+                 INSERT INTO tessera_changes (version, op, kind, tenant, name, body) VALUES ($4, $6, $1, $2, $3, $5)"
             }
             _ => {
-                sqlx::query(
-                    "INSERT INTO tessera_objects (kind, tenant, name, version, body) VALUES ($1, $2, $3, $4, $5)
-                     ON CONFLICT (kind, tenant, name) DO UPDATE SET version = EXCLUDED.version, body = EXCLUDED.body",
-                )
-                .bind(&key.kind)
-                .bind(&key.tenant)
-                .bind(&key.name)
-                .bind(version)
-                .bind(&text)
-                .execute(&mut *tx)
-                .await
+                "WITH put AS (INSERT INTO tessera_objects (kind, tenant, name, version, body) VALUES ($1, $2, $3, $4, $5)
+                     ON CONFLICT (kind, tenant, name) DO UPDATE SET version = EXCLUDED.version, body = EXCLUDED.body)
+                 INSERT INTO tessera_changes (version, op, kind, tenant, name, body) VALUES ($4, $6, $1, $2, $3, $5)"
             }
         };
-        written.map_err(be)?;
-        sqlx::query(
-            "INSERT INTO tessera_changes (version, op, kind, tenant, name, body) VALUES ($1, $2, $3, $4, $5, $6)",
-        )
-        .bind(version)
-        .bind(change.code() as i16)
-        .bind(&key.kind)
-        .bind(&key.tenant)
-        .bind(&key.name)
-        .bind(&text)
-        .execute(&mut *tx)
-        .await
-        .map_err(be)?;
+        sqlx::query(sql)
+            .bind(&key.kind)
+            .bind(&key.tenant)
+            .bind(&key.name)
+            .bind(version)
+            .bind(&text)
+            .bind(change.code() as i16)
+            .execute(&mut *tx)
+            .await
+            .map_err(be)?;
         out.push(Object {
             kind: key.kind.clone(),
             tenant: key.tenant.clone(),
@@ -429,5 +425,5 @@ async fn apply(tx: &mut sqlx::PgConnection, ops: &[Op]) -> Result<(Vec<Object>, 
             body,
         });
     }
-    Ok((out, top as u64))
+    Ok(out)
 }

@@ -9,7 +9,6 @@
 
 use std::str::FromStr;
 
-use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{PgPool, Row};
 use tokio::sync::{mpsc, oneshot};

@@ -1,7 +1,7 @@
+pub mod client;
 pub mod guard;
 pub mod mixed;
 pub mod sandbox;
 pub mod sched;
 pub mod sim;
-pub mod client;
 pub mod up;

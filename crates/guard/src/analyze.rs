@@ -975,9 +975,17 @@ impl<'a> Analyzer<'a> {
         };
         self.pieces(&pieces, false, &mut st, base, span, cx);
         let quoted = st.quoted;
+        let braces = !quoted && raw.contains('{') && raw.contains(',') && raw.contains('}');
         st.fields
             .into_iter()
             .filter(|f| !f.is_empty() || quoted)
+            .flat_map(|text| {
+                if braces {
+                    brace_expand(&text)
+                } else {
+                    vec![text]
+                }
+            })
             .map(|text| Arg {
                 text,
                 span,
@@ -2387,7 +2395,9 @@ impl<'a> Analyzer<'a> {
                     continue;
                 }
                 let t = t.trim_start_matches('@').trim_start_matches('<');
-                if looks_like_path(t) {
+                if looks_like_path(t)
+                    || self.cwd.is_some() && !t.is_empty() && !t.contains(' ') && !has_unk(t)
+                {
                     let t = t.to_string();
                     self.file_op(FileOp::Read, &t, false, span);
                 }
@@ -3079,6 +3089,61 @@ impl WordState {
             self.fields.push(String::new());
         }
     }
+}
+
+/// Expands `a{b,c}d` into `abd`, `acd` (nested groups too), at most 16 results.
+fn brace_expand(s: &str) -> Vec<String> {
+    let mut out = vec![s.to_string()];
+    for _ in 0..4 {
+        let mut next = Vec::new();
+        let mut changed = false;
+        for w in &out {
+            let b = w.as_bytes();
+            let Some(open) = b.iter().position(|c| *c == b'{') else {
+                next.push(w.clone());
+                continue;
+            };
+            let mut depth = 0;
+            let mut close = None;
+            let mut commas = Vec::new();
+            for (i, c) in b.iter().enumerate().skip(open) {
+                match c {
+                    b'{' => depth += 1,
+                    b'}' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            close = Some(i);
+                            break;
+                        }
+                    }
+                    b',' if depth == 1 => commas.push(i),
+                    _ => {}
+                }
+            }
+            let (Some(close), false) = (close, commas.is_empty()) else {
+                next.push(w.clone());
+                continue;
+            };
+            changed = true;
+            let mut start = open + 1;
+            for end in commas.iter().copied().chain(std::iter::once(close)) {
+                if next.len() < 16 {
+                    next.push(format!(
+                        "{}{}{}",
+                        &w[..open],
+                        &w[start..end],
+                        &w[close + 1..]
+                    ));
+                }
+                start = end + 1;
+            }
+        }
+        out = next;
+        if !changed {
+            break;
+        }
+    }
+    out
 }
 
 fn redirect_loc(r: &ast::IoRedirect) -> Option<brush_parser::SourceSpan> {

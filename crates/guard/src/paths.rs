@@ -102,6 +102,19 @@ pub(crate) fn path_hits(eff: &Effective, op: FileOp, path: &str, recursive: bool
                             || (p == *f && !g.is_literal()))
                 })
             }));
+        // A shell glob in the path (`cat /etc/shad*`): does it cover a file the rule
+        // names? Test the glob against a representative path of each rule pattern.
+        let hit = hit
+            || crate::glob::has_glob_chars(&norm)
+                && crate::glob::Glob::new(&norm, true).is_ok_and(|sg| {
+                    r.matches.iter().any(|g| {
+                        let probe = probe_of(g.as_str());
+                        home_forms(&probe)
+                            .iter()
+                            .any(|p| sg.matches(p) || home_glob_matches(&norm, p))
+                            && !r.except.iter().any(|e| e.matches(&probe))
+                    })
+                });
         if hit {
             out.push(i);
             // First match wins: rules are listed most specific first.
@@ -109,6 +122,48 @@ pub(crate) fn path_hits(eff: &Effective, op: FileOp, path: &str, recursive: bool
         }
     }
     out
+}
+
+/// A path a policy glob matches: wildcards replaced by `x`.
+fn probe_of(glob: &str) -> String {
+    let mut out = String::new();
+    let g = glob.replace("**/", "").replace("**", "x");
+    let mut chars = g.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '*' | '?' => out.push('x'),
+            '[' => {
+                let first = chars.next().unwrap_or('x');
+                out.push(if first == '!' || first == '^' {
+                    'x'
+                } else {
+                    first
+                });
+                for d in chars.by_ref() {
+                    if d == ']' {
+                        break;
+                    }
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// A shell glob under a home form (`/root/.ssh/id*`) against a `~/…` probe.
+fn home_glob_matches(shell_glob: &str, probe: &str) -> bool {
+    let Some(rest) = probe.strip_prefix("~/") else {
+        return false;
+    };
+    for home in ["/root/"] {
+        if let Ok(g) = crate::glob::Glob::new(shell_glob, true) {
+            if g.matches(&format!("{home}{rest}")) {
+                return true;
+            }
+        }
+    }
+    false
 }
 
 /// `check_path` without tenant lookup, for use by the command checker too.

@@ -34,6 +34,11 @@ pub struct UpArgs {
     /// Do not register this machine as a node.
     #[arg(long)]
     pub no_local_node: bool,
+    /// Also register the nodes of this scenario file (the `tessera sched plan`
+    /// format) as simulated nodes: tasks bound there hold their resources but run
+    /// nowhere.
+    #[arg(long, value_name = "FILE")]
+    pub cluster: Option<PathBuf>,
     /// Also accept OIDC bearer tokens from this issuer (the `iss` claim).
     #[arg(long, value_name = "URL", requires_all = ["oidc_audience", "oidc_jwks"])]
     pub oidc_issuer: Option<String>,
@@ -80,6 +85,13 @@ pub fn run(a: UpArgs) -> i32 {
 }
 
 async fn serve(a: UpArgs, listen: SocketAddr) -> i32 {
+    let simulated = match &a.cluster {
+        Some(path) => match tessera_sim::scenario::load(path) {
+            Ok(s) => s.snapshot.nodes,
+            Err(e) => return fail(EXIT_BAD_INPUT, e),
+        },
+        None => Vec::new(),
+    };
     let oidc = match (&a.oidc_issuer, &a.oidc_audience, &a.oidc_jwks) {
         (Some(iss), Some(aud), Some(jwks)) => match OidcConfig::from_jwks_file(iss, aud, jwks) {
             Ok(c) => Some(c),
@@ -119,6 +131,14 @@ async fn serve(a: UpArgs, listen: SocketAddr) -> i32 {
         Ok(r) => r,
         Err(e) => return fail(EXIT_FAILURE, e),
     };
+    for n in &simulated {
+        if let Err(e) = running.plane.upsert_node(n).await {
+            return fail(EXIT_BAD_INPUT, format!("--cluster: node {:?}: {e}", n.name));
+        }
+    }
+    if !simulated.is_empty() {
+        eprintln!("tessera: registered {} simulated nodes", simulated.len());
+    }
     let url = format!("http://{}", running.addr);
     eprintln!("tessera: store {backend} at {where_}");
     eprintln!("tessera: listening on {url}");

@@ -54,6 +54,8 @@ enum Command {
     /// Nodes of the cluster.
     #[command(subcommand)]
     Node(cmd::client::NodeCommand),
+    /// Follow changes to your tenant's jobs, queues or events.
+    Watch(cmd::client::WatchArgs),
 }
 
 fn main() {
@@ -69,6 +71,7 @@ fn main() {
         Command::Queue(c) => cmd::client::queue(c),
         Command::Job(c) => cmd::client::job(c),
         Command::Node(c) => cmd::client::node(c),
+        Command::Watch(a) => cmd::client::watch(a),
     };
     std::process::exit(code);
 }

@@ -408,3 +408,87 @@ pub fn node(c: NodeCommand) -> i32 {
         })
     })())
 }
+
+#[derive(Debug, Args)]
+pub struct WatchArgs {
+    /// What to watch: job, queue or event.
+    #[arg(long, default_value = "job")]
+    pub kind: String,
+    /// Start after this revision (default: from now).
+    #[arg(long)]
+    pub after: Option<u64>,
+    /// Print each change as one JSON line instead of a table row.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `tessera watch`: follows changes in your tenant until interrupted.
+pub fn watch(a: WatchArgs) -> i32 {
+    finish((|| {
+        let client = Client::from_env()?;
+        runtime()?.block_on(async move {
+            let mut path = format!("/v1/watch?kind={}", a.kind);
+            if let Some(after) = a.after {
+                path.push_str(&format!("&after={after}"));
+            }
+            let mut resp = client
+                .http
+                .get(format!("{}{path}", client.url))
+                .bearer_auth(&client.key)
+                .send()
+                .await
+                .map_err(|e| {
+                    Failure(
+                        EXIT_FAILURE,
+                        format!(
+                            "cannot reach {} ({e}): is `tessera up` running there?",
+                            client.url
+                        ),
+                    )
+                })?;
+            if !resp.status().is_success() {
+                let st = resp.status();
+                let v: Value = resp.json().await.unwrap_or(Value::Null);
+                let msg = v["detail"].as_str().unwrap_or("").to_string();
+                let code = if st.is_client_error() && st.as_u16() != 401 {
+                    EXIT_BAD_INPUT
+                } else {
+                    EXIT_FAILURE
+                };
+                return Err(Failure(code, format!("{msg} ({})", st.as_u16())));
+            }
+            let mut buf = String::new();
+            while let Some(chunk) = resp
+                .chunk()
+                .await
+                .map_err(|e| Failure(EXIT_FAILURE, format!("the watch broke: {e}")))?
+            {
+                buf.push_str(&String::from_utf8_lossy(&chunk));
+                while let Some(end) = buf.find("\n\n") {
+                    let ev: String = buf.drain(..end + 2).collect();
+                    let field = |name: &str| {
+                        ev.lines()
+                            .find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()))
+                    };
+                    let (Some(op), Some(data)) = (field("event:"), field("data:")) else {
+                        continue;
+                    };
+                    let rev = field("id:").unwrap_or_default();
+                    let v: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
+                    if a.json {
+                        println!("{}", json!({"revision": rev, "op": op, "object": v}));
+                    } else {
+                        let state = v["status"]["phase"]
+                            .as_str()
+                            .or(v["reason"].as_str())
+                            .unwrap_or("");
+                        println!("{rev:>8}  {op:<8} {}/{}  {state}", a.kind, cell(&v["name"]));
+                    }
+                    use std::io::Write;
+                    let _ = std::io::stdout().flush();
+                }
+            }
+            Ok(0)
+        })
+    })())
+}

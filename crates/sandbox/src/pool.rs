@@ -60,6 +60,8 @@ struct State {
     stats: PoolStats,
     last_claim: Option<Instant>,
     shutdown: bool,
+    /// No new sandboxes are made while set (destruction goes on).
+    paused: bool,
     last_error: Option<String>,
 }
 
@@ -151,7 +153,7 @@ fn worker(inner: Arc<Inner>) {
         }
         inner.decay(&mut st, Instant::now());
         let have = st.ready.len() + st.creating;
-        if have < st.target {
+        if have < st.target && !st.paused {
             st.creating += 1;
             drop(st);
             let r = inner.rt.spawn(&inner.spec);
@@ -210,6 +212,7 @@ impl WarmPool {
                 stats: PoolStats::default(),
                 last_claim: None,
                 shutdown: false,
+                paused: false,
                 last_error: None,
             }),
             work: Condvar::new(),
@@ -294,6 +297,13 @@ impl WarmPool {
             target: st.target,
             ..st.stats
         }
+    }
+
+    /// Stops (`true`) or restarts making new sandboxes in the background, for draining
+    /// a host or measuring hand-overs without refills competing for the CPU.
+    pub fn set_paused(&self, paused: bool) {
+        self.inner.lock().paused = paused;
+        self.inner.work.notify_all();
     }
 
     /// The last error a background creation hit, if any.

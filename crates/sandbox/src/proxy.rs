@@ -8,8 +8,13 @@ use crate::spec::EgressPolicy;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
+
+/// Open tunnels per sandbox, at most.
+pub const MAX_TUNNELS: usize = 64;
 
 /// A running proxy for one sandbox.
 #[derive(Debug)]
@@ -26,15 +31,28 @@ impl Proxy {
         let thread = std::thread::Builder::new()
             .name("tessera-egress".into())
             .spawn(move || {
+                let open = Arc::new(AtomicUsize::new(0));
                 for conn in accept.incoming() {
                     match conn {
-                        Ok(c) => {
-                            let p = policy.clone();
-                            let _ = std::thread::Builder::new()
+                        Ok(mut c) => {
+                            // Each tunnel costs the supervisor a thread or two: bound them.
+                            if open.load(Ordering::Relaxed) >= MAX_TUNNELS {
+                                let _ =
+                                    reply(&mut c, "503 Service Unavailable", "too many tunnels\n");
+                                continue;
+                            }
+                            open.fetch_add(1, Ordering::Relaxed);
+                            let (p, mine) = (policy.clone(), open.clone());
+                            let spawned = std::thread::Builder::new()
                                 .name("tessera-egress-conn".into())
                                 .spawn(move || {
                                     let _ = serve(c, &p);
+                                    mine.fetch_sub(1, Ordering::Relaxed);
                                 });
+                            if spawned.is_err() {
+                                // The closure (and its decrement) never ran.
+                                open.fetch_sub(1, Ordering::Relaxed);
+                            }
                         }
                         // Shut down by `stop`, or the namespace is gone.
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,

@@ -336,13 +336,14 @@ pub fn run(a: Args) -> i32 {
     }
     let mut s = String::new();
     s.push_str(&format!(
-        "{:>7} {:>6} {:>8} {:>8} {:>9} {:>12} {:>9} {:>8} | {:>9} {:>8} {:>8} {:>9}\n",
+        "{:>7} {:>6} {:>8} {:>8} {:>9} {:>12} {:>12} {:>9} {:>8} | {:>9} {:>8} {:>8} {:>9}\n",
         "workers",
         "nodes",
         "tasks",
         "placed",
         "wall_ms",
         "tasks/s",
+        "tasks/cpu-s",
         "conflicts",
         "requeued",
         "rate/s",
@@ -368,8 +369,9 @@ pub fn run(a: Args) -> i32 {
         rows.iter().find(|r| r.workers == 2),
     ) {
         s.push_str(&format!(
-            "2 workers / 1 worker throughput: {:.2}x\n",
-            two.tasks_per_sec / one.tasks_per_sec.max(1e-9)
+            "2 workers / 1 worker: throughput {:.2}x, throughput per CPU second {:.2}x\n",
+            two.tasks_per_sec / one.tasks_per_sec.max(1e-9),
+            two.tasks_per_cpu_sec / one.tasks_per_cpu_sec.max(1e-9)
         ));
     }
     print_text(&s)

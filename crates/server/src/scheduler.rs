@@ -332,6 +332,9 @@ pub async fn run_once(
     }
 }
 
+/// The advisory lock that elects the scheduling replica.
+pub const SCHEDULER_LOCK: i64 = 0x7e55_5c4e;
+
 /// Runs rounds until `stop` turns true: after every change to the store (at most
 /// one round per `min_gap`) and at least every `period`.
 pub async fn run_loop(
@@ -343,6 +346,17 @@ pub async fn run_loop(
 ) {
     use std::sync::atomic::Ordering::Relaxed;
     let min_gap = Duration::from_millis(20);
+    // Of several replicas on one database, exactly one schedules.
+    let _leadership = tokio::select! {
+        l = store.lead(SCHEDULER_LOCK) => match l {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("scheduler: cannot take the scheduler lock: {e}");
+                return;
+            }
+        },
+        _ = stop.changed() => return,
+    };
     let mut wake = store.notifier();
     let mut cache = None;
     loop {

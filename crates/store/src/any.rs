@@ -19,6 +19,27 @@ impl AnyStore {
     }
 }
 
+/// Held while this process is the one that runs a singleton loop (see
+/// [`AnyStore::lead`]).
+#[derive(Debug)]
+pub enum Leadership {
+    /// The embedded store has one process by construction.
+    Sole,
+    Pg(crate::pg::PgLeadership),
+}
+
+impl AnyStore {
+    /// Waits until this process may run the singleton identified by `key` (the
+    /// scheduler loop): at once for SQLite, through an advisory lock for PostgreSQL,
+    /// so that of several replicas exactly one schedules.
+    pub async fn lead(&self, key: i64) -> Result<Leadership, StoreError> {
+        match self {
+            AnyStore::Sqlite(_) => Ok(Leadership::Sole),
+            AnyStore::Pg(p) => Ok(Leadership::Pg(p.lead(key).await?)),
+        }
+    }
+}
+
 impl From<SqliteStore> for AnyStore {
     fn from(s: SqliteStore) -> Self {
         AnyStore::Sqlite(s)

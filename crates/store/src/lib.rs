@@ -29,8 +29,8 @@ use std::future::Future;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-pub use any::AnyStore;
-pub use pg::PgStore;
+pub use any::{AnyStore, Leadership};
+pub use pg::{PgLeadership, PgStore};
 pub use sqlite::SqliteStore;
 pub use watch::{WatchFilter, Watcher};
 

@@ -20,6 +20,9 @@ use crate::{Change, ChangeOp, Key, Listing, Object, Op, Store, StoreError, check
 #[derive(Clone)]
 pub struct PgStore {
     pool: PgPool,
+    /// Mixed into advisory lock keys, so instances in different schemas of one
+    /// database do not contend.
+    lock_salt: i64,
     notify: std::sync::Arc<tokio::sync::watch::Sender<u64>>,
     writer: mpsc::UnboundedSender<Request>,
 }
@@ -28,6 +31,17 @@ type Request = (Vec<Op>, oneshot::Sender<Result<Vec<Object>, StoreError>>);
 
 /// Requests one group commit takes at most.
 const GROUP: usize = 512;
+
+/// Proof of holding an advisory lock; see [`PgStore::lead`].
+pub struct PgLeadership {
+    _conn: sqlx::PgConnection,
+}
+
+impl std::fmt::Debug for PgLeadership {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PgLeadership")
+    }
+}
 
 impl std::fmt::Debug for PgStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -118,11 +132,42 @@ impl PgStore {
         let notify = std::sync::Arc::new(notify);
         let (writer, rx) = mpsc::unbounded_channel();
         tokio::spawn(write_loop(pool.clone(), rx, notify.clone()));
+        // FNV-1a of the schema name.
+        let lock_salt = schema
+            .unwrap_or("")
+            .bytes()
+            .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+            }) as i64;
         Ok(PgStore {
             pool,
+            lock_salt,
             notify,
             writer,
         })
+    }
+
+    /// Waits until this process holds the PostgreSQL advisory lock `key` (one
+    /// holder across all replicas using the same schema), and returns a guard that holds it on its own
+    /// connection. Dropping the guard closes that connection, which releases the lock.
+    pub async fn lead(&self, key: i64) -> Result<PgLeadership, StoreError> {
+        loop {
+            let mut conn = self.pool.acquire().await.map_err(be)?;
+            let got: bool = sqlx::query("SELECT pg_try_advisory_lock($1)")
+                .bind(key ^ self.lock_salt)
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(be)?
+                .try_get(0)
+                .map_err(be)?;
+            if got {
+                return Ok(PgLeadership {
+                    _conn: conn.detach(),
+                });
+            }
+            drop(conn);
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        }
     }
 
     /// Drops `schema` with everything in it (tests clean up with this).

@@ -1045,6 +1045,55 @@ impl Sandbox {
             .map(drop)
     }
 
+    /// Unpacks a tar archive (as made by `tar -c`) into `dir` inside the sandbox (made
+    /// if missing), with the same confinement as any command (it runs the template's
+    /// `tar`, which the guard checks like any command).
+    pub fn upload_tar(&self, dir: &str, archive: &[u8]) -> Result<(), FileError> {
+        self.mkdir(dir)?;
+        self.tar_job(
+            dir,
+            vec!["tar", "-x", "--no-same-owner", "-f", "-", "-C", dir],
+            Some(archive),
+        )
+        .map(drop)
+    }
+
+    /// Packs `dir` inside the sandbox into a tar archive.
+    pub fn download_tar(&self, dir: &str) -> Result<Vec<u8>, FileError> {
+        self.tar_job(dir, vec!["tar", "-c", "-f", "-", "-C", dir, "."], None)
+    }
+
+    fn tar_job(
+        &self,
+        dir: &str,
+        argv: Vec<&str>,
+        input: Option<&[u8]>,
+    ) -> Result<Vec<u8>, FileError> {
+        if !dir.starts_with('/') || dir.contains('\0') {
+            return Err(FileError::BadPath(dir.to_string()));
+        }
+        let mut req = ExecRequest::argv(argv).timeout(Duration::from_secs(300));
+        req.stdin = input.map(<[u8]>::to_vec);
+        req.max_output = 1 << 30;
+        let out = self.exec(&req)?;
+        if out.status.success() && !out.stdout_truncated {
+            Ok(out.stdout)
+        } else {
+            Err(FileError::Op {
+                path: dir.into(),
+                source: StepError::new(
+                    "tar",
+                    dir,
+                    format!(
+                        "{:?}: {}",
+                        out.status,
+                        String::from_utf8_lossy(&out.stderr).trim()
+                    ),
+                ),
+            })
+        }
+    }
+
     /// Freezes every process of the sandbox (cgroup freezer).
     pub fn pause(&self) -> Result<(), crate::CgroupError> {
         let cg = self

@@ -506,3 +506,53 @@ fn directory_templates_are_bound_read_only() {
     );
     assert!(!dir.path().join("data/new.txt").exists());
 }
+
+#[test]
+fn tar_upload_and_download_round_trip() {
+    if !root_or_skip("tar_upload_and_download_round_trip") {
+        return;
+    }
+    // An archive made on the host.
+    let src = tempfile::tempdir().unwrap();
+    std::fs::create_dir(src.path().join("pkg")).unwrap();
+    std::fs::write(src.path().join("pkg/a.py"), b"print('a')\n").unwrap();
+    std::fs::write(src.path().join("b.txt"), b"bee").unwrap();
+    let archive = std::process::Command::new("tar")
+        .args(["-c", "-f", "-", "-C"])
+        .arg(src.path())
+        .arg(".")
+        .output()
+        .unwrap();
+    assert!(archive.status.success());
+    let sb = sandbox();
+    sb.upload_tar("/workspace/proj", &archive.stdout)
+        .map(|_| ())
+        .unwrap_or_else(|e| {
+            // The directory must exist first: tar -C does not create it.
+            panic!("{e}")
+        });
+    let out = sb
+        .exec(&ExecRequest::shell("cd /workspace/proj && python3 pkg/a.py && cat b.txt").timeout(T))
+        .unwrap();
+    assert_eq!(text(&out.stdout), "a\nbee");
+    sb.write_file("/workspace/proj/c.txt", b"sea").unwrap();
+    let back = sb.download_tar("/workspace/proj").unwrap();
+    let dst = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new("tar")
+        .args(["-x", "-f", "-", "-C"])
+        .arg(dst.path())
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(&back).unwrap();
+    assert!(child.wait().unwrap().success());
+    assert_eq!(std::fs::read(dst.path().join("c.txt")).unwrap(), b"sea");
+    assert_eq!(
+        std::fs::read(dst.path().join("pkg/a.py")).unwrap(),
+        b"print('a')\n"
+    );
+    // Into the read-only base: refused.
+    assert!(sb.upload_tar("/usr", &archive.stdout).is_err());
+    assert!(sb.download_tar("relative").is_err());
+}

@@ -137,6 +137,9 @@ pub struct CreateArgs {
     /// Do not check commands with the runtime guard.
     #[arg(long)]
     pub no_guard: bool,
+    /// Destroy the sandbox this long after creation, e.g. `30m` (default: never).
+    #[arg(long)]
+    pub lifetime: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -149,6 +152,8 @@ pub struct ServeArgs {
     pub name: String,
     #[arg(long)]
     pub no_guard: bool,
+    #[arg(long)]
+    pub lifetime: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -640,6 +645,11 @@ mod long {
         if let Err(e) = spec_from(&a.limits) {
             return fail(EXIT_BAD_INPUT, e);
         }
+        if let Some(l) = &a.lifetime
+            && let Err(e) = parse_duration(l)
+        {
+            return fail(EXIT_BAD_INPUT, format!("--lifetime: {e}"));
+        }
         let name = a.name.clone().unwrap_or_else(|| {
             let t = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -699,6 +709,9 @@ mod long {
         }
         for d in &l.allow_domain {
             cmd.args(["--allow-domain", d]);
+        }
+        if let Some(t) = &a.lifetime {
+            cmd.args(["--lifetime", t]);
         }
         if l.allow_private_egress {
             cmd.arg("--allow-private-egress");
@@ -766,6 +779,14 @@ mod long {
         );
         println!("{}", a.name);
         let _ = std::io::stdout().flush();
+        if let Some(life) = a.lifetime.as_deref().and_then(|l| parse_duration(l).ok()) {
+            // At the end of its lifetime the sandbox destroys itself, like `rm`.
+            let (state, name) = (state.clone(), a.name.clone());
+            std::thread::spawn(move || {
+                std::thread::sleep(life);
+                let _ = call(&state, &name, &Req::Destroy);
+            });
+        }
         for conn in listener.incoming() {
             let Ok(conn) = conn else { continue };
             let mut line = String::new();

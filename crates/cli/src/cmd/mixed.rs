@@ -30,6 +30,12 @@ pub struct Args {
     /// Shard mode of the agent scheduler: soft (prefer own shard, may borrow) or hard.
     #[arg(long, default_value = "soft")]
     pub mode: String,
+    /// Fewest nodes the agent shard keeps (headroom for bursts).
+    #[arg(long, default_value_t = 1)]
+    pub min_agent_nodes: usize,
+    /// Most nodes that change hands per controller round.
+    #[arg(long, default_value_t = 4)]
+    pub max_step: usize,
     /// Seed.
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
@@ -110,9 +116,21 @@ fn settings(a: &Args) -> Result<MixedConfig, String> {
         "soft" => ShardMode::Soft,
         m => return Err(format!("--mode {m:?}: give hard or soft")),
     };
+    if a.min_agent_nodes > a.nodes || a.max_step == 0 {
+        return Err(format!(
+            "--min-agent-nodes {} must be at most --nodes {}, and --max-step at least 1",
+            a.min_agent_nodes, a.nodes
+        ));
+    }
+    c.initial_agent_nodes = c.initial_agent_nodes.max(a.min_agent_nodes);
     for p in &mut c.policies {
-        if let tessera_sched::agent::Policy::NodeCount { max, .. } = p {
-            *max = (*max).min(a.nodes);
+        match p {
+            tessera_sched::agent::Policy::NodeCount { min, max } => {
+                *max = (*max).min(a.nodes).max(a.min_agent_nodes);
+                *min = a.min_agent_nodes;
+            }
+            tessera_sched::agent::Policy::MaxStep { nodes } => *nodes = a.max_step,
+            _ => {}
         }
     }
     Ok(c)

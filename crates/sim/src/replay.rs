@@ -92,7 +92,8 @@ pub struct Prepared {
     pub pods: Vec<PodShape>,
     /// The simulator's typical pods (CPU and GPU), for `fgd` and for measuring.
     pub workload: Workload,
-    /// Typical pods with memory too, for our memory-aware policy.
+    /// The same typical pods, each also asking for the least memory its shape's
+    /// pods ask for: our `fgd-mem` policy.
     pub workload_mem: Workload,
     pub total_milli: u64,
     pub models: BTreeMap<String, u16>,
@@ -190,11 +191,20 @@ fn typical_workload(
     coverage: f64,
     memory: bool,
 ) -> Workload {
-    type Key = (i64, u32, u32, String, i64);
+    type Key = (i64, u32, u32, String);
+    // With memory: each shape asks for the least memory any pod of that shape
+    // asks for, so a node short of even that cannot run the shape.
+    let mut least_mem: BTreeMap<Key, i64> = BTreeMap::new();
+    for (row, s) in rows.iter().zip(shapes) {
+        let m = least_mem
+            .entry((s.cpu, s.milli, s.num_gpu, row.gpu_spec.join("|")))
+            .or_insert(s.mem);
+        *m = (*m).min(s.mem);
+    }
     let mut counts: BTreeMap<Key, (u64, PodShape)> = BTreeMap::new();
     for (row, s) in rows.iter().zip(shapes) {
-        let mem = if memory { s.mem } else { 0 };
-        let key = (s.cpu, s.milli, s.num_gpu, row.gpu_spec.join("|"), mem);
+        let key = (s.cpu, s.milli, s.num_gpu, row.gpu_spec.join("|"));
+        let mem = if memory { least_mem[&key] } else { 0 };
         let shape = PodShape { mem, ..s.clone() };
         let e = counts.entry(key).or_insert((0, shape));
         e.0 += 1;

@@ -6,8 +6,11 @@
 //! scale (0..100), so that ties happen where they happen there. Ties go to the
 //! node of lowest rank in a tie-break order the caller sets (the simulator's
 //! scheduler picks the smallest node name, and names carry a random per-run
-//! prefix). `fgd-mem` is ours: FGD with memory in the target workload, so that
-//! GPUs stranded behind exhausted host memory count as fragmented.
+//! prefix). `fgd-mem` is ours: FGD with host memory in the target workload (each
+//! typical shape also asks for the least memory its pods ask for), so that GPUs
+//! stranded behind exhausted memory count as fragmented. Measured on the Alibaba
+//! trace it leaves fewer GPUs unallocated than `fgd` on the default trace and on
+//! the `cpu*`, `gpushare*`, `gpuspec*` and `multigpu*` variants tried.
 //!
 //! Everything is pure: the caller owns the cluster state and passes randomness in
 //! through [`RandomSource`].

@@ -1,4 +1,4 @@
-//! Runs the quick start of `docs/api.md` as a new user would: `tessera up` on a
+//! Runs the quick start of `README.md` (the same as `docs/api.md`) as a new user would: `tessera up` on a
 //! fresh data folder, then the client commands against it, with the job file taken
 //! from the document itself.
 
@@ -23,10 +23,21 @@ fn tessera(up: &Up, key: &str, args: &[&str]) -> (i32, String, String) {
     )
 }
 
-/// The YAML block after "where `job.yaml` is:" in docs/api.md.
+/// The YAML block after "where `job.yaml` is:" in README.md, which must be the
+/// same as the one in docs/api.md.
 fn job_yaml_from_docs() -> String {
+    let readme = job_yaml_in("README.md");
+    assert_eq!(
+        readme,
+        job_yaml_in("docs/api.md"),
+        "README.md and docs/api.md show different job files"
+    );
+    readme
+}
+
+fn job_yaml_in(file: &str) -> String {
     let doc =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/api.md")).unwrap();
+        std::fs::read_to_string(format!("{}/../../{file}", env!("CARGO_MANIFEST_DIR"))).unwrap();
     let after = doc
         .split("where `job.yaml` is:")
         .nth(1)

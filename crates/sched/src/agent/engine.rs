@@ -19,6 +19,11 @@ use super::sync::{Arc, Mutex, RwLock, lock};
 use super::table::{CommitError, NodeTable};
 use super::task::AgentTask;
 
+#[cfg(not(loom))]
+fn lock_std<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Where time comes from.
 pub trait Clock: Sync {
     fn now_ns(&self) -> u64;
@@ -113,6 +118,19 @@ pub struct AgentScheduler<'t> {
     queue: Mutex<AgentQueue>,
     shards: RwLock<Arc<ShardLists>>,
     cfg: AgentConfig,
+    /// Idle workers of [`AgentScheduler::run_threads`] sleep here (a sleeping thread
+    /// is woken ahead of busy ones by the OS, which keeps the tail short on a
+    /// loaded machine; spinning would compete with the work).
+    #[cfg(not(loom))]
+    idle: Idle,
+}
+
+#[cfg(not(loom))]
+#[derive(Debug, Default)]
+struct Idle {
+    lock: std::sync::Mutex<()>,
+    cv: std::sync::Condvar,
+    sleepers: std::sync::atomic::AtomicUsize,
 }
 
 impl<'t> AgentScheduler<'t> {
@@ -125,6 +143,8 @@ impl<'t> AgentScheduler<'t> {
             queue: Mutex::new(AgentQueue::new(cfg.queue)),
             shards: RwLock::new(Arc::new(ShardLists { own, borrow })),
             cfg,
+            #[cfg(not(loom))]
+            idle: Idle::default(),
         }
     }
 
@@ -154,9 +174,16 @@ impl<'t> AgentScheduler<'t> {
 
     /// Enqueues tasks (their `enqueued_ns` is the caller's to set).
     pub fn submit(&self, tasks: &[AgentTask]) {
-        let mut q = lock(&self.queue);
-        for t in tasks {
-            q.push(*t);
+        {
+            let mut q = lock(&self.queue);
+            for t in tasks {
+                q.push(*t);
+            }
+        }
+        #[cfg(not(loom))]
+        if self.idle.sleepers.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+            let _g = lock_std(&self.idle.lock);
+            self.idle.cv.notify_all();
         }
     }
 
@@ -290,20 +317,39 @@ impl<'t> AgentScheduler<'t> {
                         // Touch the pages now, not while binding.
                         out.resize(out.capacity(), Bound::default());
                         out.clear();
+                        let mut spins = 0u32;
                         loop {
-                            if self.step(&mut w, clock, &mut out) == 0 {
-                                let idle = {
-                                    let q = lock(&self.queue);
-                                    q.active_is_empty()
-                                        && q.next_backoff_ready().is_none_or(|r| r > clock.now_ns())
-                                };
-                                if idle {
-                                    if stop() && self.queue_lens().backoff == 0 {
-                                        break;
-                                    }
-                                    std::thread::yield_now();
-                                }
+                            if self.step(&mut w, clock, &mut out) > 0 {
+                                spins = 0;
+                                continue;
                             }
+                            let idle = {
+                                let q = lock(&self.queue);
+                                q.active_is_empty()
+                                    && q.next_backoff_ready().is_none_or(|r| r > clock.now_ns())
+                            };
+                            if !idle {
+                                continue;
+                            }
+                            if stop() && self.queue_lens().backoff == 0 {
+                                break;
+                            }
+                            spins += 1;
+                            if spins < 32 {
+                                std::thread::yield_now();
+                                continue;
+                            }
+                            // Sleep until a submit (or 1 ms, for back-off and stop).
+                            let idl = &self.idle;
+                            idl.sleepers
+                                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                            let g = lock_std(&idl.lock);
+                            if lock(&self.queue).active_is_empty() {
+                                let _ = idl.cv.wait_timeout(g, std::time::Duration::from_millis(1));
+                            }
+                            idl.sleepers
+                                .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                            spins = 0;
                         }
                         (w, out)
                     })

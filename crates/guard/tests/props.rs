@@ -113,17 +113,20 @@ const PARTS: &[&str] = &[
     "lorem ipsum dolor sit amet 2024-01-15 10:23:45 ",
 ];
 
+static POLICY: std::sync::LazyLock<Policy> = std::sync::LazyLock::new(Policy::default);
+static SCANNER: std::sync::LazyLock<Scanner> = std::sync::LazyLock::new(|| Scanner::new(&POLICY));
+
 fn shell_text() -> impl Strategy<Value = String> {
     prop::collection::vec(prop::sample::select(TOKENS), 0..120).prop_map(|v| v.join(" "))
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 400, .. ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 128, .. ProptestConfig::default() })]
 
     #[test]
     fn generated_shell_never_panics_and_work_is_bounded(s in shell_text()) {
-        let p = Policy::default();
-        let (v, work) = check_command_counted(&p, None, &s);
+        let p = &*POLICY;
+        let (v, work) = check_command_counted(p, None, &s);
         // Work is capped by the policy limit (plus the few units of the step that
         // crosses it), whatever the input.
         prop_assert!(work <= p.limits().max_work + 64 + s.len() / 64, "work {} on {:?}", work, s);
@@ -137,20 +140,19 @@ proptest! {
 
     #[test]
     fn arbitrary_text_never_panics(s in any::<String>()) {
-        let p = Policy::default();
-        let _ = check_command(&p, None, &s);
-        let _ = check_path(&p, None, FileOp::Read, &s);
-        let _ = check_argv(&p, None, &[s.clone(), s.clone()]);
-        let sc = Scanner::new(&p);
-        let _ = sc.redact(s.as_bytes());
+        let p = &*POLICY;
+        let _ = check_command(p, None, &s);
+        let _ = check_path(p, None, FileOp::Read, &s);
+        let _ = check_argv(p, None, &[s.clone(), s.clone()]);
+        let _ = SCANNER.redact(s.as_bytes());
     }
 
     #[test]
-    fn repeated_constructs_stay_linear(n in 1usize..400, which in 0usize..6) {
+    fn repeated_constructs_stay_linear(n in 1usize..120, which in 0usize..6) {
         let unit = ["$(", "(", "{ ", "bash -c '", "echo \\`", "a | "][which];
         let s = unit.repeat(n);
-        let p = Policy::default();
-        let (_, work) = check_command_counted(&p, None, &s);
+        let p = &*POLICY;
+        let (_, work) = check_command_counted(p, None, &s);
         prop_assert!(work <= p.limits().max_work + 64 + s.len() / 64);
     }
 
@@ -165,7 +167,7 @@ proptest! {
         cuts in prop::collection::vec(1usize..9000, 1..20),
     ) {
         let text: String = parts.concat();
-        let sc = Scanner::new(&Policy::default());
+        let sc = &*SCANNER;
         let whole = sc.scan(text.as_bytes());
         let mut st = sc.stream();
         let mut got = Vec::new();

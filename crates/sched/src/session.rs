@@ -579,22 +579,38 @@ impl Session<'_, '_, '_> {
                 self.obs.decision();
                 break;
             }
-            let found = self.find_node(t);
-            self.obs.decision();
-            match found {
-                Some((n, gpus)) => {
-                    self.place_task(t, n, gpus);
-                    stmt.ops.push(Op::Placed(t));
-                }
-                None => {
-                    let partial = !stmt.ops.is_empty();
-                    self.record_failure(j, t, partial);
-                    break;
-                }
+            if !self.try_place(j, t, &mut stmt) {
+                break;
             }
         }
-        let placed = stmt.ops.len() as u32;
-        if self.settle(j, stmt) && placed > 0 {
+        self.finish(j, stmt);
+    }
+
+    /// One placement decision: finds a node for task `t` of job `j` and places
+    /// it in `stmt`, or records why not. Returns whether it was placed.
+    fn try_place(&mut self, j: JobId, t: u32, stmt: &mut Stmt) -> bool {
+        let found = self.find_node(t);
+        self.obs.decision();
+        match found {
+            Some((n, gpus)) => {
+                self.place_task(t, n, gpus);
+                stmt.ops.push(Op::Placed(t));
+                true
+            }
+            None => {
+                let partial = !stmt.ops.is_empty();
+                self.record_failure(j, t, partial);
+                false
+            }
+        }
+    }
+
+    /// Settles a job's attempt; a job left with nothing pending has no reason to wait.
+    fn finish(&mut self, j: JobId, stmt: Stmt) {
+        if stmt.ops.is_empty() {
+            return;
+        }
+        if self.settle(j, stmt) {
             let job = &mut self.st.jobs[j as usize];
             if job.pending_tasks() == 0 {
                 job.reason = None;
@@ -617,18 +633,8 @@ impl Session<'_, '_, '_> {
                     if ts.status != TaskStatus::Pending || !ts.request.is_best_effort() {
                         continue;
                     }
-                    let found = self.find_node(t);
-                    self.obs.decision();
-                    match found {
-                        Some((n, gpus)) => {
-                            self.place_task(t, n, gpus);
-                            stmt.ops.push(Op::Placed(t));
-                        }
-                        None => {
-                            let partial = !stmt.ops.is_empty();
-                            self.record_failure(j, t, partial);
-                            break;
-                        }
+                    if !self.try_place(j, t, &mut stmt) {
+                        break;
                     }
                 }
                 self.settle(j, stmt);
@@ -776,17 +782,7 @@ impl Session<'_, '_, '_> {
             self.place_task(t, n, gpus);
             stmt.ops.push(Op::Placed(t));
         }
-        if !stmt.ops.is_empty() {
-            if self.settle(j, stmt) {
-                let job = &mut self.st.jobs[j as usize];
-                if job.pending_tasks() == 0 {
-                    job.reason = None;
-                    job.failed_task = None;
-                }
-            }
-        } else {
-            self.rollback(stmt);
-        }
+        self.finish(j, stmt);
     }
 
     /// The node where evicting the fewest eligible victims (lowest priority,

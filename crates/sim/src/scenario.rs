@@ -266,13 +266,21 @@ fn config_from_raw(c: &RawConfig, file: &str, prefix: &str) -> Result<Config, Sc
 /// `config` in a scenario file. Volcano's spelling is accepted too
 /// (`actions: "enqueue, allocate"`, `plugins: [{name: gang}]`).
 pub fn load_config(path: &Path) -> Result<Config, ScenarioError> {
-    let file = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| ScenarioError {
-        file: file.clone(),
-        path: String::new(),
-        message: format!("cannot read the file: {e}"),
-    })?;
+    let (text, file) = read(path)?;
     parse_config(&text, &file)
+}
+
+/// Reads a file, naming it in the error; returns its text and its display name.
+fn read(path: &Path) -> Result<(String, String), ScenarioError> {
+    let file = path.display().to_string();
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok((text, file)),
+        Err(e) => Err(ScenarioError {
+            file,
+            path: String::new(),
+            message: format!("cannot read the file: {e}"),
+        }),
+    }
 }
 
 /// Parses scheduler configuration text; `file` names it in errors.
@@ -302,12 +310,7 @@ fn yaml_error(e: serde_path_to_error::Error<serde_norway::Error>, file: &str) ->
 
 /// Reads and validates a scenario file.
 pub fn load(path: &Path) -> Result<Scenario, ScenarioError> {
-    let file = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| ScenarioError {
-        file: file.clone(),
-        path: String::new(),
-        message: format!("cannot read the file: {e}"),
-    })?;
+    let (text, file) = read(path)?;
     parse(&text, &file)
 }
 

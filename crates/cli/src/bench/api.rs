@@ -58,12 +58,8 @@ struct Report {
 }
 
 fn pct(v: &mut [f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
     v.sort_by(f64::total_cmp);
-    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
-    v[i.min(v.len() - 1)]
+    super::percentile(v, p).unwrap_or(f64::NAN)
 }
 
 pub fn run(a: Args) -> i32 {

@@ -83,11 +83,7 @@ fn dirty_text(bytes: usize) -> Vec<u8> {
 }
 
 fn pct(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
+    super::percentile(sorted, p).unwrap_or(0.0)
 }
 
 fn scan_rate(sc: &Scanner, text: &[u8]) -> (f64, usize) {

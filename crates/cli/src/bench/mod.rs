@@ -23,6 +23,14 @@ pub enum BenchCommand {
     Api(api::Args),
 }
 
+/// Nearest-rank percentile of sorted samples (`p` in 0..=1); `None` when there
+/// are none. Every benchmark reports percentiles through this one rule.
+pub fn percentile<T: Copy>(sorted: &[T], p: f64) -> Option<T> {
+    let last = sorted.len().checked_sub(1)?;
+    let i = (last as f64 * p).round() as usize;
+    Some(sorted[i.min(last)])
+}
+
 pub fn run(c: BenchCommand) -> i32 {
     match c {
         BenchCommand::Sched(a) => sched::run(a),

@@ -188,12 +188,9 @@ fn whole(count: u32) -> GpuRequest {
     }
 }
 
+/// Percentile of sorted nanosecond samples, in microseconds (0 when empty).
 fn percentile(sorted: &[u64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)] as f64 / 1000.0
+    super::percentile(sorted, p).map_or(0.0, |v| v as f64 / 1000.0)
 }
 
 fn measure(nodes: usize, tasks: usize, seed: u64, repeat: usize, config: &Config) -> Row {

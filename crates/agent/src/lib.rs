@@ -1,0 +1,9 @@
+//! Tessera's agent platform.
+//!
+//! Runtimes and their immutable versions, sessions bound to sandboxes with
+//! memory and checkpoints kept in the store, the tool gateway and its
+//! exactly-once ledger (`tools`), durable events, metering and traces.
+//! State lives in `tessera-store`; the server only translates HTTP to calls
+//! on this crate.
+
+pub mod tools;

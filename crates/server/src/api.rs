@@ -29,6 +29,11 @@ pub struct App {
     pub plane: ControlPlane,
     pub body_limit: usize,
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
+    /// The pillars served next to the core API; each module owns its state.
+    pub sandboxes: crate::sandboxes::SandboxesState,
+    pub agents: crate::agents::AgentsState,
+    pub tools: crate::tools::ToolsState,
+    pub gateway: crate::gateway::GatewayState,
 }
 
 impl FromRequestParts<App> for Caller {
@@ -305,21 +310,34 @@ pub struct RouteDoc {
     pub status: u16,
 }
 
+/// Declares a module's routes once, for its router and the OpenAPI document:
+/// `routes! { TABLE, router_fn; get "/v1/x" handler "Summary" None, 200; ... }`.
 macro_rules! routes {
-    ($( $m:ident $p:literal $h:ident $sum:literal $body:expr, $st:literal; )*) => {
-        /// Every authenticated route.
-        pub const ROUTES: &[RouteDoc] = &[
-            $( RouteDoc { method: stringify!($m), path: $p, summary: $sum, body: $body, status: $st }, )*
+    ($table:ident, $router:ident; $( $m:ident $p:literal $h:ident $sum:literal $body:expr, $st:literal; )*) => {
+        /// Every authenticated route of this module.
+        pub const $table: &[$crate::api::RouteDoc] = &[
+            $( $crate::api::RouteDoc { method: stringify!($m), path: $p, summary: $sum, body: $body, status: $st }, )*
         ];
-        fn api_routes() -> Router<App> {
-            let r = Router::new();
+        pub(crate) fn $router() -> axum::Router<$crate::api::App> {
+            let r = axum::Router::new();
             $( let r = r.route($p, axum::routing::$m($h)); )*
             r
         }
     };
 }
+pub(crate) use routes;
+
+/// Every module's route table, in the order the OpenAPI document lists them.
+pub const ROUTE_TABLES: &[&[RouteDoc]] = &[
+    ROUTES,
+    crate::sandboxes::ROUTES,
+    crate::agents::ROUTES,
+    crate::tools::ROUTES,
+    crate::gateway::ROUTES,
+];
 
 routes! {
+    ROUTES, api_routes;
     get "/v1/whoami" whoami "The caller's tenant, subject and role" None, 200;
     post "/v1/tenants" create_tenant "Create a tenant and its first admin key (system admins)" Some("NewTenant"), 201;
     get "/v1/tenants" list_tenants "List tenants (the caller's own, or all for system admins)" None, 200;
@@ -352,6 +370,10 @@ routes! {
 pub fn router(app: App) -> Router {
     let limit = app.body_limit;
     api_routes()
+        .merge(crate::sandboxes::routes())
+        .merge(crate::agents::routes())
+        .merge(crate::tools::routes())
+        .merge(crate::gateway::routes())
         .route("/v1/openapi.json", get(openapi))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
@@ -361,10 +383,11 @@ pub fn router(app: App) -> Router {
         .with_state(app)
 }
 
-/// The OpenAPI 3.1 document, built from [`ROUTES`].
+/// The OpenAPI 3.1 document, built from [`ROUTE_TABLES`] and each module's
+/// schemas.
 pub fn openapi_document() -> Value {
     let mut paths = serde_json::Map::new();
-    for r in ROUTES {
+    for r in ROUTE_TABLES.iter().flat_map(|t| t.iter()) {
         let entry = paths.entry(r.path.to_string()).or_insert_with(|| json!({}));
         let params: Vec<Value> = r
             .path
@@ -400,7 +423,7 @@ pub fn openapi_document() -> Value {
         }
         entry[r.method] = op;
     }
-    json!({
+    let mut doc = json!({
         "openapi": "3.1.0",
         "info": {"title": "Tessera control plane", "version": env!("CARGO_PKG_VERSION")},
         "paths": paths,
@@ -441,5 +464,15 @@ pub fn openapi_document() -> Value {
                     "preemptable": {"type": "boolean"}, "tasks": {"type": "array", "items": {"$ref": "#/components/schemas/TaskSpec"}}}},
             },
         },
-    })
+    });
+    let schemas = &mut doc["components"]["schemas"];
+    for (name, schema) in crate::sandboxes::schemas()
+        .into_iter()
+        .chain(crate::agents::schemas())
+        .chain(crate::tools::schemas())
+        .chain(crate::gateway::schemas())
+    {
+        schemas[name] = schema;
+    }
+    doc
 }

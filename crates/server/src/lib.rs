@@ -7,15 +7,19 @@
 //! the rules and talks to the store; [`scheduler`] runs the batch scheduler over a
 //! snapshot of the store. Only this crate knows HTTP; only the store knows SQL.
 
+pub mod agents;
 pub mod api;
 pub mod auth;
 pub mod exec;
+pub mod gateway;
 pub mod metrics;
 pub mod node;
 pub mod oidc;
 pub mod plane;
 pub mod problem;
+pub mod sandboxes;
 pub mod scheduler;
+pub mod tools;
 pub mod wire;
 
 use std::net::SocketAddr;
@@ -42,6 +46,11 @@ pub struct ServerConfig {
     pub executor_logs: Option<std::path::PathBuf>,
     /// Accept OIDC bearer tokens from this issuer too.
     pub oidc: Option<oidc::OidcConfig>,
+    /// The pillars served beside the core API, each configured by its module.
+    pub sandboxes: sandboxes::SandboxesConfig,
+    pub agents: agents::AgentsConfig,
+    pub tools: tools::ToolsConfig,
+    pub gateway: gateway::GatewayConfig,
 }
 
 impl std::fmt::Debug for ServerConfig {
@@ -66,6 +75,10 @@ impl Default for ServerConfig {
             register_local_node: true,
             executor_logs: None,
             oidc: None,
+            sandboxes: Default::default(),
+            agents: Default::default(),
+            tools: Default::default(),
+            gateway: Default::default(),
         }
     }
 }
@@ -96,6 +109,9 @@ pub enum StartError {
     },
     #[error("first-start setup failed: {0}")]
     Bootstrap(ApiError),
+    /// A module (sandboxes, agents, tools, gateway) could not start.
+    #[error("{what} could not start: {message}")]
+    Component { what: &'static str, message: String },
 }
 
 /// Bootstraps the store (first start), registers the local node, starts the
@@ -144,10 +160,22 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
             stop_rx.clone(),
         )));
     }
+    let (sandboxes, t) = sandboxes::SandboxesState::start(&plane, &cfg.sandboxes, &stop_rx).await?;
+    tasks.extend(t);
+    let (agents, t) = agents::AgentsState::start(&plane, &cfg.agents, &stop_rx).await?;
+    tasks.extend(t);
+    let (tools, t) = tools::ToolsState::start(&plane, &cfg.tools, &stop_rx).await?;
+    tasks.extend(t);
+    let (gateway, t) = gateway::GatewayState::start(&plane, &cfg.gateway, &stop_rx).await?;
+    tasks.extend(t);
     let app = api::router(api::App {
         plane: plane.clone(),
         body_limit: cfg.body_limit,
         metrics,
+        sandboxes,
+        agents,
+        tools,
+        gateway,
     });
     let mut srx = stop_rx;
     tasks.push(tokio::spawn(async move {

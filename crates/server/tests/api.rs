@@ -54,6 +54,7 @@ async fn env() -> Env {
             register_local_node: true,
             executor_logs: Some(dir.path().join("logs")),
             oidc: None,
+            ..ServerConfig::default()
         },
     )
     .await
@@ -613,7 +614,10 @@ async fn openapi_lists_every_route_and_each_requires_a_key() {
     let (st, doc) = e.call(None, Method::GET, "/v1/openapi.json", None).await;
     assert_eq!(st, StatusCode::OK);
     assert_eq!(doc["openapi"], "3.1.0");
-    for r in tessera_server::api::ROUTES {
+    for r in tessera_server::api::ROUTE_TABLES
+        .iter()
+        .flat_map(|t| t.iter())
+    {
         assert!(
             doc["paths"][r.path][r.method].is_object(),
             "{} {}",

@@ -1,0 +1,42 @@
+//! Agent platform: runtimes, versions, endpoints, sessions, memory, checkpoints, events, usage, traces (issue 8).
+//!
+//! This module owns its state ([`AgentsState`]), its configuration
+//! ([`AgentsConfig`], a field of [`crate::ServerConfig`]), its routes and its
+//! OpenAPI schemas; handlers only translate between HTTP and the crate that
+//! owns the behaviour.
+
+use serde_json::Value;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::StartError;
+use crate::plane::ControlPlane;
+
+/// Settings for this module, from `tessera up` flags.
+#[derive(Clone, Debug, Default)]
+pub struct AgentsConfig {}
+
+/// What the handlers of this module share.
+#[derive(Clone, Debug, Default)]
+pub struct AgentsState {}
+
+impl AgentsState {
+    /// Starts this module: its state and any background tasks, which end when
+    /// `stop` turns true.
+    pub(crate) async fn start(
+        _plane: &ControlPlane,
+        _cfg: &AgentsConfig,
+        _stop: &watch::Receiver<bool>,
+    ) -> Result<(Self, Vec<JoinHandle<()>>), StartError> {
+        Ok((Self::default(), Vec::new()))
+    }
+}
+
+crate::api::routes! {
+    ROUTES, routes;
+}
+
+/// Request-body schemas this module's routes name, for the OpenAPI document.
+pub fn schemas() -> Vec<(&'static str, Value)> {
+    Vec::new()
+}

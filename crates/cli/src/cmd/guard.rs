@@ -27,14 +27,34 @@ pub enum GuardCommand {
     Rules(RulesArgs),
 }
 
+/// The policy file and tenant that `check`, `scan` and `path` share.
 #[derive(Debug, Args)]
-pub struct CheckArgs {
+pub struct PolicyArgs {
     /// Policy YAML file (default: the shipped policy).
     #[arg(long)]
     pub policy: Option<std::path::PathBuf>,
     /// Tenant whose overrides apply.
     #[arg(long)]
     pub tenant: Option<String>,
+}
+
+impl PolicyArgs {
+    /// The policy, with the tenant checked to exist in it.
+    fn load(&self) -> Result<Policy, i32> {
+        let policy = load_policy(self.policy.as_deref())?;
+        check_tenant(&policy, self.tenant.as_deref())?;
+        Ok(policy)
+    }
+
+    fn tenant(&self) -> Option<&str> {
+        self.tenant.as_deref()
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    pub policy: PolicyArgs,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -45,12 +65,8 @@ pub struct CheckArgs {
 
 #[derive(Debug, Args)]
 pub struct ScanArgs {
-    /// Policy YAML file (default: the shipped policy).
-    #[arg(long)]
-    pub policy: Option<std::path::PathBuf>,
-    /// Tenant whose overrides apply.
-    #[arg(long)]
-    pub tenant: Option<String>,
+    #[command(flatten)]
+    pub policy: PolicyArgs,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -63,12 +79,8 @@ pub struct ScanArgs {
 
 #[derive(Debug, Args)]
 pub struct PathArgs {
-    /// Policy YAML file (default: the shipped policy).
-    #[arg(long)]
-    pub policy: Option<std::path::PathBuf>,
-    /// Tenant whose overrides apply.
-    #[arg(long)]
-    pub tenant: Option<String>,
+    #[command(flatten)]
+    pub policy: PolicyArgs,
     /// Operation: read, write, delete or exec.
     #[arg(long, value_parser = ["read", "write", "delete", "exec"])]
     pub op: String,
@@ -189,13 +201,10 @@ fn render(v: &Verdict, subject: &str, json: bool) -> i32 {
 }
 
 fn check(a: CheckArgs) -> i32 {
-    let policy = match load_policy(a.policy.as_deref()) {
+    let policy = match a.policy.load() {
         Ok(p) => p,
         Err(c) => return c,
     };
-    if let Err(c) = check_tenant(&policy, a.tenant.as_deref()) {
-        return c;
-    }
     let line = a.command.join(" ");
     if line.trim().is_empty() {
         return fail(
@@ -203,18 +212,15 @@ fn check(a: CheckArgs) -> i32 {
             "the command line is empty; pass it after `--`, e.g. tessera guard check -- 'rm -rf ./build'",
         );
     }
-    let v = tessera_guard::check_command(&policy, a.tenant.as_deref(), &line);
+    let v = tessera_guard::check_command(&policy, a.policy.tenant(), &line);
     render(&v, &line, a.json)
 }
 
 fn path(a: PathArgs) -> i32 {
-    let policy = match load_policy(a.policy.as_deref()) {
+    let policy = match a.policy.load() {
         Ok(p) => p,
         Err(c) => return c,
     };
-    if let Err(c) = check_tenant(&policy, a.tenant.as_deref()) {
-        return c;
-    }
     let Some(op) = FileOp::parse(&a.op) else {
         return fail(
             EXIT_BAD_INPUT,
@@ -224,7 +230,7 @@ fn path(a: PathArgs) -> i32 {
     if a.path.is_empty() {
         return fail(EXIT_BAD_INPUT, "the path is empty");
     }
-    let v = tessera_guard::check_path(&policy, a.tenant.as_deref(), op, &a.path);
+    let v = tessera_guard::check_path(&policy, a.policy.tenant(), op, &a.path);
     render(&v, &a.path, a.json)
 }
 
@@ -234,13 +240,10 @@ struct JsonScan<'a> {
 }
 
 fn scan(a: ScanArgs) -> i32 {
-    let policy = match load_policy(a.policy.as_deref()) {
+    let policy = match a.policy.load() {
         Ok(p) => p,
         Err(c) => return c,
     };
-    if let Err(c) = check_tenant(&policy, a.tenant.as_deref()) {
-        return c;
-    }
     let mut data = Vec::new();
     let res = match a.file.as_deref() {
         None | Some("-") => std::io::stdin().read_to_end(&mut data).map(|_| ()),
@@ -255,7 +258,7 @@ fn scan(a: ScanArgs) -> i32 {
             ),
         );
     }
-    let scanner = Scanner::for_tenant(&policy, a.tenant.as_deref());
+    let scanner = Scanner::for_tenant(&policy, a.policy.tenant());
     if a.redact {
         use std::io::Write;
         let out = scanner.redact(&data);

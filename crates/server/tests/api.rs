@@ -2,72 +2,29 @@
 //! isolation (404, never another tenant's data), bad bodies (400 with the field
 //! path), the body limit (413), conflicts (409), the scheduler loop and watches.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use reqwest::{Client, Method, StatusCode};
-use serde_json::{Value, json};
-use tessera_model::{Binding, Plan, Snapshot, TaskId};
-use tessera_server::{ServerConfig, SqliteStore, start};
+mod common;
 
-/// A stand-in scheduler: binds every unbound task to the first node.
-fn bind_all(s: &Snapshot) -> Plan {
-    let mut p = Plan::default();
-    let Some(n) = s.nodes.first() else { return p };
-    for g in &s.groups {
-        for t in &g.tasks {
-            if t.node.is_none() {
-                p.bindings.push(Binding {
-                    task: TaskId {
-                        group: g.name.clone(),
-                        task: t.name.clone(),
-                    },
-                    node: n.name.clone(),
-                    gpus: vec![],
-                    after_evictions: false,
-                });
-            }
-        }
-    }
-    p
-}
+use common::{Client, Method, Server, StatusCode, Value, code, job, json};
 
+/// A server from the shared harness, with calls that take the key per call.
 struct Env {
     base: String,
     admin: String,
-    http: Client,
-    _dir: tempfile::TempDir,
+    http: reqwest::Client,
+    server: Server,
 }
 
 const LIMIT: usize = 64 * 1024;
 
 async fn env() -> Env {
-    let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(dir.path()).unwrap();
-    let running = start(
-        store.into(),
-        ServerConfig {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            body_limit: LIMIT,
-            scheduler: Some(Arc::new(bind_all)),
-            schedule_period: Duration::from_millis(100),
-            register_local_node: true,
-            executor_logs: Some(dir.path().join("logs")),
-            oidc: None,
-            ..ServerConfig::default()
-        },
-    )
-    .await
-    .unwrap();
-    let admin = running.admin_key.clone().expect("first start prints a key");
-    let base = format!("http://{}", running.addr);
-    // The server lives as long as the test's runtime.
-    std::mem::forget(running);
+    let server = Server::start_with(|c| c.body_limit = LIMIT).await;
     Env {
-        base,
-        admin,
-        http: Client::new(),
-        _dir: dir,
+        base: server.base.clone(),
+        admin: server.admin.key().to_string(),
+        http: reqwest::Client::new(),
+        server,
     }
 }
 
@@ -79,73 +36,26 @@ impl Env {
         path: &str,
         body: Option<Value>,
     ) -> (StatusCode, Value) {
-        let mut r = self.http.request(m, format!("{}{path}", self.base));
-        if let Some(k) = key {
-            r = r.bearer_auth(k);
-        }
-        if let Some(b) = body {
-            r = r.json(&b);
-        }
-        let resp = r.send().await.unwrap();
-        let st = resp.status();
-        let text = resp.text().await.unwrap();
-        (
-            st,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
+        Client::new(&self.base, key).call(m, path, body).await
     }
 
     async fn raw(&self, key: &str, path: &str, ct: &str, body: Vec<u8>) -> (StatusCode, Value) {
-        let resp = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .bearer_auth(key)
-            .header("content-type", ct)
-            .body(body)
-            .send()
-            .await
-            .unwrap();
-        let st = resp.status();
-        (st, resp.json().await.unwrap_or(Value::Null))
+        let (st, v) = Client::new(&self.base, Some(key))
+            .raw(Method::POST, path, ct, body)
+            .await;
+        (st, if v.is_string() { Value::Null } else { v })
     }
 
     /// Creates a tenant; returns its admin key.
     async fn tenant(&self, name: &str) -> String {
-        let (st, v) = self
-            .call(
-                Some(&self.admin),
-                Method::POST,
-                "/v1/tenants",
-                Some(json!({"name": name})),
-            )
-            .await;
-        assert_eq!(st, StatusCode::CREATED, "{v}");
-        v["admin_key"].as_str().unwrap().to_string()
+        self.server.tenant(name).await.key().to_string()
     }
 
     async fn key(&self, admin: &str, subject: &str, role: &str) -> String {
-        let (st, v) = self
-            .call(
-                Some(admin),
-                Method::POST,
-                "/v1/apikeys",
-                Some(json!({"subject": subject, "role": role})),
-            )
-            .await;
-        assert_eq!(st, StatusCode::CREATED, "{v}");
-        v["key"].as_str().unwrap().to_string()
+        Client::new(&self.base, Some(admin))
+            .key_for(subject, role)
+            .await
     }
-}
-
-fn job(name: &str, tasks: usize) -> Value {
-    let tasks: Vec<Value> = (0..tasks)
-        .map(|i| json!({"name": format!("t{i}"), "resources": {"cpu_milli": 100, "memory": 1000}}))
-        .collect();
-    json!({"name": name, "queue": "q", "tasks": tasks})
-}
-
-fn code(v: &Value) -> &str {
-    v["code"].as_str().unwrap_or("")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -664,17 +574,9 @@ async fn openapi_lists_every_route_and_each_requires_a_key() {
 }
 
 async fn wait_for(e: &Env, key: &str, job: &str, pred: impl Fn(&Value) -> bool) -> Value {
-    let mut v = Value::Null;
-    for _ in 0..400 {
-        (_, v) = e
-            .call(Some(key), Method::GET, &format!("/v1/jobs/{job}"), None)
-            .await;
-        if pred(&v) {
-            return v;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("job {job} never got there: {v}");
+    Client::new(&e.base, Some(key))
+        .wait_for(&format!("/v1/jobs/{job}"), pred)
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

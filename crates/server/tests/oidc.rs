@@ -2,13 +2,13 @@
 //! configured audience, naming an existing tenant whose role binding covers the
 //! subject, is accepted; anything else is 401 (or 403 without a role).
 
-use std::time::Duration;
-
 use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tessera_server::oidc::OidcConfig;
-use tessera_server::{ServerConfig, SqliteStore, start};
+
+mod common;
+use common::Server;
 
 /// The issuer's signing key (Ed25519, generated for this test only) and its JWKS.
 const ISSUER_KEY: &str = "-----BEGIN PRIVATE KEY-----
@@ -52,32 +52,17 @@ async fn bearer_tokens_from_the_issuer_are_accepted_and_nothing_else() {
     let dir = tempfile::tempdir().unwrap();
     let jwks = dir.path().join("jwks.json");
     std::fs::write(&jwks, ISSUER_JWKS).unwrap();
-    let running = start(
-        SqliteStore::open(dir.path().join("data")).unwrap().into(),
-        ServerConfig {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            scheduler: None,
-            register_local_node: false,
-            oidc: Some(OidcConfig::from_jwks_file(ISS, AUD, &jwks).unwrap()),
-            schedule_period: Duration::from_secs(1),
-            ..ServerConfig::default()
-        },
-    )
-    .await
-    .unwrap();
-    let base = format!("http://{}", running.addr);
-    let admin = running.admin_key.clone().unwrap();
-    let http = reqwest::Client::new();
+    let server = Server::start_with(|c| {
+        c.scheduler = None;
+        c.register_local_node = false;
+        c.oidc = Some(OidcConfig::from_jwks_file(ISS, AUD, &jwks).unwrap());
+    })
+    .await;
+    let admin = server.admin.key().to_string();
     let call = |auth: String, m: reqwest::Method, path: &str, body: Option<Value>| {
-        let mut r = http.request(m, format!("{base}{path}")).bearer_auth(auth);
-        if let Some(b) = body {
-            r = r.json(&b);
-        }
-        async move {
-            let resp = r.send().await.unwrap();
-            let st = resp.status();
-            (st, resp.json::<Value>().await.unwrap_or(Value::Null))
-        }
+        let c = server.client(&auth);
+        let path = path.to_string();
+        async move { c.call(m, &path, body).await }
     };
     let (st, t) = call(
         admin.clone(),
@@ -138,5 +123,5 @@ async fn bearer_tokens_from_the_issuer_are_accepted_and_nothing_else() {
     )
     .await;
     assert_eq!(st, StatusCode::FORBIDDEN);
-    running.shutdown().await;
+    server.stop().await;
 }

@@ -6,4 +6,9 @@
 //! State lives in `tessera-store`; the server only translates HTTP to calls
 //! on this crate.
 
+pub mod error;
+pub mod events;
+pub mod meter;
 pub mod tools;
+
+pub use error::AgentError;

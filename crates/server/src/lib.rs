@@ -12,6 +12,7 @@ pub mod api;
 pub mod auth;
 pub mod exec;
 pub mod gateway;
+pub mod gpu;
 pub mod metrics;
 pub mod node;
 pub mod oidc;
@@ -121,13 +122,14 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
         .with_logs(cfg.executor_logs.clone())
         .with_oidc(cfg.oidc.clone());
     let admin_key = plane.bootstrap().await.map_err(StartError::Bootstrap)?;
-    let local = node::local_node();
-    if cfg.register_local_node {
-        plane
-            .upsert_node(&local)
-            .await
-            .map_err(StartError::Bootstrap)?;
-    }
+    // GPU discovery (NVML) only when this machine is to be a node.
+    let local = if cfg.register_local_node {
+        let n = node::local_node();
+        plane.upsert_node(&n).await.map_err(StartError::Bootstrap)?;
+        n
+    } else {
+        tessera_model::Node::new(node::local_name(), Default::default())
+    };
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .map_err(|source| StartError::Listen {

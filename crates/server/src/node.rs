@@ -1,5 +1,5 @@
-//! The local machine as a node: CPU count and memory from the OS. GPUs: none are
-//! detected yet (NVML is a later step).
+//! The local machine as a node: CPU count and memory from the OS, GPUs through
+//! NVML where a driver is present (see [`crate::gpu`]), else none.
 
 use tessera_model::{Node, Resources};
 
@@ -33,8 +33,13 @@ fn mem_total() -> u64 {
         .unwrap_or(0)
 }
 
-/// This machine as a node.
+/// This machine as a node, with the GPUs NVML reports.
 pub fn local_node() -> Node {
+    local_node_with(&crate::gpu::NvmlSource)
+}
+
+/// This machine as a node, with the GPUs of `gpus`.
+pub fn local_node_with(gpus: &dyn crate::gpu::GpuSource) -> Node {
     let cpus = std::thread::available_parallelism()
         .map(|n| n.get() as u64)
         .unwrap_or(1);
@@ -42,5 +47,6 @@ pub fn local_node() -> Node {
     r.pods = 110;
     let mut n = Node::new(local_name(), r);
     n.labels.insert("tessera.io/local".into(), "true".into());
+    crate::gpu::attach(&mut n, crate::gpu::discover(gpus));
     n
 }

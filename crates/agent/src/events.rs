@@ -4,7 +4,7 @@
 //!
 //! Layout (kinds of `tessera-store` objects, all scoped to the tenant):
 //! - `topic`, name = topic: `{"next": N}` — the offset the next event gets.
-//! - `event`, name = `<topic>/<offset, 20 digits>`: `{"topic", "offset", "payload", "at_ms"}`.
+//! - `topic_event`, name = `<topic>/<offset, 20 digits>`: `{"topic", "offset", "payload", "at_ms"}`.
 //! - `consumer_offset`, name = `<topic>/<consumer>`: `{"offset": N}` — the last
 //!   offset the consumer processed.
 //!
@@ -21,7 +21,8 @@ use tessera_store::{Key, Op, Store, StoreError};
 use crate::error::{AgentError, check_token};
 
 pub const KIND_TOPIC: &str = "topic";
-pub const KIND_EVENT: &str = "event";
+/// Not `event`: the core API already lists cluster events under that kind.
+pub const KIND_EVENT: &str = "topic_event";
 pub const KIND_OFFSET: &str = "consumer_offset";
 
 /// Longest topic or consumer name.
@@ -39,8 +40,8 @@ pub struct Event {
     pub at_ms: u64,
 }
 
-fn event_key(tenant: &str, topic: &str, offset: u64) -> Key {
-    Key::new(KIND_EVENT, tenant, format!("{topic}/{offset:020}"))
+fn item_key(kind: &str, tenant: &str, topic: &str, offset: u64) -> Key {
+    Key::new(kind, tenant, format!("{topic}/{offset:020}"))
 }
 
 fn head_next(body: &Value) -> u64 {
@@ -57,7 +58,28 @@ pub async fn publish<S: Store>(
     at_ms: u64,
 ) -> Result<u64, AgentError> {
     check_token("topic", topic, MAX_NAME)?;
-    let head = Key::new(KIND_TOPIC, tenant, topic);
+    append(
+        store,
+        (KIND_TOPIC, KIND_EVENT),
+        tenant,
+        topic,
+        payload,
+        at_ms,
+    )
+    .await
+}
+
+/// An append-only log under two store kinds (its heads and its items): topics,
+/// and the platform's own logs (session history, checkpoints).
+pub(crate) async fn append<S: Store>(
+    store: &S,
+    kinds: (&str, &str),
+    tenant: &str,
+    topic: &str,
+    payload: Value,
+    at_ms: u64,
+) -> Result<u64, AgentError> {
+    let head = Key::new(kinds.0, tenant, topic);
     for attempt in 0..200u32 {
         let cur = store.get(&head).await?;
         let (next, head_op) = match &cur {
@@ -92,7 +114,7 @@ pub async fn publish<S: Store>(
             .commit(vec![
                 head_op,
                 Op::Create {
-                    key: event_key(tenant, topic, next),
+                    key: item_key(kinds.1, tenant, topic, next),
                     body,
                 },
             ])
@@ -119,8 +141,17 @@ pub async fn last_offset<S: Store>(
     tenant: &str,
     topic: &str,
 ) -> Result<u64, AgentError> {
+    last_of(store, KIND_TOPIC, tenant, topic).await
+}
+
+pub(crate) async fn last_of<S: Store>(
+    store: &S,
+    head_kind: &str,
+    tenant: &str,
+    topic: &str,
+) -> Result<u64, AgentError> {
     Ok(store
-        .get(&Key::new(KIND_TOPIC, tenant, topic))
+        .get(&Key::new(head_kind, tenant, topic))
         .await?
         .map(|o| head_next(&o.body) - 1)
         .unwrap_or(0))
@@ -135,12 +166,24 @@ pub async fn read<S: Store>(
     limit: usize,
 ) -> Result<Vec<Event>, AgentError> {
     check_token("topic", topic, MAX_NAME)?;
-    let last = last_offset(store, tenant, topic).await?;
+    read_log(store, (KIND_TOPIC, KIND_EVENT), tenant, topic, after, limit).await
+}
+
+/// Items of a log made by [`append`] after `after`, in order.
+pub(crate) async fn read_log<S: Store>(
+    store: &S,
+    kinds: (&str, &str),
+    tenant: &str,
+    topic: &str,
+    after: u64,
+    limit: usize,
+) -> Result<Vec<Event>, AgentError> {
+    let last = last_of(store, kinds.0, tenant, topic).await?;
     let limit = limit.clamp(1, MAX_READ) as u64;
     let mut out = Vec::new();
     let mut off = after + 1;
     while off <= last && (out.len() as u64) < limit {
-        if let Some(o) = store.get(&event_key(tenant, topic, off)).await? {
+        if let Some(o) = store.get(&item_key(kinds.1, tenant, topic, off)).await? {
             let ev: Event = serde_json::from_value(o.body).map_err(|e| {
                 AgentError::Store(StoreError::Backend(format!("event {topic}/{off}: {e}")))
             })?;

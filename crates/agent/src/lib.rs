@@ -8,7 +8,12 @@
 
 pub mod error;
 pub mod events;
+pub mod host;
 pub mod meter;
+pub mod runtimes;
+pub mod sessions;
 pub mod tools;
+pub mod trace;
+pub mod unixhttp;
 
 pub use error::AgentError;

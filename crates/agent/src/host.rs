@@ -1,0 +1,1112 @@
+//! Runs sessions: binds each active session to one sandbox claimed from a warm
+//! pool, starts the runtime's agent inside it, talks to it over the agent
+//! contract (`GET /ping` → `Healthy` | `HealthyBusy`, `POST /invocations`),
+//! restarts an agent that exits or stops answering `/ping`, releases idle
+//! sandboxes and ends sessions at their maximum lifetime. Nothing here is the
+//! source of truth: the session record, memory and checkpoints are in the
+//! store ([`crate::sessions`]), so a session resumes on a new sandbox after a
+//! crash of its sandbox or of the server.
+//!
+//! The agent listens on the unix socket `$TESSERA_AGENT_SOCKET` inside its
+//! sandbox (`/tmp/tessera-agent.sock`), which the host reaches through
+//! `/proc/<init pid>/root`; the sandbox has no network, so the host also binds
+//! a socket inside it (`/tmp/tessera.sock`, `TESSERA_URL=unix:///tmp/tessera.sock`)
+//! that forwards to the control plane's API.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tessera_sandbox::{
+    ExecRequest, InitProgram, Limits, PoolConfig, Runtime, RuntimeConfig, Sandbox, SandboxSpec,
+    Template, WarmPool,
+};
+use tessera_store::AnyStore;
+
+use crate::error::{AgentError, now_ms};
+use crate::meter::{self, UsageKind, UsageRecord};
+use crate::runtimes::{self, RuntimeSpec, RuntimeVersion};
+use crate::sessions::{self, Session, State};
+use crate::trace;
+use crate::unixhttp;
+
+/// Where the agent listens, inside its sandbox.
+pub const AGENT_SOCKET: &str = "/tmp/tessera-agent.sock";
+/// Where the control plane is reachable, inside the sandbox.
+pub const CONTROL_SOCKET: &str = "/tmp/tessera.sock";
+
+/// Mints a session-scoped API key: `(tenant, session id, ttl seconds)` → key text.
+pub type Minter = Arc<
+    dyn Fn(String, String, u64) -> futures_lite::BoxedFuture<Result<String, String>> + Send + Sync,
+>;
+
+mod futures_lite {
+    pub type BoxedFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+}
+
+/// Settings of the session host.
+#[derive(Clone)]
+pub struct HostConfig {
+    /// The sandbox init program (`None`: [`InitProgram::locate`]).
+    pub init: Option<InitProgram>,
+    /// Put sandboxes under cgroups (limits enforced, CPU and memory metered).
+    pub cgroups: bool,
+    /// How often each live agent is pinged.
+    pub ping_interval: Duration,
+    /// Failed pings in a row before the agent is restarted.
+    pub ping_failures: u32,
+    /// How long a new agent has to answer `/ping` with `Healthy`.
+    pub start_timeout: Duration,
+    /// Attempts to start a session's sandbox and agent before an invocation
+    /// gives up (the session stays resumable).
+    pub start_attempts: u32,
+    /// Longest invocation.
+    pub invoke_timeout: Duration,
+    /// Warm sandboxes kept ready per runtime template.
+    pub pool_min: usize,
+    pub pool_max: usize,
+    /// The control plane's address, forwarded into sandboxes.
+    pub api_addr: Option<std::net::SocketAddr>,
+    /// Runtime and version quotas.
+    pub quotas: runtimes::Quotas,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        HostConfig {
+            init: None,
+            cgroups: true,
+            ping_interval: Duration::from_secs(2),
+            ping_failures: 3,
+            start_timeout: Duration::from_secs(60),
+            start_attempts: 6,
+            invoke_timeout: Duration::from_secs(300),
+            pool_min: 2,
+            pool_max: 64,
+            api_addr: None,
+            quotas: runtimes::Quotas::default(),
+        }
+    }
+}
+
+impl std::fmt::Debug for HostConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostConfig")
+            .field("ping_interval", &self.ping_interval)
+            .field("pool_min", &self.pool_min)
+            .field("api_addr", &self.api_addr)
+            .finish()
+    }
+}
+
+/// One running agent.
+struct Live {
+    sb: Arc<Sandbox>,
+    pool: Arc<WarmPool>,
+    socket: PathBuf,
+    exited: Arc<AtomicBool>,
+    output: Arc<Mutex<String>>,
+    control: Option<tokio::task::JoinHandle<()>>,
+    last_used: Instant,
+    failures: u32,
+    mem_gb_s: f64,
+    last_sample: Instant,
+    runtime: String,
+}
+
+#[derive(Default)]
+struct Slot {
+    live: Option<Live>,
+}
+
+type SlotRef = Arc<tokio::sync::Mutex<Slot>>;
+
+/// What an invocation returns.
+#[derive(Debug, Clone)]
+pub struct Invocation {
+    pub session: Session,
+    pub created: bool,
+    pub reply: unixhttp::Reply,
+    pub duration_ms: f64,
+}
+
+/// The session host.
+#[derive(Clone)]
+pub struct Host {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Host {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Host")
+            .field("cfg", &self.inner.cfg)
+            .finish()
+    }
+}
+
+struct Inner {
+    store: AnyStore,
+    cfg: HostConfig,
+    rt: Result<Arc<Runtime>, String>,
+    pools: Mutex<HashMap<String, Arc<WarmPool>>>,
+    slots: Mutex<HashMap<(String, String), SlotRef>>,
+    /// The sandbox of each live session, for a kill that must not wait for an
+    /// invocation in progress.
+    sandboxes: Mutex<HashMap<(String, String), Arc<Sandbox>>>,
+    minter: Option<Minter>,
+    keys: Mutex<HashMap<(String, String), String>>,
+}
+
+fn sandbox_spec(spec: &RuntimeSpec) -> SandboxSpec {
+    SandboxSpec {
+        template: if spec.template == "host" {
+            Template::Host
+        } else {
+            Template::Dir(PathBuf::from(&spec.template))
+        },
+        limits: Limits {
+            memory_bytes: Some(spec.resources.memory_mb << 20),
+            cpu_millis: Some(spec.resources.cpu_millis),
+            pids: Some(spec.resources.pids),
+            disk_bytes: spec.resources.disk_mb << 20,
+        },
+        hostname: "agent".into(),
+        ..SandboxSpec::default()
+    }
+}
+
+fn pool_key(s: &SandboxSpec) -> String {
+    serde_json::to_string(s).unwrap_or_default()
+}
+
+/// CPU seconds used by the cgroup of host pid `pid` (cgroup v1 `cpuacct` or v2 `cpu.stat`).
+pub fn cgroup_cpu_seconds(pid: i32) -> Option<f64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, ctrls, path) = (parts.next()?, parts.next()?, parts.next()?);
+        if ctrls.is_empty() {
+            let p = format!("/sys/fs/cgroup{path}/cpu.stat");
+            if let Ok(s) = std::fs::read_to_string(&p) {
+                let us: f64 = s
+                    .lines()
+                    .find_map(|l| l.strip_prefix("usage_usec "))
+                    .and_then(|v| v.trim().parse().ok())?;
+                return Some(us / 1e6);
+            }
+        } else if ctrls.split(',').any(|c| c == "cpuacct") {
+            for dir in [ctrls.to_string(), "cpuacct".into(), "cpu,cpuacct".into()] {
+                let p = format!("/sys/fs/cgroup/{dir}{path}/cpuacct.usage");
+                if let Ok(s) = std::fs::read_to_string(&p) {
+                    let ns: f64 = s.trim().parse().ok()?;
+                    return Some(ns / 1e9);
+                }
+            }
+        }
+    }
+    None
+}
+
+impl Host {
+    /// A host over `store`. Sandboxes are made on first use; when they cannot
+    /// be (no init program, no namespaces), invocations fail with the reason.
+    pub fn new(store: AnyStore, cfg: HostConfig, minter: Option<Minter>) -> Host {
+        let rt = Runtime::new(RuntimeConfig {
+            init: cfg.init.clone(),
+            cgroups: cfg.cgroups,
+            ..RuntimeConfig::default()
+        })
+        .map_err(|e| e.to_string());
+        Host {
+            inner: Arc::new(Inner {
+                store,
+                cfg,
+                rt,
+                pools: Mutex::new(HashMap::new()),
+                slots: Mutex::new(HashMap::new()),
+                sandboxes: Mutex::new(HashMap::new()),
+                minter,
+                keys: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    pub fn store(&self) -> &AnyStore {
+        &self.inner.store
+    }
+
+    pub fn config(&self) -> &HostConfig {
+        &self.inner.cfg
+    }
+
+    fn pool(&self, spec: &RuntimeSpec) -> Result<Arc<WarmPool>, AgentError> {
+        let rt =
+            self.inner.rt.clone().map_err(|e| {
+                AgentError::Unavailable(format!("sandboxes cannot be made here: {e}"))
+            })?;
+        let ss = sandbox_spec(spec);
+        let k = pool_key(&ss);
+        let mut pools = self.inner.pools.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(pools
+            .entry(k)
+            .or_insert_with(|| {
+                Arc::new(WarmPool::new(
+                    rt,
+                    ss,
+                    PoolConfig {
+                        min: self.inner.cfg.pool_min,
+                        max: self.inner.cfg.pool_max,
+                        ..PoolConfig::default()
+                    },
+                ))
+            })
+            .clone())
+    }
+
+    /// Starts a warm pool for the runtime's template (called when a runtime
+    /// is created or updated), so its first session claims a ready sandbox.
+    pub fn prime(&self, spec: &RuntimeSpec) {
+        let _ = self.pool(spec);
+    }
+
+    /// Warm-pool statistics, one entry per template.
+    pub fn pool_stats(&self) -> Vec<tessera_sandbox::PoolStats> {
+        self.inner
+            .pools
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .map(|p| p.stats())
+            .collect()
+    }
+
+    fn slot(&self, tenant: &str, id: &str) -> SlotRef {
+        self.inner
+            .slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry((tenant.to_string(), id.to_string()))
+            .or_default()
+            .clone()
+    }
+
+    /// After a server restart: sessions the store says are starting or active
+    /// have no sandbox in this process. Their old sandboxes are destroyed if
+    /// they outlived the server, and the sessions become idle (resumable).
+    pub async fn recover(&self, tenants: &[String]) -> Result<usize, AgentError> {
+        let mut n = 0;
+        for t in tenants {
+            for s in sessions::list(
+                &self.inner.store,
+                t,
+                &[State::Starting, State::Active],
+                None,
+            )
+            .await?
+            {
+                if let Some(pid) = s.sandbox_pid {
+                    kill_stale_sandbox(pid);
+                }
+                sessions::update(&self.inner.store, t, &s.id, |x| {
+                    if !matches!(x.state, State::Starting | State::Active) {
+                        return Ok(false);
+                    }
+                    x.state = State::Idle;
+                    x.sandbox = None;
+                    x.sandbox_pid = None;
+                    x.reason = Some(
+                        "the server restarted; the next invocation resumes the session".into(),
+                    );
+                    x.updated_at_ms = now_ms();
+                    Ok(true)
+                })
+                .await?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    async fn key_for(&self, tenant: &str, s: &Session) -> Result<String, AgentError> {
+        let k = (tenant.to_string(), s.id.clone());
+        if let Some(v) = self
+            .inner
+            .keys
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&k)
+        {
+            return Ok(v.clone());
+        }
+        let Some(m) = &self.inner.minter else {
+            return Ok(String::new());
+        };
+        let ttl = s.expires_at_ms.saturating_sub(now_ms()) / 1000 + 60;
+        let key = m(tenant.to_string(), s.id.clone(), ttl)
+            .await
+            .map_err(|e| AgentError::Unavailable(format!("cannot mint the session's key: {e}")))?;
+        self.inner
+            .keys
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(k, key.clone());
+        Ok(key)
+    }
+
+    /// Invokes runtime `runtime` (through `endpoint`, `DEFAULT` when `None`)
+    /// in session `session_id`, creating or resuming the session.
+    pub async fn invoke(
+        &self,
+        tenant: &str,
+        runtime: &str,
+        endpoint: Option<&str>,
+        session_id: &str,
+        payload: &[u8],
+        content_type: &str,
+    ) -> Result<Invocation, AgentError> {
+        let store = &self.inner.store;
+        sessions::check_id(session_id)?;
+        let (mut s, created) = match sessions::get(store, tenant, session_id).await? {
+            Some(s) => (s, false),
+            None => {
+                let rv = runtimes::resolve(store, tenant, runtime, endpoint).await?;
+                sessions::get_or_create(store, tenant, session_id, &rv, now_ms()).await?
+            }
+        };
+        if s.runtime != runtime {
+            return Err(AgentError::invalid(
+                "session_id",
+                format!(
+                    "session {session_id:?} belongs to runtime {:?}, not {runtime:?}",
+                    s.runtime
+                ),
+            ));
+        }
+        let rv = runtimes::get_version(store, tenant, &s.runtime, s.version).await?;
+        let t0 = Instant::now();
+        let started_ms = now_ms();
+        let mut last_err = String::new();
+        for attempt in 0..2 {
+            self.check_runnable(tenant, &s).await?;
+            let slot = self.slot(tenant, session_id);
+            let mut g = slot.lock().await;
+            // Re-read: a kill may have happened while waiting for the slot.
+            s = sessions::get(store, tenant, session_id)
+                .await?
+                .ok_or_else(|| AgentError::NotFound(format!("session {session_id:?}")))?;
+            self.check_runnable(tenant, &s).await?;
+            let alive = g
+                .live
+                .as_ref()
+                .is_some_and(|l| !l.exited.load(Ordering::Acquire));
+            if !alive {
+                if let Some(old) = g.live.take() {
+                    self.release(tenant, &s.id, old, "agent exited").await;
+                }
+                let live = self.start(tenant, &s, &rv).await?;
+                g.live = Some(live);
+            }
+            let live = g.live.as_mut().expect("just started");
+            live.last_used = Instant::now();
+            let socket = live.socket.clone();
+            let sid = s.id.clone();
+            let headers = [
+                ("Content-Type", content_type),
+                ("X-Tessera-Session-Id", sid.as_str()),
+                ("X-Amzn-Bedrock-AgentCore-Runtime-Session-Id", sid.as_str()),
+            ];
+            let r = unixhttp::request(
+                &socket,
+                "POST",
+                "/invocations",
+                &headers,
+                payload,
+                self.inner.cfg.invoke_timeout,
+            )
+            .await;
+            live.last_used = Instant::now();
+            match r {
+                Ok(reply) => {
+                    drop(g);
+                    let duration_ms = t0.elapsed().as_secs_f64() * 1e3;
+                    let s = self
+                        .after_invoke(tenant, &s, &reply, started_ms, duration_ms)
+                        .await?;
+                    return Ok(Invocation {
+                        session: s,
+                        created,
+                        reply,
+                        duration_ms,
+                    });
+                }
+                Err(e) => {
+                    // The agent died under the call (its sandbox killed, a
+                    // crash): restart it and send the invocation once more.
+                    last_err = e;
+                    if let Some(old) = g.live.take() {
+                        self.release(tenant, &s.id, old, "agent stopped answering")
+                            .await;
+                    }
+                    let _ = attempt;
+                }
+            }
+        }
+        Err(AgentError::Unavailable(format!(
+            "session {session_id:?}: the agent did not answer /invocations: {last_err}; the session is resumable, retry"
+        )))
+    }
+
+    async fn check_runnable(&self, tenant: &str, s: &Session) -> Result<(), AgentError> {
+        if s.state.is_final() {
+            return Err(AgentError::State(format!(
+                "session {:?} is {}{}: start a new session",
+                s.id,
+                s.state.as_str(),
+                s.reason
+                    .as_deref()
+                    .map(|r| format!(" ({r})"))
+                    .unwrap_or_default()
+            )));
+        }
+        if now_ms() >= s.expires_at_ms {
+            self.end(tenant, &s.id, State::Ended, "reached its maximum lifetime")
+                .await?;
+            return Err(AgentError::State(format!(
+                "session {:?} reached its maximum lifetime: start a new session",
+                s.id
+            )));
+        }
+        if let Err(e) = meter::check_budget(&self.inner.store, tenant, &s.id).await {
+            self.end(tenant, &s.id, State::Killed, &e.to_string())
+                .await?;
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    async fn after_invoke(
+        &self,
+        tenant: &str,
+        s: &Session,
+        reply: &unixhttp::Reply,
+        started_ms: u64,
+        duration_ms: f64,
+    ) -> Result<Session, AgentError> {
+        let store = &self.inner.store;
+        let s = sessions::update(store, tenant, &s.id, |x| {
+            x.invocations += 1;
+            x.last_invoked_at_ms = Some(now_ms());
+            x.updated_at_ms = now_ms();
+            Ok(true)
+        })
+        .await?;
+        let inv = s.invocations;
+        // Usage the agent reports: `X-Tessera-Usage: {"tokens_in": 10, ...}`.
+        let mut cost = 0.0;
+        let mut usage = json!({});
+        if let Some(u) = reply.header("x-tessera-usage") {
+            if let Ok(Value::Object(m)) = serde_json::from_str::<Value>(u) {
+                for (k, v) in m {
+                    let (Ok(kind), Some(q)) =
+                        (serde_json::from_value::<UsageKind>(json!(k)), v.as_f64())
+                    else {
+                        continue;
+                    };
+                    let rec = UsageRecord {
+                        tenant: tenant.into(),
+                        session: s.id.clone(),
+                        runtime: s.runtime.clone(),
+                        kind,
+                        quantity: q,
+                        at_ms: now_ms(),
+                        source_id: format!("{}/invocation/{inv}/{}", s.id, kind.as_str()),
+                    };
+                    if let Ok(r) = meter::record(store, rec).await {
+                        cost += r.cost;
+                        usage[kind.as_str()] = json!(q);
+                        if let Some(why) = r.over_budget {
+                            self.kill(tenant, &s.id, &why).await?;
+                        }
+                    }
+                }
+            }
+        }
+        let _ = trace::record_span(
+            store,
+            tenant,
+            trace::Span {
+                session: s.id.clone(),
+                span_id: format!("inv-{inv:06}"),
+                parent: None,
+                name: format!("invoke_agent {}", s.runtime),
+                operation: "invoke_agent".into(),
+                start_ms: started_ms,
+                duration_ms,
+                cost,
+                attributes: json!({
+                    "gen_ai.conversation.id": s.id,
+                    "gen_ai.agent.id": s.runtime,
+                    "gen_ai.agent.version": s.version,
+                    "gen_ai.response.id": reply.header("x-tessera-response-id"),
+                    "http.response.status_code": reply.status,
+                    "usage": usage,
+                }),
+            },
+        )
+        .await;
+        Ok(s)
+    }
+
+    /// Claims a sandbox, starts the agent, waits for `/ping`. Retries with
+    /// backoff; after the last attempt the session is left idle (resumable).
+    async fn start(
+        &self,
+        tenant: &str,
+        s: &Session,
+        rv: &RuntimeVersion,
+    ) -> Result<Live, AgentError> {
+        let store = &self.inner.store;
+        let pool = self.pool(&rv.spec)?;
+        let key = self.key_for(tenant, s).await?;
+        let mut last = String::new();
+        for attempt in 0..self.inner.cfg.start_attempts.max(1) {
+            if attempt > 0 {
+                let ms = (100u64 << attempt.min(6)).min(5000);
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
+            let cur = sessions::get(store, tenant, &s.id).await?;
+            if cur.as_ref().is_some_and(|c| c.state.is_final()) {
+                return Err(AgentError::State(format!(
+                    "session {:?} was stopped while starting",
+                    s.id
+                )));
+            }
+            sessions::update(store, tenant, &s.id, |x| {
+                x.state = State::Starting;
+                x.sandbox = None;
+                x.updated_at_ms = now_ms();
+                Ok(true)
+            })
+            .await?;
+            let p = pool.clone();
+            let sb = match tokio::task::spawn_blocking(move || p.claim()).await {
+                Ok(Ok(sb)) => Arc::new(sb),
+                Ok(Err(e)) => {
+                    last = format!("claiming a sandbox: {e}");
+                    continue;
+                }
+                Err(e) => {
+                    last = format!("claiming a sandbox: {e}");
+                    continue;
+                }
+            };
+            let id_key = (tenant.to_string(), s.id.clone());
+            self.inner
+                .sandboxes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(id_key.clone(), sb.clone());
+            sessions::update(store, tenant, &s.id, |x| {
+                x.sandbox = Some(sb.id().to_string());
+                x.sandbox_pid = Some(sb.pid());
+                Ok(true)
+            })
+            .await?;
+            match self.launch(tenant, s, rv, &sb, &key, pool.clone()).await {
+                Ok(live) => {
+                    let was_started = cur.as_ref().is_some_and(|c| c.starts > 0);
+                    let upd = sessions::update(store, tenant, &s.id, |x| {
+                        if x.state.is_final() {
+                            return Err(AgentError::State(format!(
+                                "session {:?} was stopped while starting",
+                                x.id
+                            )));
+                        }
+                        x.state = State::Active;
+                        x.starts += 1;
+                        if was_started {
+                            x.restarts += 1;
+                        }
+                        x.reason = None;
+                        x.updated_at_ms = now_ms();
+                        Ok(true)
+                    })
+                    .await;
+                    if let Err(e) = upd {
+                        self.release(tenant, &s.id, live, "stopped while starting")
+                            .await;
+                        return Err(e);
+                    }
+                    return Ok(live);
+                }
+                Err(e) => {
+                    last = e;
+                    self.inner
+                        .sandboxes
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&id_key);
+                    let _ = sb.destroy();
+                    if let Ok(sb) = Arc::try_unwrap(sb) {
+                        pool.release(sb);
+                    }
+                }
+            }
+        }
+        let msg = format!(
+            "session {:?}: could not start its agent after {} attempts: {last}; the session stays resumable",
+            s.id, self.inner.cfg.start_attempts
+        );
+        let _ = sessions::update(store, tenant, &s.id, |x| {
+            if x.state.is_final() {
+                return Ok(false);
+            }
+            x.state = State::Idle;
+            x.sandbox = None;
+            x.sandbox_pid = None;
+            x.reason = Some(msg.clone());
+            Ok(true)
+        })
+        .await;
+        Err(AgentError::Unavailable(msg))
+    }
+
+    async fn launch(
+        &self,
+        tenant: &str,
+        s: &Session,
+        rv: &RuntimeVersion,
+        sb: &Arc<Sandbox>,
+        key: &str,
+        pool: Arc<WarmPool>,
+    ) -> Result<Live, String> {
+        let root = PathBuf::from(format!("/proc/{}/root", sb.pid()));
+        let socket = root.join(AGENT_SOCKET.trim_start_matches('/'));
+        // The control plane inside the sandbox.
+        let control = match self.inner.cfg.api_addr {
+            Some(addr) => {
+                let path = root.join(CONTROL_SOCKET.trim_start_matches('/'));
+                let _ = std::fs::remove_file(&path);
+                let l = tokio::net::UnixListener::bind(&path)
+                    .map_err(|e| format!("binding {}: {e}", path.display()))?;
+                {
+                    use std::os::unix::fs::PermissionsExt;
+                    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))
+                        .map_err(|e| format!("chmod {}: {e}", path.display()))?;
+                }
+                Some(tokio::spawn(forward(l, addr)))
+            }
+            None => None,
+        };
+        let mut req = ExecRequest::argv(rv.spec.command.clone());
+        for (k, v) in &rv.spec.env {
+            req = req.env(k, v);
+        }
+        req = req
+            .env("TESSERA_AGENT_SOCKET", AGENT_SOCKET)
+            .env("TESSERA_SESSION_ID", &s.id)
+            .env("TESSERA_RUNTIME", &s.runtime)
+            .env("TESSERA_RUNTIME_VERSION", s.version.to_string())
+            .env("TESSERA_TENANT", tenant);
+        if control.is_some() {
+            req = req
+                .env("TESSERA_URL", format!("unix://{CONTROL_SOCKET}"))
+                .env("TESSERA_API_KEY", key);
+        }
+        if let Some(c) = &rv.spec.cwd {
+            req = req.cwd(c);
+        }
+        req.max_output = 1 << 20;
+        let exited = Arc::new(AtomicBool::new(false));
+        let output = Arc::new(Mutex::new(String::new()));
+        {
+            let (sb, exited, output) = (sb.clone(), exited.clone(), output.clone());
+            let name = format!("agent-{}", s.id);
+            let spawned = std::thread::Builder::new().name(name).spawn(move || {
+                let tail = |o: &Arc<Mutex<String>>, st: tessera_sandbox::Stream, d: &[u8]| {
+                    let mut g = o.lock().unwrap_or_else(|p| p.into_inner());
+                    let _ = st;
+                    g.push_str(&String::from_utf8_lossy(d));
+                    if g.len() > 8192 {
+                        let cut = g.len() - 4096;
+                        let cut = (cut..g.len())
+                            .find(|i| g.is_char_boundary(*i))
+                            .unwrap_or(cut);
+                        g.drain(..cut);
+                    }
+                };
+                let r = sb.exec_streaming(&req, |st, d| tail(&output, st, d));
+                let msg = match r {
+                    Ok(o) => format!("\n[agent exited: {:?}]", o.status),
+                    Err(e) => format!("\n[agent could not run: {e}]"),
+                };
+                output
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push_str(&msg);
+                exited.store(true, Ordering::Release);
+            });
+            if let Err(e) = spawned {
+                return Err(format!("starting the agent thread: {e}"));
+            }
+        }
+        // Wait for /ping → Healthy.
+        let deadline = Instant::now() + self.inner.cfg.start_timeout;
+        let mut delay = Duration::from_millis(5);
+        loop {
+            if exited.load(Ordering::Acquire) {
+                let out = output.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                if let Some(c) = control {
+                    c.abort();
+                }
+                return Err(format!(
+                    "the agent exited before answering /ping: {}",
+                    out.trim()
+                ));
+            }
+            if let Ok(r) =
+                unixhttp::request(&socket, "GET", "/ping", &[], b"", Duration::from_secs(2)).await
+            {
+                if r.status == 200 && ping_status(&r.body).is_some() {
+                    break;
+                }
+            }
+            if Instant::now() >= deadline {
+                if let Some(c) = control {
+                    c.abort();
+                }
+                let out = output.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                return Err(format!(
+                    "the agent did not answer GET /ping on $TESSERA_AGENT_SOCKET within {:?}; its output: {}",
+                    self.inner.cfg.start_timeout,
+                    out.trim()
+                ));
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_millis(100));
+        }
+        Ok(Live {
+            sb: sb.clone(),
+            pool,
+            socket,
+            exited,
+            output,
+            control,
+            last_used: Instant::now(),
+            failures: 0,
+            mem_gb_s: 0.0,
+            last_sample: Instant::now(),
+            runtime: s.runtime.clone(),
+        })
+    }
+
+    /// Gives the sandbox back (destroyed in the background) and records its
+    /// CPU seconds and memory GB-seconds.
+    async fn release(&self, tenant: &str, session: &str, mut live: Live, why: &str) {
+        let _ = why;
+        if let Some(c) = live.control.take() {
+            c.abort();
+        }
+        sample_memory(&mut live);
+        let cpu = cgroup_cpu_seconds(live.sb.pid());
+        let sbid = live.sb.id().to_string();
+        self.inner
+            .sandboxes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(tenant.to_string(), session.to_string()));
+        let _ = live.sb.destroy();
+        if let Ok(sb) = Arc::try_unwrap(live.sb) {
+            live.pool.release(sb);
+        }
+        let store = &self.inner.store;
+        for (kind, q) in [
+            (UsageKind::CpuSeconds, cpu),
+            (UsageKind::MemoryGbSeconds, Some(live.mem_gb_s)),
+        ] {
+            let Some(q) = q else { continue };
+            let rec = UsageRecord {
+                tenant: tenant.into(),
+                session: session.into(),
+                runtime: live.runtime.clone(),
+                kind,
+                quantity: q,
+                at_ms: now_ms(),
+                source_id: format!("{session}/sandbox/{sbid}/{}", kind.as_str()),
+            };
+            let _ = meter::record(store, rec).await;
+        }
+    }
+
+    /// Ends a session (`Ended`, `Killed`), destroying its sandbox at once.
+    pub async fn end(
+        &self,
+        tenant: &str,
+        id: &str,
+        state: State,
+        reason: &str,
+    ) -> Result<Session, AgentError> {
+        sessions::update(&self.inner.store, tenant, id, |x| {
+            if x.state.is_final() {
+                return Ok(false);
+            }
+            x.state = state;
+            x.reason = Some(reason.to_string());
+            x.updated_at_ms = now_ms();
+            Ok(true)
+        })
+        .await?;
+        // Destroy now, even while an invocation holds the slot.
+        let sb = self
+            .inner
+            .sandboxes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&(tenant.to_string(), id.to_string()))
+            .cloned();
+        if let Some(sb) = sb {
+            let _ = tokio::task::spawn_blocking(move || sb.destroy()).await;
+        }
+        let slot = self.slot(tenant, id);
+        let mut g = slot.lock().await;
+        if let Some(l) = g.live.take() {
+            self.release(tenant, id, l, reason).await;
+        }
+        drop(g);
+        self.inner
+            .slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(tenant.to_string(), id.to_string()));
+        self.inner
+            .keys
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(tenant.to_string(), id.to_string()));
+        sessions::update(&self.inner.store, tenant, id, |x| {
+            if x.sandbox.is_none() {
+                return Ok(false);
+            }
+            x.sandbox = None;
+            x.sandbox_pid = None;
+            Ok(true)
+        })
+        .await
+    }
+
+    /// Kills a session: its sandbox is destroyed and it takes no more invocations.
+    pub async fn kill(&self, tenant: &str, id: &str, reason: &str) -> Result<Session, AgentError> {
+        self.end(tenant, id, State::Killed, reason).await
+    }
+
+    /// The live details of a session (for inspect): the tail of its agent's output.
+    pub async fn live_info(&self, tenant: &str, id: &str) -> Value {
+        let slot = self
+            .inner
+            .slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&(tenant.to_string(), id.to_string()))
+            .cloned();
+        let Some(slot) = slot else { return Value::Null };
+        let Ok(g) = slot.try_lock() else {
+            return json!({"busy": true});
+        };
+        match &g.live {
+            Some(l) => json!({
+                "sandbox": l.sb.id(),
+                "pid": l.sb.pid(),
+                "idle_for_ms": l.last_used.elapsed().as_millis() as u64,
+                "agent_exited": l.exited.load(Ordering::Acquire),
+                "output_tail": l.output.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            }),
+            None => Value::Null,
+        }
+    }
+
+    /// One round of the supervision loop: ping every live agent (restart the
+    /// ones that exited or failed `ping_failures` pings in a row), release
+    /// idle sandboxes, end sessions at their maximum lifetime.
+    pub async fn tick(&self) {
+        let slots: Vec<((String, String), SlotRef)> = self
+            .inner
+            .slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for ((tenant, id), slot) in slots {
+            // Busy with an invocation: the agent is working.
+            let Ok(mut g) = slot.try_lock() else { continue };
+            let Some(live) = g.live.as_mut() else {
+                continue;
+            };
+            sample_memory(live);
+            let Ok(Some(s)) = sessions::get(&self.inner.store, &tenant, &id).await else {
+                continue;
+            };
+            if s.state.is_final() {
+                if let Some(l) = g.live.take() {
+                    self.release(&tenant, &id, l, "session ended").await;
+                }
+                continue;
+            }
+            if now_ms() >= s.expires_at_ms {
+                drop(g);
+                let _ = self
+                    .end(&tenant, &id, State::Ended, "reached its maximum lifetime")
+                    .await;
+                continue;
+            }
+            let ping = unixhttp::request(
+                &live.socket,
+                "GET",
+                "/ping",
+                &[],
+                b"",
+                Duration::from_secs(2),
+            )
+            .await;
+            let busy = match &ping {
+                Ok(r) if r.status == 200 => match ping_status(&r.body) {
+                    Some(b) => {
+                        live.failures = 0;
+                        b
+                    }
+                    None => {
+                        live.failures += 1;
+                        false
+                    }
+                },
+                _ => {
+                    live.failures += 1;
+                    false
+                }
+            };
+            if live.exited.load(Ordering::Acquire) || live.failures >= self.inner.cfg.ping_failures
+            {
+                // Restart: a new sandbox and agent, the same session.
+                let why = if live.exited.load(Ordering::Acquire) {
+                    "the agent exited"
+                } else {
+                    "the agent stopped answering /ping"
+                };
+                let Some(old) = g.live.take() else { continue };
+                self.release(&tenant, &id, old, why).await;
+                let rv =
+                    match runtimes::get_version(&self.inner.store, &tenant, &s.runtime, s.version)
+                        .await
+                    {
+                        Ok(rv) => rv,
+                        Err(_) => continue,
+                    };
+                match self.start(&tenant, &s, &rv).await {
+                    Ok(l) => g.live = Some(l),
+                    Err(_) => continue,
+                }
+                continue;
+            }
+            let idle = live.last_used.elapsed() >= Duration::from_secs(s.idle_timeout_s);
+            if idle && !busy {
+                let Some(old) = g.live.take() else { continue };
+                self.release(&tenant, &id, old, "idle timeout").await;
+                let _ = sessions::update(&self.inner.store, &tenant, &id, |x| {
+                    if x.state.is_final() {
+                        return Ok(false);
+                    }
+                    x.state = State::Idle;
+                    x.sandbox = None;
+                    x.sandbox_pid = None;
+                    x.reason = Some(format!(
+                        "idle for {} s: sandbox released; the next invocation resumes",
+                        x.idle_timeout_s
+                    ));
+                    x.updated_at_ms = now_ms();
+                    Ok(true)
+                })
+                .await;
+            }
+        }
+    }
+
+    /// Runs [`Host::tick`] every `ping_interval` until `stop` turns true.
+    pub async fn run(self, mut stop: tokio::sync::watch::Receiver<bool>) {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(self.inner.cfg.ping_interval) => self.tick().await,
+                _ = stop.wait_for(|s| *s) => break,
+            }
+        }
+    }
+
+    /// Destroys every live sandbox (server shutdown).
+    pub async fn shutdown(&self) {
+        let sbs: Vec<Arc<Sandbox>> = self
+            .inner
+            .sandboxes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+            .map(|(_, v)| v)
+            .collect();
+        for sb in sbs {
+            let _ = sb.destroy();
+        }
+    }
+}
+
+fn sample_memory(l: &mut Live) {
+    let dt = l.last_sample.elapsed().as_secs_f64();
+    l.last_sample = Instant::now();
+    if let Some(bytes) = l.sb.cgroup().and_then(|c| c.memory_current()) {
+        l.mem_gb_s += bytes as f64 / 1e9 * dt;
+    }
+}
+
+/// `Some(busy)` for a `/ping` body that says `Healthy` or `HealthyBusy` (as
+/// plain text or AgentCore's `{"status": "..."}`).
+pub fn ping_status(body: &[u8]) -> Option<bool> {
+    let text = String::from_utf8_lossy(body);
+    let s = match serde_json::from_str::<Value>(&text) {
+        Ok(v) => v
+            .get("status")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .unwrap_or_default(),
+        Err(_) => text.trim().trim_matches('"').to_string(),
+    };
+    match s.as_str() {
+        "Healthy" => Some(false),
+        "HealthyBusy" => Some(true),
+        _ => None,
+    }
+}
+
+/// Kills a sandbox init left by a server that died, if `pid` still is one.
+fn kill_stale_sandbox(pid: i32) {
+    let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return;
+    };
+    if String::from_utf8_lossy(&cmd).contains("tessera-sandbox-init") {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+    }
+}
+
+async fn forward(l: tokio::net::UnixListener, addr: std::net::SocketAddr) {
+    loop {
+        let Ok((mut c, _)) = l.accept().await else {
+            return;
+        };
+        tokio::spawn(async move {
+            if let Ok(mut up) = tokio::net::TcpStream::connect(addr).await {
+                let _ = tokio::io::copy_bidirectional(&mut c, &mut up).await;
+            }
+        });
+    }
+}

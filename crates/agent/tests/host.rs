@@ -1,0 +1,232 @@
+//! Sessions on real sandboxes: the agent contract over the sandbox's unix
+//! socket, affinity, usage from the agent, crash recovery, /ping restarts,
+//! kill, budgets. Needs namespaces and `tessera-sandbox-init` (built with the
+//! workspace); skips with a reason only when sandboxes cannot be made here
+//! and `CI` is unset.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tessera_agent::host::{Host, HostConfig};
+use tessera_agent::runtimes::{self, RuntimeSpec};
+use tessera_agent::sessions::{self, State};
+use tessera_agent::{meter, trace};
+use tessera_store::{AnyStore, SqliteStore};
+
+const AGENT: &str = include_str!("agents/echo_agent.py");
+
+fn spec(env: &[(&str, &str)]) -> RuntimeSpec {
+    let mut s: RuntimeSpec = serde_json::from_value(json!({
+        "command": ["python3", "-c", AGENT],
+        "resources": {"memory_mb": 256},
+        "idle_timeout_s": 600,
+    }))
+    .unwrap();
+    for (k, v) in env {
+        s.env.insert(k.to_string(), v.to_string());
+    }
+    s
+}
+
+fn setup(cfg: HostConfig) -> Option<(tempfile::TempDir, Host)> {
+    let d = tempfile::tempdir().unwrap();
+    let store: AnyStore = SqliteStore::open(d.path()).unwrap().into();
+    // Can this machine make sandboxes at all?
+    let probe = tessera_sandbox::Runtime::new(tessera_sandbox::RuntimeConfig::default())
+        .and_then(|rt| rt.spawn(&tessera_sandbox::SandboxSpec::default()));
+    if let Err(e) = probe {
+        if std::env::var_os("CI").is_some() {
+            panic!("sandboxes are needed in CI: {e}");
+        }
+        eprintln!("SKIP: cannot make sandboxes here: {e}");
+        return None;
+    }
+    let host = Host::new(store, cfg, None);
+    Some((d, host))
+}
+
+fn body(r: &tessera_agent::host::Invocation) -> Value {
+    serde_json::from_slice(&r.reply.body).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sessions_have_affinity_meter_usage_and_survive_sandbox_kills() {
+    let Some((_d, host)) = setup(HostConfig {
+        pool_min: 1,
+        ..HostConfig::default()
+    }) else {
+        return;
+    };
+    let st = host.store().clone();
+    runtimes::create(&st, "t1", "echo", spec(&[]), runtimes::Quotas::default(), 1)
+        .await
+        .unwrap();
+    let r1 = host
+        .invoke("t1", "echo", None, "s1", br#"{"q": 1}"#, "application/json")
+        .await
+        .unwrap();
+    assert!(r1.created);
+    let b1 = body(&r1);
+    assert_eq!(b1["echo"]["q"], 1);
+    assert_eq!(b1["session"], "s1");
+    let r2 = host
+        .invoke("t1", "echo", None, "s1", br#"{"q": 2}"#, "application/json")
+        .await
+        .unwrap();
+    let b2 = body(&r2);
+    // Affinity: the same agent process answered.
+    assert_eq!(b2["pid"], b1["pid"]);
+    assert_eq!(b2["count"], 2);
+    let s = sessions::get(&st, "t1", "s1").await.unwrap().unwrap();
+    assert_eq!(s.state, State::Active);
+    assert_eq!(s.invocations, 2);
+    // Usage reported by the agent was metered once per invocation.
+    let tot = meter::session_totals(&st, "t1", "s1").await.unwrap();
+    assert_eq!(tot.quantities[&meter::UsageKind::TokensIn], 20.0);
+    // Kill the sandbox from outside: the next invocation resumes on a new one.
+    let pid = s.sandbox_pid.unwrap();
+    std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap();
+    let r3 = host
+        .invoke("t1", "echo", None, "s1", br#"{"q": 3}"#, "application/json")
+        .await
+        .unwrap();
+    let b3 = body(&r3);
+    assert_eq!(b3["count"], 1, "a new agent process: {b3}");
+    let s = sessions::get(&st, "t1", "s1").await.unwrap().unwrap();
+    assert_eq!(s.state, State::Active);
+    assert_ne!(s.sandbox_pid, Some(pid));
+    assert!(s.restarts >= 1, "{s:?}");
+    // Listing by state reads the index.
+    let active = sessions::list(&st, "t1", &[State::Active], None)
+        .await
+        .unwrap();
+    assert_eq!(
+        active.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
+        ["s1"]
+    );
+    // The trace has one invocation span per answered invocation.
+    let spans = trace::spans(&st, "t1", "s1").await.unwrap();
+    assert_eq!(spans.len(), 3);
+    let text = trace::render("s1", &trace::tree(&spans));
+    assert!(text.contains("invoke_agent echo"), "{text}");
+    // Kill: the sandbox goes, the session says why and takes no more calls.
+    host.kill("t1", "s1", "killed by test").await.unwrap();
+    let e = host
+        .invoke("t1", "echo", None, "s1", b"{}", "application/json")
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("session \"s1\" is killed (killed by test)"),
+        "{e}"
+    );
+    assert!(
+        !std::path::Path::new(&format!("/proc/{}", s.sandbox_pid.unwrap())).exists() || {
+            // A zombie until reaped; its cmdline is empty then.
+            std::fs::read(format!("/proc/{}/cmdline", s.sandbox_pid.unwrap()))
+                .map(|c| c.is_empty())
+                .unwrap_or(true)
+        }
+    );
+    // Sandbox CPU and memory were metered when sandboxes were released.
+    let tot = meter::session_totals(&st, "t1", "s1").await.unwrap();
+    assert!(
+        tot.quantities
+            .contains_key(&meter::UsageKind::MemoryGbSeconds),
+        "{tot:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_agent_that_stops_answering_ping_is_restarted() {
+    let cfg = HostConfig {
+        pool_min: 1,
+        ping_interval: Duration::from_millis(100),
+        ping_failures: 2,
+        ..HostConfig::default()
+    };
+    let Some((_d, host)) = setup(cfg) else { return };
+    let st = host.store().clone();
+    runtimes::create(
+        &st,
+        "t1",
+        "flaky",
+        spec(&[("AGENT_MODE", "stop_ping")]),
+        runtimes::Quotas::default(),
+        1,
+    )
+    .await
+    .unwrap();
+    let r1 = host
+        .invoke("t1", "flaky", None, "s2", b"{}", "application/json")
+        .await
+        .unwrap();
+    let pid1 = body(&r1)["pid"].clone();
+    let first = sessions::get(&st, "t1", "s2")
+        .await
+        .unwrap()
+        .unwrap()
+        .sandbox_pid;
+    // The supervision loop notices the failing /ping and restarts the agent.
+    let mut restarted = false;
+    for _ in 0..100 {
+        host.tick().await;
+        let s = sessions::get(&st, "t1", "s2").await.unwrap().unwrap();
+        if s.restarts >= 1 && s.state == State::Active && s.sandbox_pid != first {
+            restarted = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        restarted,
+        "{:?}",
+        sessions::get(&st, "t1", "s2").await.unwrap()
+    );
+    let r2 = host
+        .invoke("t1", "flaky", None, "s2", b"{}", "application/json")
+        .await
+        .unwrap();
+    assert_eq!(
+        body(&r2)["count"],
+        1,
+        "a fresh agent after the restart (pid was {pid1})"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_session_over_budget_is_stopped_and_says_why() {
+    let Some((_d, host)) = setup(HostConfig {
+        pool_min: 1,
+        ..HostConfig::default()
+    }) else {
+        return;
+    };
+    let st = host.store().clone();
+    let mut s = spec(&[]);
+    // 10 tokens in + 5 out per call = 0.000105; two calls spend it.
+    s.session_budget = Some(0.0001);
+    runtimes::create(&st, "t1", "cheap", s, runtimes::Quotas::default(), 1)
+        .await
+        .unwrap();
+    host.invoke("t1", "cheap", None, "s3", b"{}", "application/json")
+        .await
+        .unwrap();
+    let s = sessions::get(&st, "t1", "s3").await.unwrap().unwrap();
+    assert_eq!(s.state, State::Killed);
+    assert!(
+        s.reason
+            .as_deref()
+            .unwrap()
+            .contains("spent 0.000105 of its budget 0.000100"),
+        "{s:?}"
+    );
+    let e = host
+        .invoke("t1", "cheap", None, "s3", b"{}", "application/json")
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("budget"), "{e}");
+}

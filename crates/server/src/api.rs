@@ -246,24 +246,36 @@ async fn watch(
     Q(q): Q<WatchQuery>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let w = a.plane.watch(&c, q.after, &q.kind).await?;
-    let s = stream::unfold(w, |mut w| async move {
+    // A watch that falls behind the change log's compaction (or whose store
+    // fails) ends with one `event: error` carrying the problem document.
+    let s = stream::unfold(Some(w), |w| async move {
+        let mut w = w?;
         match w.next().await {
-            Ok(changes) => Some((changes, w)),
-            Err(_) => None,
+            Ok(changes) => Some((Ok(changes), Some(w))),
+            Err(e) => Some((Err(ApiError::from(e)), None)),
         }
     })
-    .flat_map(|changes| {
-        stream::iter(changes.into_iter().map(|ch| {
-            let op = match ch.op {
-                tessera_store::ChangeOp::Created => "created",
-                tessera_store::ChangeOp::Updated => "updated",
-                tessera_store::ChangeOp::Deleted => "deleted",
-            };
-            Ok(Event::default()
-                .event(op)
-                .id(ch.version().to_string())
-                .data(render(&ch.object).to_string()))
-        }))
+    .flat_map(|batch| {
+        let events: Vec<Result<Event, Infallible>> = match batch {
+            Ok(changes) => changes
+                .into_iter()
+                .map(|ch| {
+                    let op = match ch.op {
+                        tessera_store::ChangeOp::Created => "created",
+                        tessera_store::ChangeOp::Updated => "updated",
+                        tessera_store::ChangeOp::Deleted => "deleted",
+                    };
+                    Ok(Event::default()
+                        .event(op)
+                        .id(ch.version().to_string())
+                        .data(render(&ch.object).to_string()))
+                })
+                .collect(),
+            Err(e) => vec![Ok(Event::default()
+                .event("error")
+                .data(crate::problem::problem_json(&e).to_string()))],
+        };
+        stream::iter(events)
     });
     Ok(Sse::new(s).keep_alive(KeepAlive::default()))
 }
@@ -363,7 +375,7 @@ routes! {
     get "/v1/jobs/{name}/logs" job_logs "Output of the job's tasks on this machine (?task=NAME for one)" None, 200;
     get "/v1/events" list_events "List events" None, 200;
     get "/v1/audit" list_audit "The audit log: who changed what (admins)" None, 200;
-    get "/v1/watch" watch "Watch changes as server-sent events (?kind=job|queue|event&after=REVISION)" None, 200;
+    get "/v1/watch" watch "Watch changes as server-sent events (?kind=job|queue|event&after=REVISION); 410 (code compacted) when REVISION left the change log: list again" None, 200;
 }
 
 /// The API router.
@@ -406,6 +418,7 @@ pub fn openapi_document() -> Value {
                 "403": {"$ref": "#/components/responses/Problem"},
                 "404": {"$ref": "#/components/responses/Problem"},
                 "409": {"$ref": "#/components/responses/Problem"},
+                "410": {"$ref": "#/components/responses/Problem"},
                 "413": {"$ref": "#/components/responses/Problem"},
             },
         });
@@ -435,7 +448,7 @@ pub fn openapi_document() -> Value {
                     "type": {"type": "string"}, "title": {"type": "string"}, "status": {"type": "integer"},
                     "detail": {"type": "string"}, "code": {"type": "string", "enum": [
                         "invalid_request", "unauthenticated", "forbidden", "not_found", "already_exists",
-                        "conflict", "payload_too_large", "unsupported_media_type", "internal"]},
+                        "conflict", "compacted", "payload_too_large", "unsupported_media_type", "internal"]},
                     "field": {"type": "string", "description": "Path of the offending field"}}},
                 "NewTenant": {"type": "object", "additionalProperties": false, "required": ["name"], "properties": {"name": {"type": "string"}}},
                 "NewApiKey": {"type": "object", "additionalProperties": false, "required": ["subject"], "properties": {

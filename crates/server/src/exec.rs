@@ -62,22 +62,7 @@ pub async fn run_executor(
         children: HashMap::new(),
         exits: tx,
     };
-    let start = loop {
-        match ex.recover().await {
-            Ok(rev) => break rev,
-            Err(e) => {
-                eprintln!("executor: reading jobs failed: {e}; retrying");
-                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-            }
-        }
-    };
-    let mut w = store.watch(
-        start,
-        WatchFilter {
-            kind: Some(kind::JOB.into()),
-            tenant: None,
-        },
-    );
+    let mut w = ex.resync().await;
     loop {
         tokio::select! {
             r = w.next() => match r {
@@ -90,6 +75,8 @@ pub async fn run_executor(
                         }
                     }
                 }
+                // Fell behind the change log's compaction: read the jobs again.
+                Err(StoreError::Compacted { .. }) => w = ex.resync().await,
                 Err(e) => {
                     eprintln!("executor: watch failed: {e}");
                     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
@@ -107,7 +94,28 @@ pub async fn run_executor(
 }
 
 impl Executor {
-    /// Marks tasks of this node left `running` by a previous process as lost, starts
+    /// Reads every job (see [`Executor::recover`]) and watches from there.
+    async fn resync(&mut self) -> tessera_store::Watcher<AnyStore> {
+        let start = loop {
+            match self.recover().await {
+                Ok(rev) => break rev,
+                Err(e) => {
+                    eprintln!("executor: reading jobs failed: {e}; retrying");
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                }
+            }
+        };
+        self.store.watch(
+            start,
+            WatchFilter {
+                kind: Some(kind::JOB.into()),
+                tenant: None,
+            },
+        )
+    }
+
+    /// Marks tasks of this node left `running` without a process of ours (by a
+    /// previous control plane) as lost, starts
     /// what is waiting, and returns the revision to watch from.
     async fn recover(&mut self) -> Result<u64, StoreError> {
         let rev = self.store.revision().await?;
@@ -120,7 +128,10 @@ impl Executor {
             }
             let mut lost = Vec::new();
             for (name, st) in job.status.tasks.iter_mut() {
-                if st.node == self.cfg.node && st.state == Some(TaskState::Running) {
+                let ours =
+                    self.children
+                        .contains_key(&(o.tenant.clone(), o.name.clone(), name.clone()));
+                if st.node == self.cfg.node && st.state == Some(TaskState::Running) && !ours {
                     st.state = Some(TaskState::Failed);
                     st.message = Some("lost: the control plane restarted while it ran".into());
                     lost.push(name.clone());

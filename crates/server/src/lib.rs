@@ -47,6 +47,8 @@ pub struct ServerConfig {
     pub executor_logs: Option<std::path::PathBuf>,
     /// Accept OIDC bearer tokens from this issuer too.
     pub oidc: Option<oidc::OidcConfig>,
+    /// How the change log is trimmed.
+    pub compaction: Compaction,
     /// The pillars served beside the core API, each configured by its module.
     pub sandboxes: sandboxes::SandboxesConfig,
     pub agents: agents::AgentsConfig,
@@ -76,10 +78,56 @@ impl Default for ServerConfig {
             register_local_node: true,
             executor_logs: None,
             oidc: None,
+            compaction: Compaction::default(),
             sandboxes: Default::default(),
             agents: Default::default(),
             tools: Default::default(),
             gateway: Default::default(),
+        }
+    }
+}
+
+/// Change-log compaction: every `every`, drop the changes older than the last
+/// `keep` revisions. A watch that asks for a dropped revision gets 410 (code
+/// `compacted`) and must list again.
+#[derive(Debug, Clone, Copy)]
+pub struct Compaction {
+    pub keep: u64,
+    pub every: Duration,
+}
+
+impl Default for Compaction {
+    fn default() -> Self {
+        Compaction {
+            keep: 100_000,
+            every: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Compacts the change log on `c`'s period until `stop` turns true.
+async fn compact_loop(
+    store: AnyStore,
+    c: Compaction,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    use tessera_store::Store;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(c.every) => {}
+            _ = stop.changed() => return,
+        }
+        let rev = match store.revision().await {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("compaction: reading the revision failed: {e}");
+                continue;
+            }
+        };
+        if rev > c.keep
+            && let Err(e) = store.compact(rev - c.keep).await
+        {
+            eprintln!("compaction through {} failed: {e}", rev - c.keep);
         }
     }
 }
@@ -152,6 +200,11 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
             metrics.clone(),
         )));
     }
+    tasks.push(tokio::spawn(compact_loop(
+        plane.store().clone(),
+        cfg.compaction,
+        stop_rx.clone(),
+    )));
     if let (true, Some(logs)) = (cfg.register_local_node, cfg.executor_logs.clone()) {
         tasks.push(tokio::spawn(exec::run_executor(
             plane.store().clone(),

@@ -897,7 +897,18 @@ impl ControlPlane {
             ));
         }
         let after = match after {
-            Some(a) => a,
+            Some(a) => {
+                // Refused up front (410), not after the stream has begun.
+                let compacted = self.store.compacted().await?;
+                if a < compacted {
+                    return Err(tessera_store::StoreError::Compacted {
+                        requested: a,
+                        compacted,
+                    }
+                    .into());
+                }
+                a
+            }
             None => self.store.revision().await?,
         };
         Ok(self.store.watch(

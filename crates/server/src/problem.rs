@@ -22,6 +22,9 @@ pub enum Code {
     AlreadyExists,
     /// 409: the resource version given is stale.
     Conflict,
+    /// 410: a watch asked for changes that were compacted away; list again and
+    /// watch from the list's revision.
+    Compacted,
     /// 413: the body is larger than the server accepts.
     PayloadTooLarge,
     /// 415: the body is neither JSON nor YAML.
@@ -38,6 +41,7 @@ impl Code {
             Code::Forbidden => StatusCode::FORBIDDEN,
             Code::NotFound => StatusCode::NOT_FOUND,
             Code::AlreadyExists | Code::Conflict => StatusCode::CONFLICT,
+            Code::Compacted => StatusCode::GONE,
             Code::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Code::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,
@@ -52,6 +56,7 @@ impl Code {
             Code::NotFound => "not_found",
             Code::AlreadyExists => "already_exists",
             Code::Conflict => "conflict",
+            Code::Compacted => "compacted",
             Code::PayloadTooLarge => "payload_too_large",
             Code::UnsupportedMediaType => "unsupported_media_type",
             Code::Internal => "internal",
@@ -66,6 +71,7 @@ impl Code {
             Code::NotFound => "Not found",
             Code::AlreadyExists => "Already exists",
             Code::Conflict => "Resource version conflict",
+            Code::Compacted => "Revision compacted",
             Code::PayloadTooLarge => "Request body too large",
             Code::UnsupportedMediaType => "Unsupported media type",
             Code::Internal => "Internal error",
@@ -124,20 +130,28 @@ pub struct Problem<'a> {
     pub field: Option<&'a str>,
 }
 
+/// The problem document of an error, as JSON (also sent as a watch's last
+/// `event: error`).
+pub fn problem_json(e: &ApiError) -> serde_json::Value {
+    let status = e.code.status();
+    serde_json::to_value(Problem {
+        type_: format!(
+            "https://tessera.invalid/problems/{}",
+            e.code.as_str().replace('_', "-")
+        ),
+        title: e.code.title(),
+        status: status.as_u16(),
+        detail: &e.detail,
+        code: e.code.as_str(),
+        field: e.field.as_deref(),
+    })
+    .unwrap_or_default()
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.code.status();
-        let p = Problem {
-            type_: format!(
-                "https://tessera.invalid/problems/{}",
-                self.code.as_str().replace('_', "-")
-            ),
-            title: self.code.title(),
-            status: status.as_u16(),
-            detail: &self.detail,
-            code: self.code.as_str(),
-            field: self.field.as_deref(),
-        };
+        let p = problem_json(&self);
         let body = serde_json::to_vec(&p).unwrap_or_default();
         let mut r = (status, body).into_response();
         r.headers_mut().insert(
@@ -171,6 +185,16 @@ impl From<StoreError> for ApiError {
                     key.kind, key.name
                 ),
                 field: Some("resource_version".into()),
+            },
+            StoreError::Compacted {
+                requested,
+                compacted,
+            } => ApiError {
+                code: Code::Compacted,
+                detail: format!(
+                    "revision {requested} is no longer in the change log (compacted through {compacted}): list the objects again and watch with after= the list's resource_version"
+                ),
+                field: Some("after".into()),
             },
             other => ApiError::internal(other),
         }

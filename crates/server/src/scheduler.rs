@@ -108,10 +108,18 @@ impl Cache {
         }
     }
 
-    /// Applies the changes since the last sync.
+    /// Applies the changes since the last sync; reads everything again when the
+    /// change log was compacted past this cache.
     pub async fn sync(&mut self, store: &AnyStore) -> Result<(), ApiError> {
         loop {
-            let changes = store.changes(self.rev, 10_000).await?;
+            let changes = match store.changes(self.rev, 10_000).await {
+                Ok(c) => c,
+                Err(StoreError::Compacted { .. }) => {
+                    *self = Cache::load(store).await?;
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
             let Some(last) = changes.last() else {
                 return Ok(());
             };

@@ -88,6 +88,20 @@ impl Store for AnyStore {
         }
     }
 
+    async fn compact(&self, through: u64) -> Result<u64, StoreError> {
+        match self {
+            AnyStore::Sqlite(s) => s.compact(through).await,
+            AnyStore::Pg(s) => s.compact(through).await,
+        }
+    }
+
+    async fn compacted(&self) -> Result<u64, StoreError> {
+        match self {
+            AnyStore::Sqlite(s) => s.compacted().await,
+            AnyStore::Pg(s) => s.compacted().await,
+        }
+    }
+
     fn notifier(&self) -> tokio::sync::watch::Receiver<u64> {
         match self {
             AnyStore::Sqlite(s) => s.notifier(),

@@ -290,6 +290,67 @@ pub async fn concurrent_cas<S: Store>(s: S) {
     assert_eq!(s.get(&key).await.unwrap().unwrap().body, json!(80));
 }
 
+/// Compaction drops old change-log entries: changes (and watches) after a
+/// compacted revision fail with `Compacted`, later ones still work, objects and
+/// the revision are untouched, and the mark never goes down.
+pub async fn compaction<S: Store>(s: S) {
+    assert_eq!(s.compacted().await.unwrap(), 0);
+    let start = s.revision().await.unwrap();
+    let mut old_watcher = s.watch(start, WatchFilter::default());
+    let a = s.create(k("job", "t1", "a"), json!(1)).await.unwrap();
+    let b = s.create(k("job", "t1", "b"), json!(1)).await.unwrap();
+    let a2 = s.update(a.key(), None, json!(2)).await.unwrap();
+    let db = s.delete(b.key(), None).await.unwrap();
+    let mid = b.version;
+    assert_eq!(s.compact(mid).await.unwrap(), mid);
+    assert_eq!(s.compacted().await.unwrap(), mid);
+    // After the mark: the rest of the log, deletions included.
+    let rest: Vec<u64> = s
+        .changes(mid, 100)
+        .await
+        .unwrap()
+        .iter()
+        .map(|c| c.version())
+        .collect();
+    assert_eq!(rest, [a2.version, db.version]);
+    // Before it: a clear error naming both revisions.
+    for after in [start, mid - 1] {
+        assert_eq!(
+            s.changes(after, 100).await.unwrap_err(),
+            StoreError::Compacted {
+                requested: after,
+                compacted: mid
+            }
+        );
+    }
+    let e = tokio::time::timeout(Duration::from_secs(10), old_watcher.next())
+        .await
+        .expect("the watcher answers")
+        .unwrap_err();
+    assert!(matches!(e, StoreError::Compacted { .. }), "{e:?}");
+    assert!(e.to_string().contains("list again"), "{e}");
+    // Objects and the revision are untouched.
+    let rev = s.revision().await.unwrap();
+    assert_eq!(rev, db.version);
+    assert_eq!(s.get(&a.key()).await.unwrap().unwrap(), a2);
+    assert_eq!(s.list("job", None).await.unwrap().revision, rev);
+    // The mark never goes down.
+    assert_eq!(s.compact(start).await.unwrap(), mid);
+    // Compacting past the end stops at the latest revision; the log is empty, and
+    // the next write still takes the next revision.
+    assert_eq!(s.compact(u64::MAX).await.unwrap(), rev);
+    assert_eq!(s.revision().await.unwrap(), rev);
+    assert!(s.changes(rev, 100).await.unwrap().is_empty());
+    let mut w = s.watch(rev, WatchFilter::default());
+    let c = s.create(k("job", "t1", "c"), json!(3)).await.unwrap();
+    assert_eq!(c.version, rev + 1);
+    let got = tokio::time::timeout(Duration::from_secs(10), w.next())
+        .await
+        .expect("a watcher from the compacted revision works")
+        .unwrap();
+    assert_eq!(got[0].version(), c.version);
+}
+
 /// Runs every conformance case as its own `#[tokio::test]`, with stores from
 /// `$factory` (an `async fn() -> Option<(S, G)>`; `None` skips with a message).
 #[macro_export]
@@ -297,7 +358,7 @@ macro_rules! conformance_tests {
     ($factory:path) => {
         $crate::conformance_tests!(@cases $factory;
             create_get, create_existing, update_cas, delete_cas, list_scoping,
-            commit_atomic, changes_log, watch_filtered, concurrent_cas);
+            commit_atomic, changes_log, watch_filtered, concurrent_cas, compaction);
     };
     (@cases $factory:path; $($case:ident),*) => {
         $(

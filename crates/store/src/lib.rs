@@ -175,6 +175,13 @@ pub enum StoreError {
     Backend(String),
     #[error("the store is closed")]
     Closed,
+    /// The change log no longer holds the changes after `requested`: they were
+    /// compacted through revision `compacted`. A watcher must list again and watch
+    /// from the list's revision.
+    #[error(
+        "changes after revision {requested} were compacted (the log starts after revision {compacted}): list again and watch from the list's revision"
+    )]
+    Compacted { requested: u64, compacted: u64 },
 }
 
 /// The backend-neutral store. Implementations are cheap to clone (handles to shared
@@ -196,7 +203,8 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// the deletion). Returns after the commit is durable.
     fn commit(&self, ops: Vec<Op>) -> impl Future<Output = Result<Vec<Object>, StoreError>> + Send;
 
-    /// Up to `limit` changes with a revision greater than `after`, in revision order.
+    /// Up to `limit` changes with a revision greater than `after`, in revision order;
+    /// [`StoreError::Compacted`] when some of them were compacted away.
     fn changes(
         &self,
         after: u64,
@@ -205,6 +213,16 @@ pub trait Store: Clone + Send + Sync + 'static {
 
     /// The latest revision.
     fn revision(&self) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Drops the change-log entries with a revision up to `through` (at most the
+    /// latest revision), so the log does not grow forever. Objects are untouched.
+    /// Afterwards, [`Store::changes`] after a revision below the compacted one is
+    /// [`StoreError::Compacted`]. Returns the compacted revision (it never goes
+    /// down: compacting to an older revision changes nothing).
+    fn compact(&self, through: u64) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// The revision the change log was compacted through (0: never).
+    fn compacted(&self) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
     /// Wakes up when this process commits (carries the latest revision known). A
     /// watcher also polls, so commits by other replicas are seen too.

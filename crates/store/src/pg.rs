@@ -63,7 +63,12 @@ const SCHEMA: &[&str] = &[
         kind TEXT NOT NULL, tenant TEXT NOT NULL, name TEXT NOT NULL, body TEXT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS tessera_revision (id INT PRIMARY KEY, version BIGINT NOT NULL)",
     "INSERT INTO tessera_revision (id, version) VALUES (1, 0) ON CONFLICT (id) DO NOTHING",
+    // The revision the change log was compacted through.
+    "ALTER TABLE tessera_revision ADD COLUMN IF NOT EXISTS compacted BIGINT NOT NULL DEFAULT 0",
 ];
+
+/// Change-log rows deleted per statement while compacting.
+const COMPACT_CHUNK: i64 = 5000;
 
 /// Advisory lock key that serialises schema creation between replicas.
 const MIGRATE_LOCK: i64 = 0x7e55_e7a0;
@@ -281,26 +286,86 @@ impl Store for PgStore {
     }
 
     async fn changes(&self, after: u64, limit: usize) -> Result<Vec<Change>, StoreError> {
+        // One statement, one snapshot: the compaction mark and the rows agree. The
+        // outer row is there even when no change is.
         let rows = sqlx::query(
-            "SELECT kind, tenant, name, version, body, op FROM tessera_changes WHERE version > $1 ORDER BY version LIMIT $2",
+            "SELECT c.kind, c.tenant, c.name, c.version, c.body, c.op, r.compacted
+             FROM tessera_revision r LEFT JOIN LATERAL (
+                 SELECT kind, tenant, name, version, body, op FROM tessera_changes
+                 WHERE version > $1 ORDER BY version LIMIT $2) c ON true
+             WHERE r.id = 1",
         )
         .bind(after as i64)
         .bind(limit as i64)
         .fetch_all(&self.pool)
         .await
         .map_err(be)?;
-        rows.iter()
-            .map(|r| {
-                Ok(Change {
-                    op: ChangeOp::from_code(i64::from(r.try_get::<i16, _>(5).map_err(be)?))?,
-                    object: to_object(r)?,
-                })
-            })
-            .collect()
+        let compacted = match rows.first() {
+            Some(r) => r.try_get::<i64, _>(6).map_err(be)? as u64,
+            None => 0,
+        };
+        if after < compacted {
+            return Err(StoreError::Compacted {
+                requested: after,
+                compacted,
+            });
+        }
+        let mut out = Vec::with_capacity(rows.len());
+        for r in &rows {
+            if r.try_get::<Option<i64>, _>(3).map_err(be)?.is_none() {
+                continue;
+            }
+            out.push(Change {
+                op: ChangeOp::from_code(i64::from(r.try_get::<i16, _>(5).map_err(be)?))?,
+                object: to_object(r)?,
+            });
+        }
+        Ok(out)
     }
 
     async fn revision(&self) -> Result<u64, StoreError> {
         revision(&self.pool).await
+    }
+
+    async fn compact(&self, through: u64) -> Result<u64, StoreError> {
+        // The mark first (readers refuse what lies below it from then on), then the
+        // rows in chunks; old rows and new inserts do not contend.
+        let through = i64::try_from(through).unwrap_or(i64::MAX);
+        let target: i64 = sqlx::query(
+            "UPDATE tessera_revision SET compacted = GREATEST(compacted, LEAST($1, version))
+             WHERE id = 1 RETURNING compacted",
+        )
+        .bind(through)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(be)?
+        .try_get(0)
+        .map_err(be)?;
+        loop {
+            let n = sqlx::query(
+                "DELETE FROM tessera_changes WHERE version IN
+                 (SELECT version FROM tessera_changes WHERE version <= $1 ORDER BY version LIMIT $2)",
+            )
+            .bind(target)
+            .bind(COMPACT_CHUNK)
+            .execute(&self.pool)
+            .await
+            .map_err(be)?
+            .rows_affected();
+            if (n as i64) < COMPACT_CHUNK {
+                return Ok(target as u64);
+            }
+        }
+    }
+
+    async fn compacted(&self) -> Result<u64, StoreError> {
+        let v: i64 = sqlx::query("SELECT compacted FROM tessera_revision WHERE id = 1")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(be)?
+            .try_get(0)
+            .map_err(be)?;
+        Ok(v as u64)
     }
 
     fn notifier(&self) -> tokio::sync::watch::Receiver<u64> {

@@ -58,7 +58,21 @@ CREATE TABLE IF NOT EXISTS changes (
     version INTEGER PRIMARY KEY, op INTEGER NOT NULL,
     kind TEXT NOT NULL, tenant TEXT NOT NULL, name TEXT NOT NULL, body TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 ";
+
+/// The latest revision: the newest change, or the compacted revision when the
+/// whole log was compacted.
+const REVISION: &str = "SELECT MAX(COALESCE((SELECT MAX(version) FROM changes), 0),
+    COALESCE((SELECT value FROM meta WHERE key = 'compacted'), 0))";
+const COMPACTED: &str = "SELECT COALESCE((SELECT value FROM meta WHERE key = 'compacted'), 0)";
+/// Change-log rows deleted per transaction while compacting, so writers wait at
+/// most for one chunk.
+const COMPACT_CHUNK: i64 = 5000;
+
+fn read_u64(c: &Connection, sql: &str) -> Result<u64, StoreError> {
+    Ok(c.query_row(sql, [], |r| r.get::<_, i64>(0)).map_err(be)? as u64)
+}
 
 fn open_conn(path: &Path, write: bool) -> Result<Connection, StoreError> {
     let flags = if write {
@@ -91,11 +105,7 @@ impl SqliteStore {
         let path = dir.join("tessera.db");
         let conn = open_conn(&path, true)?;
         conn.execute_batch(SCHEMA).map_err(be)?;
-        let top: u64 = conn
-            .query_row("SELECT COALESCE(MAX(version), 0) FROM changes", [], |r| {
-                r.get::<_, i64>(0)
-            })
-            .map_err(be)? as u64;
+        let top = read_u64(&conn, REVISION)?;
         let (notify, _) = tokio::sync::watch::channel(top);
         let (tx, rx) = mpsc::channel();
         let shared = Arc::new(Shared {
@@ -200,9 +210,7 @@ impl Store for SqliteStore {
         let tenant = tenant.map(str::to_string);
         self.read(move |c| {
             let tx = c.unchecked_transaction().map_err(be)?;
-            let revision = tx
-                .query_row("SELECT COALESCE(MAX(version), 0) FROM changes", [], |r| r.get::<_, i64>(0))
-                .map_err(be)? as u64;
+            let revision = read_u64(&tx, REVISION)?;
             let mut objects = Vec::new();
             {
                 let mut st = match &tenant {
@@ -260,21 +268,73 @@ impl Store for SqliteStore {
                     object: to_object(o)?,
                 });
             }
+            // Checked after reading: a compaction that removed rows we wanted had
+            // committed before the read, so it shows here.
+            let compacted = read_u64(c, COMPACTED)?;
+            if after < compacted {
+                return Err(StoreError::Compacted {
+                    requested: after,
+                    compacted,
+                });
+            }
             Ok(out)
         })
         .await
     }
 
     async fn revision(&self) -> Result<u64, StoreError> {
-        self.read(|c| {
-            Ok(
-                c.query_row("SELECT COALESCE(MAX(version), 0) FROM changes", [], |r| {
-                    r.get::<_, i64>(0)
-                })
-                .map_err(be)? as u64,
-            )
+        self.read(|c| read_u64(c, REVISION)).await
+    }
+
+    async fn compact(&self, through: u64) -> Result<u64, StoreError> {
+        let path = self.shared.path.clone();
+        tokio::task::spawn_blocking(move || {
+            let c = open_conn(&path, true)?;
+            // First the mark (readers refuse what lies below it from now on), then
+            // the rows, a chunk per transaction so that writers are not held up.
+            c.execute_batch("BEGIN IMMEDIATE").map_err(be)?;
+            let done = (|| {
+                let cur = read_u64(&c, COMPACTED)?;
+                let target = through.min(read_u64(&c, REVISION)?).max(cur);
+                if target > cur {
+                    c.execute(
+                        "INSERT INTO meta (key, value) VALUES ('compacted', ?1)
+                         ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                        params![target as i64],
+                    )
+                    .map_err(be)?;
+                }
+                Ok(target)
+            })();
+            let target = match done {
+                Ok(t) => {
+                    c.execute_batch("COMMIT").map_err(be)?;
+                    t
+                }
+                Err(e) => {
+                    let _ = c.execute_batch("ROLLBACK");
+                    return Err(e);
+                }
+            };
+            loop {
+                let n = c
+                    .execute(
+                        "DELETE FROM changes WHERE version IN
+                         (SELECT version FROM changes WHERE version <= ?1 ORDER BY version LIMIT ?2)",
+                        params![target as i64, COMPACT_CHUNK],
+                    )
+                    .map_err(be)?;
+                if (n as i64) < COMPACT_CHUNK {
+                    return Ok(target);
+                }
+            }
         })
         .await
+        .map_err(be)?
+    }
+
+    async fn compacted(&self) -> Result<u64, StoreError> {
+        self.read(|c| read_u64(c, COMPACTED)).await
     }
 
     fn notifier(&self) -> tokio::sync::watch::Receiver<u64> {

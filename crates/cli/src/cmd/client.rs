@@ -475,6 +475,12 @@ pub fn watch(a: WatchArgs) -> i32 {
                     };
                     let rev = field("id:").unwrap_or_default();
                     let v: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
+                    if op == "error" {
+                        // The server ended the watch (e.g. it fell behind the
+                        // change log's compaction: list again and watch anew).
+                        let msg = v["detail"].as_str().unwrap_or(&data).to_string();
+                        return Err(Failure(EXIT_FAILURE, format!("the watch ended: {msg}")));
+                    }
                     if a.json {
                         println!("{}", json!({"revision": rev, "op": op, "object": v}));
                     } else {

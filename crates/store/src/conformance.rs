@@ -290,6 +290,63 @@ pub async fn concurrent_cas<S: Store>(s: S) {
     assert_eq!(s.get(&key).await.unwrap().unwrap().body, json!(80));
 }
 
+/// Many concurrent commits on one key (they land in the same group commit on
+/// backends that group): exactly one create and one delete win, and the change
+/// log replays to the stored state.
+pub async fn concurrent_same_key<S: Store>(s: S) {
+    let start = s.revision().await.unwrap();
+    let key = k("job", "t1", "x");
+    let race = |make: fn(Key, usize) -> Op| {
+        let s = s.clone();
+        let key = key.clone();
+        async move {
+            let tasks: Vec<_> = (0..32)
+                .map(|i| {
+                    let s = s.clone();
+                    let op = make(key.clone(), i);
+                    tokio::spawn(async move { s.commit(vec![op]).await })
+                })
+                .collect();
+            let mut won = 0;
+            for t in tasks {
+                if t.await.unwrap().is_ok() {
+                    won += 1;
+                }
+            }
+            won
+        }
+    };
+    let created = race(|key, i| Op::Create {
+        key,
+        body: json!(i),
+    })
+    .await;
+    assert_eq!(created, 1);
+    let updated = race(|key, i| Op::Update {
+        key,
+        expected: None,
+        body: json!(100 + i),
+    })
+    .await;
+    assert_eq!(updated, 32);
+    let deleted = race(|key, _| Op::Delete {
+        key,
+        expected: None,
+    })
+    .await;
+    assert_eq!(deleted, 1);
+    assert_eq!(s.get(&key).await.unwrap(), None);
+    let log = s.changes(start, 1000).await.unwrap();
+    let ops: Vec<ChangeOp> = log.iter().map(|c| c.op).collect();
+    assert_eq!(ops.len(), 34);
+    assert_eq!(ops[0], ChangeOp::Created);
+    assert!(ops[1..33].iter().all(|o| *o == ChangeOp::Updated));
+    assert_eq!(ops[33], ChangeOp::Deleted);
+    // The deletion carries the last update's body.
+    assert_eq!(log[33].object.body, log[32].object.body);
+    assert!(log.windows(2).all(|w| w[0].version() < w[1].version()));
+}
+
 /// Compaction drops old change-log entries: changes (and watches) after a
 /// compacted revision fail with `Compacted`, later ones still work, objects and
 /// the revision are untouched, and the mark never goes down.
@@ -358,7 +415,7 @@ macro_rules! conformance_tests {
     ($factory:path) => {
         $crate::conformance_tests!(@cases $factory;
             create_get, create_existing, update_cas, delete_cas, list_scoping,
-            commit_atomic, changes_log, watch_filtered, concurrent_cas, compaction);
+            commit_atomic, changes_log, watch_filtered, concurrent_cas, concurrent_same_key, compaction);
     };
     (@cases $factory:path; $($case:ident),*) => {
         $(

@@ -412,61 +412,112 @@ type GroupResult = (Vec<Result<Vec<Object>, StoreError>>, Option<u64>);
 async fn commit_group(pool: &PgPool, group: &[Request]) -> Result<GroupResult, StoreError> {
     let mut tx = pool.begin().await.map_err(be)?;
     // The revision row lock serialises writers of all replicas, so revisions commit
-    // in order.
+    // in order, and nothing else writes objects while this group is applied.
     let top: i64 = sqlx::query("SELECT version FROM tessera_revision WHERE id = 1 FOR UPDATE")
         .fetch_one(&mut *tx)
         .await
         .map_err(be)?
         .try_get(0)
         .map_err(be)?;
+    // Every key of the group, read in one statement (after taking the lock, so the
+    // rows are current).
+    let mut state = read_keys(&mut tx, group).await?;
+    // Decide every request in memory, in order, against the state the earlier
+    // ones left: a refused request writes nothing, the others go ahead.
     let mut next = top;
+    let mut log = ChangeRows::default();
     let mut out = Vec::with_capacity(group.len());
     for (ops, _) in group {
-        // Check every operation before writing any: a refused request writes nothing,
-        // so no savepoint is needed.
-        match check(&mut tx, ops).await? {
+        match apply(&mut state, ops, &mut next, &mut log) {
+            Ok(objs) => out.push(Ok(objs)),
             Err(e) => out.push(Err(e)),
-            Ok(current) => out.push(Ok(write(&mut tx, ops, current, &mut next).await?)),
         }
     }
     if next != top {
-        sqlx::query("UPDATE tessera_revision SET version = $1 WHERE id = 1")
-            .bind(next)
-            .execute(&mut *tx)
-            .await
-            .map_err(be)?;
+        write_group(&mut tx, &state, &log, next).await?;
     }
     tx.commit().await.map_err(be)?;
     Ok((out, (next != top).then_some(next as u64)))
 }
 
-/// The stored body of each operation's key, after checking that every operation
-/// applies (the outer error is a backend failure, the inner one a refusal).
-#[allow(clippy::type_complexity)]
-async fn check(
-    tx: &mut sqlx::PgConnection,
+/// A key's stored state while a group is applied: `None` when absent, and whether
+/// the group changed it.
+struct Slot {
+    current: Option<(u64, String)>,
+    dirty: bool,
+}
+
+type State = std::collections::HashMap<Key, Slot>;
+
+async fn read_keys(tx: &mut sqlx::PgConnection, group: &[Request]) -> Result<State, StoreError> {
+    let mut state: State = std::collections::HashMap::new();
+    let (mut kinds, mut tenants, mut names) = (Vec::new(), Vec::new(), Vec::new());
+    for (ops, _) in group {
+        for op in ops {
+            let k = op.key();
+            if !state.contains_key(k) {
+                state.insert(
+                    k.clone(),
+                    Slot {
+                        current: None,
+                        dirty: false,
+                    },
+                );
+                kinds.push(k.kind.clone());
+                tenants.push(k.tenant.clone());
+                names.push(k.name.clone());
+            }
+        }
+    }
+    let rows = sqlx::query(
+        "SELECT o.kind, o.tenant, o.name, o.version, o.body FROM tessera_objects o
+         JOIN unnest($1::text[], $2::text[], $3::text[]) AS k(kind, tenant, name)
+           ON o.kind = k.kind AND o.tenant = k.tenant AND o.name = k.name",
+    )
+    .bind(&kinds)
+    .bind(&tenants)
+    .bind(&names)
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(be)?;
+    for r in &rows {
+        let key = Key::new(
+            r.try_get::<String, _>(0).map_err(be)?,
+            r.try_get::<String, _>(1).map_err(be)?,
+            r.try_get::<String, _>(2).map_err(be)?,
+        );
+        let version = r.try_get::<i64, _>(3).map_err(be)? as u64;
+        let body: String = r.try_get(4).map_err(be)?;
+        if let Some(slot) = state.get_mut(&key) {
+            slot.current = Some((version, body));
+        }
+    }
+    Ok(state)
+}
+
+/// The change-log rows of a group, column by column.
+#[derive(Default)]
+struct ChangeRows {
+    version: Vec<i64>,
+    op: Vec<i16>,
+    kind: Vec<String>,
+    tenant: Vec<String>,
+    name: Vec<String>,
+    body: Vec<String>,
+}
+
+/// Applies one request to the in-memory state, all of its operations or none.
+fn apply(
+    state: &mut State,
     ops: &[Op],
-) -> Result<Result<Vec<Option<String>>, StoreError>, StoreError> {
-    let mut out = Vec::with_capacity(ops.len());
+    next: &mut i64,
+    log: &mut ChangeRows,
+) -> Result<Vec<Object>, StoreError> {
+    // Check every operation before changing anything.
     for op in ops {
         let key = op.key();
-        let cur = sqlx::query(
-            "SELECT version, body FROM tessera_objects WHERE kind=$1 AND tenant=$2 AND name=$3",
-        )
-        .bind(&key.kind)
-        .bind(&key.tenant)
-        .bind(&key.name)
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(be)?;
-        let cur: Option<(u64, String)> = match cur {
-            Some(r) => Some((
-                r.try_get::<i64, _>(0).map_err(be)? as u64,
-                r.try_get(1).map_err(be)?,
-            )),
-            None => None,
-        };
-        let refused = match (op, &cur) {
+        let cur = state.get(key).and_then(|s| s.current.as_ref());
+        let refused = match (op, cur) {
             (Op::Create { .. }, Some(_)) => Some(StoreError::AlreadyExists(key.clone())),
             (Op::Create { .. }, None) => None,
             (Op::Update { .. } | Op::Delete { .. }, None) => {
@@ -477,55 +528,34 @@ async fn check(
             }
         };
         if let Some(e) = refused {
-            return Ok(Err(e));
+            return Err(e);
         }
-        out.push(cur.map(|(_, body)| body));
     }
-    Ok(Ok(out))
-}
-
-/// Writes checked operations: the object and its change-log entry in one statement.
-async fn write(
-    tx: &mut sqlx::PgConnection,
-    ops: &[Op],
-    current: Vec<Option<String>>,
-    next: &mut i64,
-) -> Result<Vec<Object>, StoreError> {
     let mut out = Vec::with_capacity(ops.len());
-    for (op, cur) in ops.iter().zip(current) {
+    for op in ops {
         *next += 1;
         let version = *next;
         let key = op.key();
+        let slot = state.get_mut(key).ok_or_else(|| be("key not read"))?;
         let (change, text, body) = match op {
             Op::Create { body, .. } => (ChangeOp::Created, body.to_string(), body.clone()),
             Op::Update { body, .. } => (ChangeOp::Updated, body.to_string(), body.clone()),
             Op::Delete { .. } => {
-                let old = cur.unwrap_or_default();
+                let old = slot.current.take().map(|(_, b)| b).unwrap_or_default();
                 let body = serde_json::from_str(&old).map_err(be)?;
                 (ChangeOp::Deleted, old, body)
             }
         };
-        let sql = match change {
-            ChangeOp::Deleted => {
-                "WITH gone AS (DELETE FROM tessera_objects WHERE kind=$1 AND tenant=$2 AND name=$3)
-                 INSERT INTO tessera_changes (version, op, kind, tenant, name, body) VALUES ($4, $6, $1, $2, $3, $5)"
-            }
-            _ => {
-                "WITH put AS (INSERT INTO tessera_objects (kind, tenant, name, version, body) VALUES ($1, $2, $3, $4, $5)
-                     ON CONFLICT (kind, tenant, name) DO UPDATE SET version = EXCLUDED.version, body = EXCLUDED.body)
-                 INSERT INTO tessera_changes (version, op, kind, tenant, name, body) VALUES ($4, $6, $1, $2, $3, $5)"
-            }
-        };
-        sqlx::query(sql)
-            .bind(&key.kind)
-            .bind(&key.tenant)
-            .bind(&key.name)
-            .bind(version)
-            .bind(&text)
-            .bind(change.code() as i16)
-            .execute(&mut *tx)
-            .await
-            .map_err(be)?;
+        if change != ChangeOp::Deleted {
+            slot.current = Some((version as u64, text.clone()));
+        }
+        slot.dirty = true;
+        log.version.push(version);
+        log.op.push(change.code() as i16);
+        log.kind.push(key.kind.clone());
+        log.tenant.push(key.tenant.clone());
+        log.name.push(key.name.clone());
+        log.body.push(text);
         out.push(Object {
             kind: key.kind.clone(),
             tenant: key.tenant.clone(),
@@ -535,4 +565,65 @@ async fn write(
         });
     }
     Ok(out)
+}
+
+/// Writes a group's outcome in one statement: the final state of every key it
+/// changed (upserted or deleted), its change-log rows, and the revision.
+async fn write_group(
+    tx: &mut sqlx::PgConnection,
+    state: &State,
+    log: &ChangeRows,
+    next: i64,
+) -> Result<(), StoreError> {
+    let (mut pk, mut pt, mut pn, mut pv, mut pb) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut dk, mut dt, mut dn) = (Vec::new(), Vec::new(), Vec::new());
+    for (key, slot) in state.iter().filter(|(_, s)| s.dirty) {
+        match &slot.current {
+            Some((v, body)) => {
+                pk.push(key.kind.as_str());
+                pt.push(key.tenant.as_str());
+                pn.push(key.name.as_str());
+                pv.push(*v as i64);
+                pb.push(body.as_str());
+            }
+            None => {
+                dk.push(key.kind.as_str());
+                dt.push(key.tenant.as_str());
+                dn.push(key.name.as_str());
+            }
+        }
+    }
+    sqlx::query(
+        "WITH put AS (
+             INSERT INTO tessera_objects (kind, tenant, name, version, body)
+             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[])
+             ON CONFLICT (kind, tenant, name) DO UPDATE SET version = EXCLUDED.version, body = EXCLUDED.body),
+         gone AS (
+             DELETE FROM tessera_objects o USING unnest($6::text[], $7::text[], $8::text[]) AS k(kind, tenant, name)
+             WHERE o.kind = k.kind AND o.tenant = k.tenant AND o.name = k.name),
+         rev AS (
+             UPDATE tessera_revision SET version = $15 WHERE id = 1)
+         INSERT INTO tessera_changes (version, op, kind, tenant, name, body)
+         SELECT * FROM unnest($9::bigint[], $10::smallint[], $11::text[], $12::text[], $13::text[], $14::text[])",
+    )
+    .bind(&pk)
+    .bind(&pt)
+    .bind(&pn)
+    .bind(&pv)
+    .bind(&pb)
+    .bind(&dk)
+    .bind(&dt)
+    .bind(&dn)
+    .bind(&log.version)
+    .bind(&log.op)
+    .bind(&log.kind)
+    .bind(&log.tenant)
+    .bind(&log.name)
+    .bind(&log.body)
+    .bind(next)
+    .execute(&mut *tx)
+    .await
+    .map_err(be)?;
+    Ok(())
 }

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::node::Toleration;
 use crate::resources::Resources;
+use crate::topology::{GpuTopology, NetworkTier};
 
 /// What kind of workload a group is; placement profiles differ by kind
 /// (training binpacks, inference spreads).
@@ -57,6 +58,10 @@ pub struct PodGroup {
     /// Whether tasks of this group may be evicted by preemption or reclaim.
     #[serde(default = "yes")]
     pub preemptable: bool,
+    /// All tasks within one domain of a network tier (Volcano's
+    /// `networkTopology`), hard or soft; `None`: anywhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_topology: Option<NetworkTier>,
     pub tasks: Vec<Task>,
 }
 
@@ -75,6 +80,7 @@ impl PodGroup {
             kind: GroupKind::Batch,
             creation: 0,
             preemptable: true,
+            network_topology: None,
             tasks: Vec::new(),
         }
     }
@@ -105,6 +111,12 @@ pub enum GpuRequest {
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         models: Vec<String>,
     },
+    /// One MIG instance of a profile (e.g. `3g.40gb`) on a MIG-enabled GPU.
+    Mig {
+        profile: String,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        models: Vec<String>,
+    },
 }
 
 impl GpuRequest {
@@ -114,6 +126,7 @@ impl GpuRequest {
             GpuRequest::None => 0,
             GpuRequest::Whole { count, .. } => u64::from(*count) * 1000,
             GpuRequest::Shared { milli, .. } => u64::from(*milli),
+            GpuRequest::Mig { profile, models } => crate::mig::profile_milli(profile, models),
         }
     }
 
@@ -131,7 +144,7 @@ impl GpuRequest {
         match self {
             GpuRequest::None => 0,
             GpuRequest::Whole { count, .. } => *count,
-            GpuRequest::Shared { .. } => 1,
+            GpuRequest::Shared { .. } | GpuRequest::Mig { .. } => 1,
         }
     }
 
@@ -139,7 +152,9 @@ impl GpuRequest {
     pub fn models(&self) -> &[String] {
         match self {
             GpuRequest::None => &[],
-            GpuRequest::Whole { models, .. } | GpuRequest::Shared { models, .. } => models,
+            GpuRequest::Whole { models, .. }
+            | GpuRequest::Shared { models, .. }
+            | GpuRequest::Mig { models, .. } => models,
         }
     }
 }
@@ -168,6 +183,16 @@ pub struct Task {
     /// GPU indices on `node` the task holds, when it is running.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpu_indices: Vec<u32>,
+    /// How its GPUs must be connected: all in one NVLink domain, PCIe root or
+    /// NUMA node, hard or soft. `None`: one NVLink domain where the node has
+    /// domains, as a preference.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<GpuTopology>,
+    /// For a running MIG task: the first memory slice of the instance it holds
+    /// on `gpu_indices[0]`. Without it, the task claims an in-use instance of
+    /// its profile on its node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_start: Option<u8>,
 }
 
 impl Task {
@@ -181,6 +206,8 @@ impl Task {
             priority: None,
             node: None,
             gpu_indices: Vec::new(),
+            topology: None,
+            mig_start: None,
         }
     }
 

@@ -163,6 +163,28 @@ pub fn geometry(model: &str) -> Option<&'static MigGeometry> {
     })
 }
 
+/// What one instance of `profile` counts against quotas, in milli-GPU: its
+/// share of the GPU's compute slices (rounded down, so that a full layout never
+/// counts more than the GPU). The first known model with that profile decides,
+/// among `models` when they are given; an unknown profile counts 0 (it fits
+/// nowhere anyway).
+pub fn profile_milli(profile: &str, models: &[String]) -> u64 {
+    GEOMETRIES
+        .iter()
+        .filter(|g| {
+            models.is_empty()
+                || models.iter().any(|m| {
+                    g.model.eq_ignore_ascii_case(m)
+                        || g.aliases.iter().any(|a| a.eq_ignore_ascii_case(m))
+                })
+        })
+        .find_map(|g| {
+            g.profile(profile)
+                .map(|p| u64::from(p.compute) * 1000 / u64::from(g.compute_slices))
+        })
+        .unwrap_or(0)
+}
+
 /// One GPU instance in a layout.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -26,6 +26,10 @@ pub struct Node {
     /// Cordoned: no new tasks are placed here.
     #[serde(default)]
     pub unschedulable: bool,
+    /// The node's domains in the network tiers above it, bottom up (e.g.
+    /// `[rack-3, spine-1]`): Volcano's HyperNode tiers. Tier 1 is the first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub network: Vec<String>,
 }
 
 impl Node {
@@ -37,6 +41,7 @@ impl Node {
             allocatable,
             gpus: Vec::new(),
             unschedulable: false,
+            network: Vec::new(),
         }
     }
 

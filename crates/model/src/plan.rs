@@ -12,6 +12,10 @@ pub struct Plan {
     pub bindings: Vec<Binding>,
     pub evictions: Vec<Eviction>,
     pub pending: Vec<Pending>,
+    /// Devices held back for a queued gang, so that smaller jobs do not keep
+    /// taking them (the `reservation` plugin).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reservations: Vec<Reservation>,
 }
 
 /// Place `task` on `node`, holding the GPUs `gpus`.
@@ -25,6 +29,49 @@ pub struct Binding {
     /// once those victims are gone (Volcano's "pipelined").
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub after_evictions: bool,
+    /// For a MIG request: the instance on `gpus[0]`, and how to make it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig: Option<MigStep>,
+}
+
+/// The MIG instance a binding uses: an idle one reused, a new one created in
+/// free slices, or — a re-partition step — a new one created after destroying
+/// idle instances where it goes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigStep {
+    pub profile: String,
+    /// First memory slice.
+    pub start: u8,
+    /// The instance does not exist yet: create it (after `destroy`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub create: bool,
+    /// Idle instances to destroy first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub destroy: Vec<MigRef>,
+}
+
+/// Names a MIG instance on a GPU: profile and first memory slice.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct MigRef {
+    pub profile: String,
+    pub start: u8,
+}
+
+impl fmt::Display for MigRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}@{}", self.profile, self.start)
+    }
+}
+
+/// GPUs (or a whole node, `gpus` empty) held back for a queued group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reservation {
+    pub group: String,
+    pub node: String,
+    /// The reserved GPUs; empty: the whole node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<u32>,
+    pub reason: String,
 }
 
 /// Evict `task` from `node`.
@@ -55,16 +102,37 @@ impl fmt::Display for Plan {
                 let g: Vec<String> = b.gpus.iter().map(u32::to_string).collect();
                 write!(f, " gpus [{}]", g.join(","))?;
             }
+            if let Some(m) = &b.mig {
+                write!(f, " mig {}@{}", m.profile, m.start)?;
+                if !m.destroy.is_empty() {
+                    let d: Vec<String> = m.destroy.iter().map(MigRef::to_string).collect();
+                    write!(f, " (re-partition: destroy idle {}, create)", d.join(", "))?;
+                } else if m.create {
+                    f.write_str(" (create)")?;
+                }
+            }
             if b.after_evictions {
                 f.write_str(" (after evictions)")?;
             }
             writeln!(f)?;
         }
+        for r in &self.reservations {
+            write!(f, "reserve {} on {}", r.group, r.node)?;
+            if !r.gpus.is_empty() {
+                let g: Vec<String> = r.gpus.iter().map(u32::to_string).collect();
+                write!(f, " gpus [{}]", g.join(","))?;
+            }
+            writeln!(f, ": {}", r.reason)?;
+        }
         for p in &self.pending {
             let state = if p.admitted { "pending" } else { "queued " };
             writeln!(f, "{state} {}: {}", p.group, p.reason)?;
         }
-        if self.bindings.is_empty() && self.evictions.is_empty() && self.pending.is_empty() {
+        if self.bindings.is_empty()
+            && self.evictions.is_empty()
+            && self.pending.is_empty()
+            && self.reservations.is_empty()
+        {
             writeln!(f, "nothing to do")?;
         }
         Ok(())

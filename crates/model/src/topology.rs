@@ -6,9 +6,9 @@
 //! Volcano's HyperNode tiers); a node's tier labels, from the bottom up, are a
 //! list of strings (e.g. `[rack-3, spine-1]`).
 //!
-//! These types are not yet fields of `Task`, `PodGroup` and `Node` (adding fields
-//! to those structs needs their other constructors updated); the device selection
-//! in `tessera-sched::gpu` takes them as arguments.
+//! A task states its GPU constraint in [`crate::Task::topology`], a gang its
+//! network tier in [`crate::PodGroup::network_topology`], and a node its tier
+//! domains in [`crate::Node::network`].
 
 use serde::{Deserialize, Serialize};
 

@@ -11,10 +11,12 @@
 //! Tiers order the plugins: when two plugins disagree on which job or queue goes
 //! first, the one in the earlier tier wins.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
+use tessera_model::GroupKind;
 use thiserror::Error;
 
 /// A scheduling action, run in the order the configuration lists them.
@@ -71,10 +73,13 @@ pub enum PluginName {
     Binpack,
     /// Node scoring that spreads load (inference default).
     Spread,
+    /// A queued high-priority training gang that does not fit holds the
+    /// NVLink domains or nodes it waits for: lower-priority tasks are kept off.
+    Reservation,
 }
 
 impl PluginName {
-    pub const ALL: [PluginName; 7] = [
+    pub const ALL: [PluginName; 8] = [
         PluginName::Priority,
         PluginName::Gang,
         PluginName::Drf,
@@ -82,6 +87,7 @@ impl PluginName {
         PluginName::Predicates,
         PluginName::Binpack,
         PluginName::Spread,
+        PluginName::Reservation,
     ];
 
     pub fn name(self) -> &'static str {
@@ -93,6 +99,7 @@ impl PluginName {
             PluginName::Predicates => "predicates",
             PluginName::Binpack => "binpack",
             PluginName::Spread => "spread",
+            PluginName::Reservation => "reservation",
         }
     }
 }
@@ -115,7 +122,7 @@ pub enum ConfigError {
     #[error("unknown action `{0}`; known actions: enqueue, allocate, backfill, preempt, reclaim")]
     UnknownAction(String),
     #[error(
-        "unknown plugin `{0}`; known plugins: priority, gang, drf, proportion, predicates, binpack, spread"
+        "unknown plugin `{0}`; known plugins: priority, gang, drf, proportion, predicates, binpack, spread, reservation"
     )]
     UnknownPlugin(String),
     #[error("`{0}` is listed twice")]
@@ -144,6 +151,25 @@ impl FromStr for PluginName {
     }
 }
 
+/// How nodes (and GPUs) are chosen for a workload kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Profile {
+    /// Fill the fullest node that fits.
+    Binpack,
+    /// Use the emptiest node.
+    Spread,
+}
+
+/// The placement profile per workload kind, by default training binpacks and
+/// inference spreads; kinds not listed follow the `binpack` / `spread` plugin.
+pub fn default_profiles() -> BTreeMap<GroupKind, Profile> {
+    BTreeMap::from([
+        (GroupKind::Training, Profile::Binpack),
+        (GroupKind::Inference, Profile::Spread),
+    ])
+}
+
 /// A validated scheduler configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
@@ -151,6 +177,9 @@ pub struct Config {
     pub actions: Vec<Action>,
     /// Plugin tiers; earlier tiers take precedence.
     pub tiers: Vec<Vec<PluginName>>,
+    /// Placement profile per workload kind (see [`default_profiles`]); a kind
+    /// not listed follows the `binpack` / `spread` plugin.
+    pub profiles: BTreeMap<GroupKind, Profile>,
 }
 
 impl Default for Config {
@@ -174,6 +203,7 @@ impl Default for Config {
                     PluginName::Binpack,
                 ],
             ],
+            profiles: default_profiles(),
         }
     }
 }
@@ -209,6 +239,7 @@ impl Config {
         let c = Config {
             actions: acts,
             tiers: out,
+            profiles: default_profiles(),
         };
         if c.enabled(PluginName::Binpack) && c.enabled(PluginName::Spread) {
             return Err(ConfigError::Conflicting);
@@ -218,6 +249,15 @@ impl Config {
 
     pub fn enabled(&self, p: PluginName) -> bool {
         self.tiers.iter().any(|t| t.contains(&p))
+    }
+
+    /// The placement profile of a workload kind.
+    pub fn profile(&self, kind: GroupKind) -> Profile {
+        match self.profiles.get(&kind) {
+            Some(p) => *p,
+            None if self.enabled(PluginName::Spread) => Profile::Spread,
+            None => Profile::Binpack,
+        }
     }
 
     pub fn runs(&self, a: Action) -> bool {

@@ -17,7 +17,7 @@ pub mod proportion;
 mod session;
 mod state;
 
-pub use config::{Action, Config, ConfigError, PluginName};
+pub use config::{Action, Config, ConfigError, PluginName, Profile};
 pub use session::{NoObserver, Observer};
 
 use tessera_model::{Plan, Snapshot};

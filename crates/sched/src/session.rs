@@ -5,10 +5,12 @@ use std::cmp::{Ordering, Reverse};
 use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 
 use tessera_model::{
-    Binding, Dim, Eviction, GpuRequest, Pending, Plan, Resources, Snapshot, TaskId,
+    Binding, Dim, Eviction, GpuRequest, GpuScope, GroupKind, MigRef, MigStep, NetworkTier, Pending,
+    Plan, Reservation, Resources, Snapshot, Strength, TaskId,
 };
 
-use crate::config::{Action, Config, PluginName};
+use crate::config::{Action, Config, PluginName, Profile};
+use crate::gpu::Pick;
 use crate::index::{NodeIndex, cpu_mag};
 use crate::proportion::water_fill_resources;
 use crate::state::{JobId, NodeId, QueueId, State, TaskStatus, class_failure};
@@ -28,6 +30,10 @@ impl Observer for NoObserver {}
 /// How many feasible nodes of the best bucket are scored before choosing.
 const CANDIDATES: usize = 4;
 
+/// How many feasible nodes a task with an imperfect topology fit collects
+/// (over several buckets) before choosing.
+const TOPO_CANDIDATES: usize = 64;
+
 /// An undo log for gang placement: either the whole group lands, or nothing does.
 #[derive(Debug, Default)]
 struct Stmt {
@@ -40,13 +46,30 @@ enum Op {
     Evicted(u32),
 }
 
+/// A reservation in force: tasks of other jobs below `priority` stay off the
+/// GPUs in `masks` (per node; all ones: the whole node).
+#[derive(Debug)]
+struct Reserve {
+    job: JobId,
+    priority: i32,
+    masks: BTreeMap<NodeId, u64>,
+}
+
 struct Session<'s, 'c, 'o> {
     st: State<'s>,
     cfg: &'c Config,
     obs: &'o mut dyn Observer,
     gang: bool,
     proportion: bool,
-    spread: bool,
+    /// The current gang attempt may use only nodes in this network-tier
+    /// domain: (tier, domain).
+    tier_filter: Option<(u8, String)>,
+    /// The current gang prefers nodes in this network-tier domain.
+    tier_pref: Option<(u8, String)>,
+    /// Devices held for a queued gang (the `reservation` plugin).
+    reserve: Option<Reserve>,
+    /// What the plan says about reservations.
+    reservations: Vec<Reservation>,
     /// Committed placements, in decision order.
     placed: Vec<u32>,
     /// Committed evictions, in decision order, with reasons.
@@ -81,7 +104,10 @@ pub fn run(snapshot: &Snapshot, cfg: &Config, obs: &mut dyn Observer) -> Plan {
         obs,
         gang: cfg.enabled(PluginName::Gang),
         proportion: cfg.enabled(PluginName::Proportion),
-        spread: cfg.enabled(PluginName::Spread),
+        tier_filter: None,
+        tier_pref: None,
+        reserve: None,
+        reservations: Vec::new(),
         placed: Vec::new(),
         evicted: Vec::new(),
         pending_evictions: Vec::new(),
@@ -318,17 +344,66 @@ impl Session<'_, '_, '_> {
 
     // ----- placement --------------------------------------------------------
 
+    /// Whether task `t` is placed by the spread profile (by its job's kind).
+    fn spread_for(&self, t: u32) -> bool {
+        let kind = self.st.jobs[self.st.tasks[t as usize].job as usize]
+            .src
+            .kind;
+        self.cfg.profile(kind) == Profile::Spread
+    }
+
+    /// GPUs of node `n` that task `t` must not use because a reservation
+    /// holds them (a bitmask; all ones: the whole node is held).
+    fn excluded_for(&self, t: u32, n: NodeId) -> u64 {
+        let Some(r) = &self.reserve else { return 0 };
+        let ts = &self.st.tasks[t as usize];
+        if ts.job == r.job || ts.priority >= r.priority {
+            return 0;
+        }
+        r.masks.get(&n).copied().unwrap_or(0)
+    }
+
+    /// Whether node `n` is in the network-tier domain the current gang attempt
+    /// is restricted to.
+    fn tier_ok(&self, n: NodeId) -> bool {
+        let Some((tier, dom)) = &self.tier_filter else {
+            return true;
+        };
+        let src = self.st.nodes[n as usize].src;
+        NetworkTier {
+            tier: *tier,
+            strength: Strength::Hard,
+        }
+        .domain_of(&src.name, &src.network)
+            == Some(dom.as_str())
+    }
+
+    /// Devices for task `t` on node `n` as things stand, under the current
+    /// tier restriction and reservations.
+    fn fits_now(&self, t: u32, n: NodeId) -> Option<Pick> {
+        if !self.tier_ok(n) {
+            return None;
+        }
+        let ex = self.excluded_for(t, n);
+        if ex == u64::MAX {
+            return None;
+        }
+        self.st.fits_excluding(t, n, ex)
+    }
+
     /// Finds a node for task `t` through the index: the first bucket (in binpack
     /// or spread order) that holds a feasible node; the best of up to
-    /// [`CANDIDATES`] feasible nodes there.
-    fn find_node(&self, t: u32) -> Option<(NodeId, Vec<u32>)> {
+    /// [`CANDIDATES`] feasible nodes there. A task whose topology can be
+    /// fitted better elsewhere (its GPUs span domains, or its node is outside
+    /// its gang's network domain) keeps looking, up to [`TOPO_CANDIDATES`].
+    fn find_node(&self, t: u32) -> Option<(NodeId, Pick)> {
         let task = &self.st.tasks[t as usize];
         let ix = &self.st.index;
         let max_g = ix.max_gpus();
         let (g_lo, shared) = match &task.src.gpu {
             GpuRequest::None => (0, false),
             GpuRequest::Whole { count, .. } => (*count, false),
-            GpuRequest::Shared { .. } => (0, true),
+            GpuRequest::Shared { .. } | GpuRequest::Mig { .. } => (0, true),
         };
         if g_lo > max_g {
             return None;
@@ -343,47 +418,91 @@ impl Session<'_, '_, '_> {
         if classes.is_empty() {
             return None;
         }
+        let spread = self.spread_for(t);
+        let topo_sensitive = g_lo > 1 || self.tier_pref.is_some();
         // Binpack fills the fullest node that fits; spread the emptiest. A
         // shared-GPU task looks at every GPU bucket (partly used GPUs sit in the
         // low ones), binpack first.
-        let gpu_desc = self.spread && !shared;
-        let mut found: Vec<(NodeId, Vec<u32>)> = Vec::new();
+        let gpu_desc = spread && !shared;
+        let mut found: Vec<(NodeId, Pick)> = Vec::new();
         for gi in 0..=(max_g - g_lo) {
             let g = if gpu_desc { max_g - gi } else { g_lo + gi };
             for step in 0..=(c_hi - c_lo) {
-                let c = if self.spread {
-                    c_hi - step
-                } else {
-                    c_lo + step
-                };
+                let c = if spread { c_hi - step } else { c_lo + step };
                 if c > NodeIndex::MAX_CPU_MAG {
                     continue;
                 }
-                for &class in classes {
+                let cap = found.len() + CANDIDATES;
+                'classes: for &class in classes {
                     for &n in ix.bucket(class, g, c) {
-                        if let Some(gpus) = self.st.fits(t, n) {
-                            found.push((n, gpus));
-                            if found.len() >= CANDIDATES {
-                                break;
+                        if let Some(p) = self.fits_now(t, n) {
+                            found.push((n, p));
+                            if found.len() >= cap {
+                                break 'classes;
                             }
                         }
                     }
-                    if found.len() >= CANDIDATES {
-                        break;
-                    }
                 }
-                if !found.is_empty() {
+                if !found.is_empty()
+                    && (!topo_sensitive
+                        || found.len() >= TOPO_CANDIDATES
+                        || found.iter().any(|(n, p)| {
+                            let k = self.topo_key(t, *n, p);
+                            k == (0, 0)
+                        }))
+                {
                     return self.best(t, found);
                 }
             }
         }
-        None
+        if found.is_empty() {
+            None
+        } else {
+            self.best(t, found)
+        }
     }
 
-    /// Scores candidates: binpack prefers the node left fullest, spread the node
-    /// left emptiest; ties go to the lower node id.
-    fn best(&self, t: u32, found: Vec<(NodeId, Vec<u32>)>) -> Option<(NodeId, Vec<u32>)> {
-        let req = &self.st.tasks[t as usize].request;
+    /// Topology fit of task `t` on node `n` with `p` (lower is better): whether
+    /// the node is outside the network domain its gang prefers, and how many
+    /// domains beyond one its GPUs span (0 on nodes that state no domains).
+    fn topo_key(&self, t: u32, n: NodeId, p: &Pick) -> (u8, u32) {
+        let ns = &self.st.nodes[n as usize];
+        let tier_miss = match &self.tier_pref {
+            Some((tier, dom)) => {
+                let nt = NetworkTier {
+                    tier: *tier,
+                    strength: Strength::Soft,
+                };
+                u8::from(nt.domain_of(&ns.src.name, &ns.src.network) != Some(dom.as_str()))
+            }
+            None => 0,
+        };
+        let extra = if p.gpus.len() > 1 {
+            let scope = self.st.tasks[t as usize]
+                .src
+                .topology
+                .map_or(GpuScope::NvlinkDomain, |x| x.scope);
+            if ns.gpus.has_scope(scope) {
+                ns.gpus.domains_spanned(&p.gpus, scope) as u32 - 1
+            } else {
+                0
+            }
+        } else {
+            0
+        };
+        (tier_miss, extra)
+    }
+
+    /// Scores candidates, in the design brief's order: topology fit, then free
+    /// GPU memory fit (binpack: least GPU memory left; spread: most), then
+    /// communication-load balance (for gangs: fewest tasks of other gangs on
+    /// the node), then CPU and memory (binpack: the node left fullest; spread:
+    /// emptiest); ties go to the lower node id.
+    fn best(&self, t: u32, found: Vec<(NodeId, Pick)>) -> Option<(NodeId, Pick)> {
+        let task = &self.st.tasks[t as usize];
+        let req = &task.request;
+        let spread = self.spread_for(t);
+        let gang = self.st.jobs[task.job as usize].src.min_member > 1;
         let score = |n: NodeId| -> u64 {
             let ns = &self.st.nodes[n as usize];
             let a = &ns.src.allocatable;
@@ -397,26 +516,52 @@ impl Session<'_, '_, '_> {
             used(a.cpu_milli, ns.free.cpu_milli, req.cpu_milli)
                 + used(a.memory, ns.free.memory, req.memory)
         };
-        found.into_iter().max_by(|(na, _), (nb, _)| {
-            let (sa, sb) = (score(*na), score(*nb));
-            let o = if self.spread {
-                sb.cmp(&sa)
-            } else {
-                sa.cmp(&sb)
+        let gpu_mem_left = |n: NodeId, p: &Pick| -> u64 {
+            let g = &self.st.nodes[n as usize].gpus;
+            let taken: u64 = match &task.src.gpu {
+                GpuRequest::Whole { .. } => p
+                    .gpus
+                    .iter()
+                    .filter_map(|i| g.slots.iter().find(|s| s.index == *i))
+                    .map(|s| s.free_memory)
+                    .sum(),
+                GpuRequest::Shared { memory, .. } => *memory,
+                _ => 0,
             };
-            o.then_with(|| nb.cmp(na))
+            g.free_memory().saturating_sub(taken)
+        };
+        let comm = |n: NodeId| -> usize {
+            if !gang {
+                return 0;
+            }
+            self.st.nodes[n as usize]
+                .tasks
+                .iter()
+                .filter(|&&o| {
+                    let oj = self.st.tasks[o as usize].job;
+                    oj != task.job && self.st.jobs[oj as usize].src.min_member > 1
+                })
+                .count()
+        };
+        found.into_iter().min_by_key(|(n, p)| {
+            let (mem, util) = if spread {
+                (u64::MAX - gpu_mem_left(*n, p), score(*n))
+            } else {
+                (gpu_mem_left(*n, p), u64::MAX - score(*n))
+            };
+            (self.topo_key(t, *n, p), mem, comm(*n), util, *n)
         })
     }
 
     /// Places a task; on a node where this plan evicts, the binding waits for
     /// the evictions (pipelined), whichever action places it.
-    fn place_task(&mut self, t: u32, n: NodeId, gpus: Vec<u32>) {
+    fn place_task(&mut self, t: u32, n: NodeId, pick: Pick) {
         let status = if self.releasing[n as usize] > 0 {
             TaskStatus::Pipelined
         } else {
             TaskStatus::Bound
         };
-        self.st.place(t, n, gpus, status);
+        self.st.place(t, n, pick, status);
     }
 
     fn commit(&mut self, stmt: Stmt) {
@@ -437,7 +582,8 @@ impl Session<'_, '_, '_> {
                     let n = self.st.tasks[t as usize].node.unwrap_or(0);
                     self.releasing[n as usize] -= 1;
                     let gpus = std::mem::take(&mut self.st.tasks[t as usize].gpus);
-                    self.st.place(t, n, gpus, TaskStatus::Running);
+                    let mig = self.st.tasks[t as usize].mig.take();
+                    self.st.place(t, n, Pick { gpus, mig }, TaskStatus::Running);
                 }
             }
         }
@@ -530,8 +676,191 @@ impl Session<'_, '_, '_> {
         }
     }
 
+    /// The `reservation` plugin: elects the highest-priority queued training
+    /// gang (admitted, nothing running, needs whole GPUs) that does not fit
+    /// now, and holds for it the NVLink domains (or PCIe roots / NUMA nodes, by
+    /// its tasks' topology; whole nodes where the domain cannot hold a task)
+    /// with the most free GPUs, one per task as far as they hold several.
+    /// Lower-priority tasks stay off the held GPUs for the session, so that
+    /// they drain instead of being nibbled away. One gang per session.
+    fn elect_reservation(&mut self) {
+        if !self.cfg.enabled(PluginName::Reservation) || self.reserve.is_some() {
+            return;
+        }
+        let mut cands: Vec<JobId> = (0..self.st.jobs.len() as JobId)
+            .filter(|&j| {
+                let job = &self.st.jobs[j as usize];
+                job.admitted
+                    && job.queue.is_some()
+                    && job.occupied == 0
+                    && job.src.kind == GroupKind::Training
+                    && job
+                        .tasks
+                        .iter()
+                        .any(|&t| self.st.tasks[t as usize].src.gpu.whole() > 0)
+            })
+            .collect();
+        cands.sort_by_key(|&j| {
+            let job = &self.st.jobs[j as usize];
+            (Reverse(job.src.priority), job.src.creation, job.order)
+        });
+        for j in cands {
+            let job = &self.st.jobs[j as usize];
+            let Some(q) = job.queue else { continue };
+            if self.queue_allows(q, &job.min_request, true).is_err() || self.dry_run(j) {
+                continue;
+            }
+            if let Some(r) = self.reserve_for(j) {
+                self.reserve = Some(r);
+            }
+            return;
+        }
+    }
+
+    /// Whether job `j` could be placed now (tried, then undone).
+    fn dry_run(&mut self, j: JobId) -> bool {
+        let mut stmt = Stmt::default();
+        let tasks = self.st.jobs[j as usize].tasks.clone();
+        for t in tasks {
+            if self.st.tasks[t as usize].status != TaskStatus::Pending {
+                continue;
+            }
+            match self.find_node(t) {
+                Some((n, pick)) => {
+                    self.place_task(t, n, pick);
+                    stmt.ops.push(Op::Placed(t));
+                }
+                None => break,
+            }
+        }
+        let ok = self.st.jobs[j as usize].ready();
+        self.rollback(stmt);
+        ok
+    }
+
+    /// The domains to hold for job `j`, and the plan's words for them.
+    fn reserve_for(&mut self, j: JobId) -> Option<Reserve> {
+        struct Unit {
+            node: NodeId,
+            label: String,
+            gpus: Vec<u32>,
+            free: u32,
+            left: u32,
+        }
+        let job = &self.st.jobs[j as usize];
+        let need = job.src.min_member.saturating_sub(job.occupied) as usize;
+        let pending: Vec<u32> = job
+            .tasks
+            .iter()
+            .copied()
+            .filter(|&t| self.st.tasks[t as usize].status == TaskStatus::Pending)
+            .take(need)
+            .collect();
+        let mut chosen: Vec<Unit> = Vec::new();
+        for t in pending {
+            let ts = &self.st.tasks[t as usize];
+            let g = ts.src.gpu.whole();
+            if g == 0 {
+                continue;
+            }
+            if let Some(u) = chosen.iter_mut().find(|u| u.left >= g) {
+                u.left -= g;
+                continue;
+            }
+            let scope = ts.src.topology.map_or(GpuScope::NvlinkDomain, |x| x.scope);
+            let hard = ts
+                .src
+                .topology
+                .is_some_and(|x| x.strength == Strength::Hard);
+            let mut best: Option<(u32, NodeId, crate::gpu::DomainUnit)> = None;
+            for whole_node in [false, true] {
+                if whole_node && (hard || best.is_some()) {
+                    break;
+                }
+                for n in 0..self.st.nodes.len() as NodeId {
+                    let ns = &self.st.nodes[n as usize];
+                    if ns.src.unschedulable || !self.st.class_ok(t, n) {
+                        continue;
+                    }
+                    let units = if whole_node {
+                        let mut u = ns.gpus.domain_units(GpuScope::NvlinkDomain, &[]);
+                        let gpus: Vec<u32> = u.iter().flat_map(|x| x.gpus.clone()).collect();
+                        let free = u.iter().map(|x| x.free).sum();
+                        u.clear();
+                        u.push(crate::gpu::DomainUnit {
+                            label: "node".into(),
+                            gpus,
+                            free,
+                        });
+                        u
+                    } else {
+                        ns.gpus.domain_units(scope, ts.src.gpu.models())
+                    };
+                    for u in units {
+                        if (u.gpus.len() as u32) < g
+                            || chosen.iter().any(|c| c.node == n && c.label == u.label)
+                        {
+                            continue;
+                        }
+                        if best
+                            .as_ref()
+                            .is_none_or(|(f, bn, _)| (u.free, Reverse(n)) > (*f, Reverse(*bn)))
+                        {
+                            best = Some((u.free, n, u));
+                        }
+                    }
+                }
+            }
+            let (free, node, u) = best?;
+            let left = u.gpus.len() as u32 - g;
+            chosen.push(Unit {
+                node,
+                label: u.label,
+                gpus: u.gpus,
+                free,
+                left,
+            });
+        }
+        if chosen.is_empty() {
+            return None;
+        }
+        let job = &self.st.jobs[j as usize];
+        let mut masks = BTreeMap::new();
+        for u in &chosen {
+            let node = self.st.nodes[u.node as usize].src;
+            let whole = u.label == "node";
+            let mask = if whole {
+                u64::MAX
+            } else {
+                u.gpus
+                    .iter()
+                    .filter(|&&i| i < 64)
+                    .fold(0u64, |m, &i| m | (1u64 << i))
+            };
+            *masks.entry(u.node).or_insert(0) |= mask;
+            self.reservations.push(Reservation {
+                group: job.src.name.clone(),
+                node: node.name.clone(),
+                gpus: if whole { Vec::new() } else { u.gpus.clone() },
+                reason: format!(
+                    "{} held for a queued training gang (priority {}), {} of {} GPUs free; lower-priority tasks stay off",
+                    if whole { "whole node" } else { &u.label },
+                    job.src.priority,
+                    u.free,
+                    u.gpus.len()
+                ),
+            });
+        }
+        Some(Reserve {
+            job: j,
+            priority: job.src.priority,
+            masks,
+        })
+    }
+
     /// Places admitted groups, queue by queue in fair-share order, gang by gang.
     fn allocate(&mut self) {
+        self.elect_reservation();
         let mut per =
             self.jobs_by_queue(|s, j| s.st.jobs[j as usize].admitted && s.has_pending(j, false));
         let mut heap: BinaryHeap<Reverse<(u64, QueueId)>> = BinaryHeap::new();
@@ -561,7 +890,105 @@ impl Session<'_, '_, '_> {
         }
     }
 
+    /// Allocates job `j`; a gang with a network-tier constraint is tried one
+    /// tier domain at a time (the domain of a running member first; then
+    /// binpack: the domain with the fewest free GPUs that could hold it;
+    /// spread: the most), all of it or nothing in each. A soft constraint
+    /// falls back to any nodes, preferring the domain of the first member.
     fn allocate_job(&mut self, j: JobId) {
+        let Some(nt) = self.st.jobs[j as usize].src.network_topology else {
+            self.allocate_job_once(j);
+            return;
+        };
+        let (domains, roomiest, need) = self.tier_domains(j, nt);
+        let tried = domains.len();
+        let before = self.st.jobs[j as usize].occupied;
+        for d in domains {
+            self.tier_filter = Some((nt.tier, d.clone()));
+            self.tier_pref = Some((nt.tier, d));
+            self.allocate_job_once(j);
+            self.tier_filter = None;
+            self.tier_pref = None;
+            // Something was kept (the gang is satisfied, or without the gang
+            // plugin a part of it): it stays in this domain.
+            if self.st.jobs[j as usize].occupied > before {
+                return;
+            }
+        }
+        if nt.strength == Strength::Soft {
+            // Spill over, starting in the domain with the most free GPUs.
+            self.tier_pref = roomiest.map(|d| (nt.tier, d));
+            self.allocate_job_once(j);
+            self.tier_pref = None;
+            return;
+        }
+        if self.st.jobs[j as usize].reason.is_none() && self.st.jobs[j as usize].occupied == before
+        {
+            self.st.jobs[j as usize].reason = Some(if tried == 0 {
+                format!(
+                    "needs its tasks within one tier-{} network domain (hard), and no domain has the {need} free GPUs it needs",
+                    nt.tier
+                )
+            } else {
+                format!(
+                    "needs its tasks within one tier-{} network domain (hard); {tried} domain{} with {need} free GPUs had no room for the whole gang",
+                    nt.tier,
+                    if tried == 1 { "" } else { "s" }
+                )
+            });
+        }
+    }
+
+    /// Network-tier domains a gang may try, in order (with members running,
+    /// only theirs); the domain with the most free GPUs; and the whole GPUs
+    /// the gang needs to start.
+    fn tier_domains(&self, j: JobId, nt: NetworkTier) -> (Vec<String>, Option<String>, u32) {
+        let job = &self.st.jobs[j as usize];
+        let domain = |n: NodeId| {
+            let src = self.st.nodes[n as usize].src;
+            nt.domain_of(&src.name, &src.network).map(str::to_string)
+        };
+        let running = job
+            .tasks
+            .iter()
+            .find_map(|&t| self.st.tasks[t as usize].node)
+            .and_then(domain);
+        if let Some(d) = running {
+            return (vec![d.clone()], Some(d), 0);
+        }
+        // Whole GPUs the gang needs to start, and free whole GPUs per domain.
+        let need: u32 = job
+            .tasks
+            .iter()
+            .filter(|&&t| self.st.tasks[t as usize].status == TaskStatus::Pending)
+            .take(job.src.min_member.saturating_sub(job.occupied) as usize)
+            .map(|&t| self.st.tasks[t as usize].src.gpu.whole())
+            .sum();
+        let mut free: BTreeMap<String, u32> = BTreeMap::new();
+        for n in 0..self.st.nodes.len() as NodeId {
+            let ns = &self.st.nodes[n as usize];
+            if ns.src.unschedulable {
+                continue;
+            }
+            if let Some(d) = domain(n) {
+                *free.entry(d).or_insert(0) += ns.gpus.whole_free();
+            }
+        }
+        let spread = job.tasks.first().is_some_and(|&t| self.spread_for(t));
+        let roomiest = free
+            .iter()
+            .max_by(|a, b| a.1.cmp(b.1).then_with(|| b.0.cmp(a.0)))
+            .map(|(d, _)| d.clone());
+        let mut v: Vec<(String, u32)> = free.into_iter().filter(|(_, f)| *f >= need).collect();
+        if spread {
+            v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        } else {
+            v.sort_by(|a, b| a.1.cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
+        }
+        (v.into_iter().map(|(d, _)| d).collect(), roomiest, need)
+    }
+
+    fn allocate_job_once(&mut self, j: JobId) {
         let Some(q) = self.st.jobs[j as usize].queue else {
             return;
         };
@@ -592,9 +1019,17 @@ impl Session<'_, '_, '_> {
         let found = self.find_node(t);
         self.obs.decision();
         match found {
-            Some((n, gpus)) => {
-                self.place_task(t, n, gpus);
+            Some((n, pick)) => {
+                self.place_task(t, n, pick);
                 stmt.ops.push(Op::Placed(t));
+                if self.tier_pref.is_none() {
+                    if let Some(nt) = self.st.jobs[j as usize].src.network_topology {
+                        let src = self.st.nodes[n as usize].src;
+                        self.tier_pref = nt
+                            .domain_of(&src.name, &src.network)
+                            .map(|d| (nt.tier, d.to_string()));
+                    }
+                }
                 true
             }
             None => {
@@ -746,6 +1181,15 @@ impl Session<'_, '_, '_> {
         let Some(q) = self.st.jobs[j as usize].queue else {
             return;
         };
+        // Victim search does not know network tiers: a gang with a hard tier
+        // constraint waits for free room instead.
+        if self.st.jobs[j as usize]
+            .src
+            .network_topology
+            .is_some_and(|nt| nt.strength == Strength::Hard)
+        {
+            return;
+        }
         let mut stmt = Stmt::default();
         let tasks = self.st.jobs[j as usize].tasks.clone();
         for t in tasks {
@@ -757,8 +1201,8 @@ impl Session<'_, '_, '_> {
             // Free room is used only within the queue's deserved share, as in
             // allocate; evictions only as far as `check_deserved` allows.
             if self.queue_allows(q, &req, true).is_ok() {
-                if let Some((n, gpus)) = self.find_node(t) {
-                    self.place_task(t, n, gpus);
+                if let Some((n, pick)) = self.find_node(t) {
+                    self.place_task(t, n, pick);
                     stmt.ops.push(Op::Placed(t));
                     continue;
                 }
@@ -776,10 +1220,10 @@ impl Session<'_, '_, '_> {
                 stmt.ops.push(Op::Evicted(v));
                 self.pending_evictions.push((v, r));
             }
-            let Some(gpus) = self.st.fits(t, n) else {
+            let Some(pick) = self.st.fits(t, n) else {
                 break;
             };
-            self.place_task(t, n, gpus);
+            self.place_task(t, n, pick);
             stmt.ops.push(Op::Placed(t));
         }
         self.finish(j, stmt);
@@ -861,9 +1305,16 @@ impl Session<'_, '_, '_> {
                         .add_assign_saturating(&vt.request);
                 }
                 free.add_assign_saturating(&vt.request);
-                gpus.release(&vt.src.gpu, &vt.gpus);
+                match (&vt.src.gpu, &vt.mig) {
+                    (GpuRequest::Mig { profile, .. }, Some(c)) => {
+                        gpus.release_mig(c.gpu, profile, c.start)
+                    }
+                    (r, _) => gpus.release(r, &vt.gpus),
+                }
                 chosen.push(v);
-                if task.request.fits_in(&free) && gpus.select(&task.src.gpu).is_some() {
+                if task.request.fits_in(&free)
+                    && gpus.pick(&task.src.gpu, task.src.topology, 0).is_some()
+                {
                     fits = true;
                     break;
                 }
@@ -942,8 +1393,25 @@ impl Session<'_, '_, '_> {
                 node: self.st.nodes[n as usize].src.name.clone(),
                 gpus: ts.gpus.clone(),
                 after_evictions: ts.status == TaskStatus::Pipelined,
+                mig: match (&ts.src.gpu, &ts.mig) {
+                    (GpuRequest::Mig { profile, .. }, Some(c)) => Some(MigStep {
+                        profile: profile.clone(),
+                        start: c.start,
+                        create: c.create,
+                        destroy: c
+                            .remove_idle
+                            .iter()
+                            .map(|(p, s)| MigRef {
+                                profile: p.clone(),
+                                start: *s,
+                            })
+                            .collect(),
+                    }),
+                    _ => None,
+                },
             });
         }
+        plan.reservations = self.reservations.clone();
         let mut cache = HashMap::new();
         for j in 0..self.st.jobs.len() as JobId {
             if let Some(p) = self.pending_reason(j, &mut cache) {
@@ -1057,6 +1525,25 @@ impl Session<'_, '_, '_> {
                             if *count == 1 { "" } else { "s" }
                         ))
                     }
+                    GpuRequest::Mig { profile, .. }
+                        if ns.gpus.pick(&ts.src.gpu, None, 0).is_none() =>
+                    {
+                        Some(format!("have no room for a MIG {profile} instance"))
+                    }
+                    GpuRequest::Whole { count, .. }
+                        if *count > 1
+                            && ns.gpus.pick(&ts.src.gpu, ts.src.topology, 0).is_none() =>
+                    {
+                        let scope = ts.src.topology.map_or(GpuScope::NvlinkDomain, |x| x.scope);
+                        Some(format!(
+                            "have no {} with {count} free GPUs",
+                            match scope {
+                                GpuScope::NvlinkDomain => "NVLink domain",
+                                GpuScope::PcieRoot => "PCIe root",
+                                GpuScope::Numa => "NUMA node",
+                            }
+                        ))
+                    }
                     GpuRequest::Shared { milli, memory, .. }
                         if ns.gpus.select(&ts.src.gpu).is_none() =>
                     {
@@ -1083,7 +1570,19 @@ impl Session<'_, '_, '_> {
                     (Some(g), _) => Some(g),
                     (None, false) => Some(format!("lack free {}", lack.join(" and "))),
                     (None, true) => match self.st.fits(t, n as NodeId) {
-                        Some(_) => None,
+                        Some(_) => {
+                            let ex = self.excluded_for(t, n as NodeId);
+                            let blocked = ex == u64::MAX
+                                || (ex != 0
+                                    && self.st.fits_excluding(t, n as NodeId, ex).is_none());
+                            match (&self.reserve, blocked) {
+                                (Some(r), true) => Some(format!(
+                                    "are reserved for queued gang {}",
+                                    self.st.jobs[r.job as usize].src.name
+                                )),
+                                _ => None,
+                            }
+                        }
                         None => Some("lack a suitable GPU".into()),
                     },
                 }

@@ -1,12 +1,12 @@
 //! The session's working state, built from a snapshot: interned nodes, queues,
 //! jobs and tasks with derived free capacity, and the node index.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use tessera_model::node::untolerated;
-use tessera_model::{Node, PodGroup, Resources, Snapshot, Taint, Task, Toleration};
+use tessera_model::{GpuRequest, Node, PodGroup, Resources, Snapshot, Taint, Task, Toleration};
 
-use crate::gpu::NodeGpus;
+use crate::gpu::{MigChoice, NodeGpus, Pick};
 use crate::index::NodeIndex;
 
 pub type NodeId = u32;
@@ -39,6 +39,8 @@ pub struct TaskState<'s> {
     pub status: TaskStatus,
     pub node: Option<NodeId>,
     pub gpus: Vec<u32>,
+    /// For a MIG request: the instance it holds on `gpus[0]`.
+    pub mig: Option<MigChoice>,
 }
 
 #[derive(Debug, Clone)]
@@ -275,6 +277,7 @@ impl<'s> State<'s> {
                     status: TaskStatus::Pending,
                     node: None,
                     gpus: Vec::new(),
+                    mig: None,
                 });
             }
             let min_request = match &g.min_resources {
@@ -328,7 +331,8 @@ impl<'s> State<'s> {
             predicates,
         };
 
-        // Account for what already runs.
+        // Account for what already runs. MIG instances claimed so far, per node.
+        let mut claimed: BTreeSet<(NodeId, u32, u8)> = BTreeSet::new();
         for t in 0..st.tasks.len() {
             let Some(node_name) = st.tasks[t].src.node.as_deref() else {
                 continue;
@@ -340,18 +344,58 @@ impl<'s> State<'s> {
                 let ns = &mut st.nodes[n as usize];
                 ns.free.sub_assign_saturating(&st.tasks[t].request);
                 let task = &st.tasks[t];
-                // Charge the recorded devices; if none are recorded, or they do
-                // not exist or are already taken (an inconsistent snapshot),
-                // charge what a fresh selection picks, so accounting stays whole.
-                let mut gpus = task.gpus.clone();
-                if gpus.len() != task.src.gpu.devices() as usize
-                    || !ns.gpus.assign(&task.src.gpu, &gpus)
-                {
-                    gpus = ns.gpus.select(&task.src.gpu).unwrap_or_default();
-                    ns.gpus.assign(&task.src.gpu, &gpus);
-                }
+                let mut mig = None;
+                let gpus = if let GpuRequest::Mig { profile, .. } = &task.src.gpu {
+                    // The recorded instance; else an in-use instance of the
+                    // profile no other task claimed; else a fresh selection.
+                    let recorded = match (task.src.gpu_indices.as_slice(), task.src.mig_start) {
+                        ([g], Some(s)) => Some((*g, s)),
+                        _ => None,
+                    };
+                    let found = recorded
+                        .filter(|&(g, s)| {
+                            !claimed.contains(&(n, g, s)) && ns.gpus.claim_mig(g, profile, s)
+                        })
+                        .or_else(|| {
+                            ns.gpus
+                                .mig_in_use(profile)
+                                .into_iter()
+                                .find(|&(g, s)| !claimed.contains(&(n, g, s)))
+                        })
+                        .or_else(|| {
+                            let c = ns.gpus.pick(&task.src.gpu, None, 0)?.mig?;
+                            ns.gpus.assign_mig(profile, &c).then_some((c.gpu, c.start))
+                        });
+                    match found {
+                        Some((g, s)) => {
+                            claimed.insert((n, g, s));
+                            mig = Some(MigChoice {
+                                gpu: g,
+                                start: s,
+                                create: false,
+                                remove_idle: Vec::new(),
+                            });
+                            vec![g]
+                        }
+                        None => Vec::new(),
+                    }
+                } else {
+                    // Charge the recorded devices; if none are recorded, or they
+                    // do not exist or are already taken (an inconsistent
+                    // snapshot), charge what a fresh selection picks, so
+                    // accounting stays whole.
+                    let mut gpus = task.gpus.clone();
+                    if gpus.len() != task.src.gpu.devices() as usize
+                        || !ns.gpus.assign(&task.src.gpu, &gpus)
+                    {
+                        gpus = ns.gpus.select(&task.src.gpu).unwrap_or_default();
+                        ns.gpus.assign(&task.src.gpu, &gpus);
+                    }
+                    gpus
+                };
                 ns.tasks.push(t as u32);
                 st.tasks[t].gpus = gpus;
+                st.tasks[t].mig = mig;
             }
             let j = st.tasks[t].job as usize;
             st.jobs[j].occupied += 1;
@@ -401,29 +445,38 @@ impl<'s> State<'s> {
                 [self.nodes[n as usize].class as usize]
     }
 
-    /// Whether `task` fits on node `n` as it is now, and on which GPUs.
-    pub fn fits(&self, t: u32, n: NodeId) -> Option<Vec<u32>> {
+    /// Whether `task` fits on node `n` as it is now, and on which devices.
+    pub fn fits(&self, t: u32, n: NodeId) -> Option<Pick> {
+        self.fits_excluding(t, n, 0)
+    }
+
+    /// [`State::fits`], never on the GPUs in the `exclude` bitmask.
+    pub fn fits_excluding(&self, t: u32, n: NodeId, exclude: u64) -> Option<Pick> {
         let task = &self.tasks[t as usize];
         let ns = &self.nodes[n as usize];
         if ns.src.unschedulable || !task.request.fits_in(&ns.free) {
             return None;
         }
-        ns.gpus.select(&task.src.gpu)
+        ns.gpus.pick(&task.src.gpu, task.src.topology, exclude)
     }
 
-    /// Places task `t` on node `n` with `gpus`.
-    pub fn place(&mut self, t: u32, n: NodeId, gpus: Vec<u32>, status: TaskStatus) {
+    /// Places task `t` on node `n` with the devices of `pick`.
+    pub fn place(&mut self, t: u32, n: NodeId, pick: Pick, status: TaskStatus) {
         let req = self.tasks[t as usize].request.clone();
         let ns = &mut self.nodes[n as usize];
         ns.free.sub_assign_saturating(&req);
         let gpu_req = &self.tasks[t as usize].src.gpu;
-        let assigned = ns.gpus.assign(gpu_req, &gpus);
+        let assigned = match (gpu_req, &pick.mig) {
+            (GpuRequest::Mig { profile, .. }, Some(c)) => ns.gpus.assign_mig(profile, c),
+            _ => ns.gpus.assign(gpu_req, &pick.gpus),
+        };
         debug_assert!(assigned, "placing on GPUs that are not free");
         ns.tasks.push(t);
         let task = &mut self.tasks[t as usize];
         task.status = status;
         task.node = Some(n);
-        task.gpus = gpus;
+        task.gpus = pick.gpus;
+        task.mig = pick.mig;
         let j = task.job as usize;
         self.jobs[j].occupied += 1;
         self.jobs[j].allocated.add_assign_saturating(&req);
@@ -442,17 +495,31 @@ impl<'s> State<'s> {
         };
         let req = self.tasks[t as usize].request.clone();
         let gpus = std::mem::take(&mut self.tasks[t as usize].gpus);
+        let mut mig = self.tasks[t as usize].mig.take();
         let ns = &mut self.nodes[n as usize];
         ns.free.add_assign_saturating(&req);
         ns.free = ns.free.min(&ns.src.allocatable);
-        ns.gpus.release(&self.tasks[t as usize].src.gpu, &gpus);
+        match (&self.tasks[t as usize].src.gpu, &mut mig) {
+            (GpuRequest::Mig { profile, .. }, Some(c)) => {
+                if to == TaskStatus::Evicted {
+                    // The instance stays, idle; putting the task back reuses it.
+                    ns.gpus.release_mig(c.gpu, profile, c.start);
+                    c.create = false;
+                    c.remove_idle.clear();
+                } else {
+                    ns.gpus.unassign_mig(profile, c);
+                }
+            }
+            (req, _) => ns.gpus.release(req, &gpus),
+        }
         if let Some(p) = ns.tasks.iter().position(|&x| x == t) {
             ns.tasks.swap_remove(p);
         }
         let task = &mut self.tasks[t as usize];
         if to == TaskStatus::Evicted {
-            // An evicted task keeps its node and GPUs on record for the plan.
+            // An evicted task keeps its node and devices on record for the plan.
             task.gpus = gpus;
+            task.mig = mig;
         } else {
             task.node = None;
         }

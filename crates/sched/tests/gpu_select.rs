@@ -124,11 +124,24 @@ fn mig_gpus_serve_only_mig_requests_and_repartition_idle_instances() {
     assert!(g.assign_mig("4g.40gb", &c));
     // 7g needs the idle 3g destroyed too, but the 4g is in use: no.
     assert_eq!(g.select_mig(&req("7g.80gb")), None);
-    // 3g.40gb: no free start; re-partitioning the idle 3g at 4 gives one.
+    // 3g.40gb: the idle 3g at 4 is reused as it is.
     let c = g.select_mig(&req("3g.40gb")).unwrap();
-    assert_eq!(c.remove_idle, vec![("3g.40gb".to_string(), 4)]);
+    assert_eq!((c.gpu, c.start, c.create), (1, 4, false));
+    assert!(c.remove_idle.is_empty());
     assert!(g.assign_mig("3g.40gb", &c));
-    assert!(!g.assign_mig("3g.40gb", &c), "the same slices twice");
+    assert!(!g.assign_mig("3g.40gb", &c), "the same instance twice");
+    // Once it is idle again, a 2g.20gb has no free start; re-partitioning the
+    // idle 3g at 4 gives one.
+    g.release_mig(1, "3g.40gb", 4);
+    let c = g.select_mig(&req("2g.20gb")).unwrap();
+    assert_eq!((c.gpu, c.start, c.create), (1, 4, true));
+    assert_eq!(c.remove_idle, vec![("3g.40gb".to_string(), 4)]);
+    assert!(g.assign_mig("2g.20gb", &c));
+    assert!(!g.assign_mig("2g.20gb", &c), "the same slices twice");
+    // Undoing it brings the idle 3g back.
+    g.unassign_mig("2g.20gb", &c);
+    let c = g.select_mig(&req("3g.40gb")).unwrap();
+    assert_eq!((c.gpu, c.start, c.create), (1, 4, false));
     // Unknown profiles and models never get anything.
     assert_eq!(g.select_mig(&req("9g.99gb")), None);
     let t4 = MigRequest {

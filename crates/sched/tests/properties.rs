@@ -238,6 +238,8 @@ fn build(
                         GpuRequest::Shared { milli, .. } => (0..gpu_free[n].len() as u32)
                             .find(|&d| gpu_free[n][d as usize] >= *milli)
                             .map(|d| vec![d]),
+                        // Not generated here; see tests/mig_session.rs.
+                        GpuRequest::Mig { .. } => None,
                     };
                     if let (true, Some(devs), Some(left)) =
                         (cap_ok, devices, free[n].checked_sub(&req))
@@ -319,6 +321,8 @@ fn check_invariants(snap: &Snapshot, plan: &Plan) -> Result<(), TestCaseError> {
                 GpuRequest::Shared { milli, .. } => *milli,
                 GpuRequest::Whole { .. } => 1000,
                 GpuRequest::None => 0,
+                // Not generated here; see tests/mig_session.rs.
+                GpuRequest::Mig { .. } => continue,
             };
             prop_assert_eq!(
                 gpus.len() as u64 * u64::from(per),

@@ -10,11 +10,12 @@ use std::fmt;
 use std::path::Path;
 
 use serde::Deserialize;
+use tessera_model::mig::{self, MigInstance, MigLayout};
 use tessera_model::{
-    GpuDevice, GpuRequest, GroupKind, Node, PodGroup, Queue, Resources, Snapshot, Taint, Task,
-    Toleration, parse_bytes, parse_count, parse_milli,
+    GpuDevice, GpuRequest, GpuTopology, GroupKind, NetworkTier, Node, PodGroup, Queue, Resources,
+    Snapshot, Taint, Task, Toleration, parse_bytes, parse_count, parse_milli,
 };
-use tessera_sched::Config;
+use tessera_sched::{Config, Profile};
 
 /// A loaded, validated scenario.
 #[derive(Debug, Clone)]
@@ -97,6 +98,10 @@ struct RawScenario {
 struct RawConfig {
     actions: RawActions,
     tiers: Vec<RawTier>,
+    /// Placement profile per workload kind, over the defaults (training
+    /// binpack, inference spread).
+    #[serde(default)]
+    profiles: BTreeMap<GroupKind, Profile>,
 }
 
 /// Actions as a YAML list, or as Volcano writes them: one comma-separated string.
@@ -166,6 +171,29 @@ struct RawNode {
     extended: BTreeMap<String, Qty>,
     #[serde(default)]
     unschedulable: bool,
+    /// GPU indices per NVLink domain.
+    #[serde(default)]
+    nvlink_domains: Vec<Vec<u32>>,
+    /// GPU indices per PCIe root complex.
+    #[serde(default)]
+    pcie_roots: Vec<Vec<u32>>,
+    /// GPU indices per NUMA node.
+    #[serde(default)]
+    numa_nodes: Vec<Vec<u32>>,
+    /// MIG-enabled GPUs and their current instances.
+    #[serde(default)]
+    mig: Vec<RawMigGpu>,
+    /// Network tier domains above the node, bottom up (`[rack-0, spine-0]`).
+    #[serde(default)]
+    network: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMigGpu {
+    gpu: u32,
+    #[serde(default)]
+    instances: Vec<MigInstance>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -201,6 +229,8 @@ struct RawGroup {
     creation: u64,
     #[serde(default)]
     preemptable: Option<bool>,
+    #[serde(default)]
+    network_topology: Option<NetworkTier>,
     tasks: Vec<RawTask>,
 }
 
@@ -222,6 +252,11 @@ struct RawTask {
     gpu_memory: Option<Qty>,
     #[serde(default)]
     gpu_models: Vec<String>,
+    /// A MIG profile (one instance), instead of `gpu` / `gpu_milli`.
+    #[serde(default)]
+    mig: Option<String>,
+    #[serde(default)]
+    gpu_topology: Option<GpuTopology>,
     #[serde(default)]
     extended: BTreeMap<String, Qty>,
     #[serde(default)]
@@ -233,6 +268,10 @@ struct RawTask {
     /// The first `running_on.len()` replicas already run on these nodes.
     #[serde(default)]
     running_on: Vec<String>,
+    /// GPU indices each running replica holds, in `running_on` order; a MIG
+    /// task gives one GPU. Default: what a fresh selection picks.
+    #[serde(default)]
+    running_gpus: Vec<Vec<u32>>,
 }
 
 fn config_from_raw(c: &RawConfig, file: &str, prefix: &str) -> Result<Config, ScenarioError> {
@@ -258,8 +297,11 @@ fn config_from_raw(c: &RawConfig, file: &str, prefix: &str) -> Result<Config, Sc
         .iter()
         .map(|t| t.plugins.iter().map(RawPlugin::name).collect())
         .collect();
-    Config::from_names(&actions, &tiers)
-        .map_err(|e| err(prefix.trim_end_matches('.').to_string(), e.to_string()))
+    let mut cfg = Config::from_names(&actions, &tiers)
+        .map_err(|e| err(prefix.trim_end_matches('.').to_string(), e.to_string()))?;
+    cfg.profiles
+        .extend(c.profiles.iter().map(|(k, p)| (*k, *p)));
+    Ok(cfg)
 }
 
 /// Reads a scheduler configuration file: `actions` and `tiers`, as under
@@ -463,9 +505,10 @@ impl Builder<'_> {
                 ));
             }
             let model = n.gpu_model.clone().unwrap_or_else(|| "gpu".into());
-            let gpus: Vec<GpuDevice> = (0..count as u32)
+            let mut gpus: Vec<GpuDevice> = (0..count as u32)
                 .map(|i| GpuDevice::new(i, model.clone(), per_mem))
                 .collect();
+            self.gpu_topology(&path, n, &model, &mut gpus)?;
             alloc.gpu_milli = count * 1000;
             alloc.gpu_memory = count * per_mem;
             let mut labels = n.labels.clone();
@@ -495,10 +538,85 @@ impl Builder<'_> {
                     allocatable: alloc.clone(),
                     gpus: gpus.clone(),
                     unschedulable: n.unschedulable,
+                    network: n.network.clone(),
                 });
             }
         }
         Ok(out)
+    }
+
+    /// Applies a node's `nvlink_domains`, `pcie_roots`, `numa_nodes` and `mig`
+    /// to its GPUs, checking indices and MIG layouts.
+    fn gpu_topology(
+        &self,
+        path: &str,
+        n: &RawNode,
+        model: &str,
+        gpus: &mut [GpuDevice],
+    ) -> Result<(), ScenarioError> {
+        let count = gpus.len() as u32;
+        for (field, lists) in [
+            ("nvlink_domains", &n.nvlink_domains),
+            ("pcie_roots", &n.pcie_roots),
+            ("numa_nodes", &n.numa_nodes),
+        ] {
+            let mut seen = BTreeSet::new();
+            for (d, list) in lists.iter().enumerate() {
+                for (k, &g) in list.iter().enumerate() {
+                    let p = format!("{path}.{field}[{d}][{k}]");
+                    if g >= count {
+                        return Err(self.err(
+                            p,
+                            format!(
+                                "GPU {g} does not exist; the node has {count} GPUs (0..{count})"
+                            ),
+                        ));
+                    }
+                    if !seen.insert(g) {
+                        return Err(self.err(p, format!("GPU {g} is listed in two {field}")));
+                    }
+                    let dev = &mut gpus[g as usize];
+                    match field {
+                        "nvlink_domains" => dev.nvlink_domain = Some(d as u32),
+                        "pcie_roots" => dev.pcie_root = Some(format!("pcie-{d}")),
+                        _ => dev.numa = Some(d as u32),
+                    }
+                }
+            }
+        }
+        let mut seen = BTreeSet::new();
+        for (k, m) in n.mig.iter().enumerate() {
+            let p = format!("{path}.mig[{k}]");
+            if m.gpu >= count {
+                return Err(self.err(
+                    format!("{p}.gpu"),
+                    format!(
+                        "GPU {} does not exist; the node has {count} GPUs (0..{count})",
+                        m.gpu
+                    ),
+                ));
+            }
+            if !seen.insert(m.gpu) {
+                return Err(self.err(format!("{p}.gpu"), format!("GPU {} is listed twice", m.gpu)));
+            }
+            let Some(geo) = mig::geometry(model) else {
+                let known: Vec<&str> = mig::GEOMETRIES.iter().map(|g| g.model).collect();
+                return Err(self.err(
+                    format!("{path}.gpu_model"),
+                    format!(
+                        "GPU model `{model}` has no MIG geometry; MIG needs one of {}",
+                        known.join(", ")
+                    ),
+                ));
+            };
+            let layout = MigLayout {
+                instances: m.instances.clone(),
+            };
+            geo.check(&layout)
+                .map_err(|e| self.err(format!("{p}.instances"), e.to_string()))?;
+            gpus[m.gpu as usize].mig = Some(layout);
+        }
+        Ok(())
     }
 
     fn queues(&self, raw: &[RawQueue]) -> Result<Vec<Queue>, ScenarioError> {
@@ -609,7 +727,38 @@ impl Builder<'_> {
                     self.qty(&format!("{tp}.extended.{k}"), v, parse_count)?,
                 );
             }
+            if let Some(profile) = &t.mig {
+                if t.gpu.is_some() || t.gpu_milli.is_some() || t.gpu_memory.is_some() {
+                    return Err(self.err(
+                        format!("{tp}.mig"),
+                        "set `mig` (one MIG instance) without `gpu`, `gpu_milli` or `gpu_memory`",
+                    ));
+                }
+                if mig::profile_milli(profile, &t.gpu_models) == 0 {
+                    return Err(self.err(
+                        format!("{tp}.mig"),
+                        format!(
+                            "unknown MIG profile `{profile}`{}; profiles look like 1g.10gb, 3g.40gb (H100-80GB) or 2g.12gb (A30-24GB)",
+                            if t.gpu_models.is_empty() {
+                                String::new()
+                            } else {
+                                format!(" on {}", t.gpu_models.join("|"))
+                            }
+                        ),
+                    ));
+                }
+            }
+            if t.gpu_topology.is_some() && t.gpu.is_none() {
+                return Err(self.err(
+                    format!("{tp}.gpu_topology"),
+                    "gpu_topology constrains whole GPUs; it needs `gpu`",
+                ));
+            }
             let gpu = match (&t.gpu, &t.gpu_milli) {
+                _ if t.mig.is_some() => GpuRequest::Mig {
+                    profile: t.mig.clone().unwrap_or_default(),
+                    models: t.gpu_models.clone(),
+                },
                 (Some(_), Some(_)) => {
                     return Err(self.err(
                         format!("{tp}.gpu_milli"),
@@ -682,6 +831,24 @@ impl Builder<'_> {
                     ),
                 ));
             }
+            if t.running_gpus.len() > t.running_on.len() {
+                return Err(self.err(
+                    format!("{tp}.running_gpus"),
+                    format!(
+                        "{} GPU lists for {} running replicas (`running_on`)",
+                        t.running_gpus.len(),
+                        t.running_on.len()
+                    ),
+                ));
+            }
+            for (ri, g) in t.running_gpus.iter().enumerate() {
+                if g.len() != gpu.devices() as usize {
+                    return Err(self.err(
+                        format!("{tp}.running_gpus[{ri}]"),
+                        format!("{} GPUs listed; the task holds {}", g.len(), gpu.devices()),
+                    ));
+                }
+            }
             for (ri, n) in t.running_on.iter().enumerate() {
                 if !nodes.contains(n.as_str()) {
                     return Err(self.err(
@@ -705,7 +872,9 @@ impl Builder<'_> {
                     tolerations: t.tolerations.clone(),
                     priority: t.priority,
                     node: t.running_on.get(k).cloned(),
-                    gpu_indices: Vec::new(),
+                    gpu_indices: t.running_gpus.get(k).cloned().unwrap_or_default(),
+                    topology: t.gpu_topology,
+                    mig_start: None,
                 });
             }
         }
@@ -738,6 +907,7 @@ impl Builder<'_> {
             kind: g.kind,
             creation: g.creation,
             preemptable: g.preemptable.unwrap_or(true),
+            network_topology: g.network_topology,
             tasks,
         })
     }
@@ -809,7 +979,7 @@ mod tests {
         .unwrap_err();
         assert_eq!(
             e.to_string(),
-            "v.yaml: tiers[0].plugins[0]: unknown plugin `conformance`; known plugins: priority, gang, drf, proportion, predicates, binpack, spread"
+            "v.yaml: tiers[0].plugins[0]: unknown plugin `conformance`; known plugins: priority, gang, drf, proportion, predicates, binpack, spread, reservation"
         );
     }
 

@@ -44,6 +44,7 @@ pub fn bind_all(s: &Snapshot) -> Plan {
                     node: n.name.clone(),
                     gpus: vec![],
                     after_evictions: false,
+                    mig: None,
                 });
             }
         }

@@ -896,6 +896,7 @@ impl Session<'_, '_, '_> {
     /// spread: the most), all of it or nothing in each. A soft constraint
     /// falls back to any nodes, preferring the domain of the first member.
     fn allocate_job(&mut self, j: JobId) {
+        self.tier_pref = None;
         let Some(nt) = self.st.jobs[j as usize].src.network_topology else {
             self.allocate_job_once(j);
             return;
@@ -1073,6 +1074,7 @@ impl Session<'_, '_, '_> {
                     }
                 }
                 self.settle(j, stmt);
+                self.tier_pref = None;
             }
         }
     }

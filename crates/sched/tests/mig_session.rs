@@ -17,6 +17,9 @@ use tessera_model::{
 
 const MODEL: &str = "H100-80GB";
 
+/// An instance while the plan is applied: (profile, start, in use).
+type Inst = (String, u8, bool);
+
 #[derive(Debug, Clone)]
 struct GenGpu {
     mig: bool,
@@ -141,7 +144,7 @@ proptest! {
         let plan = tessera_sched::schedule(&snap, &tessera_sched::Config::default());
         prop_assert_eq!(&plan, &tessera_sched::schedule(&snap, &tessera_sched::Config::default()));
         // (node, gpu) -> instances (profile, start, in use)
-        let mut layouts: BTreeMap<(String, u32), Vec<(String, u8, bool)>> = BTreeMap::new();
+        let mut layouts: BTreeMap<(String, u32), Vec<Inst>> = BTreeMap::new();
         for n in &snap.nodes {
             for g in &n.gpus {
                 if let Some(l) = &g.mig {

@@ -23,24 +23,79 @@ pub trait CgroupManager: Send + Sync + std::fmt::Debug {
     /// Removes cgroups left by supervisors that died (their ids are `sb-<pid>-<n>` and
     /// `<pid>` is gone). Returns how many were removed.
     fn remove_stale(&self) -> usize {
-        let mut n = 0;
-        for p in self.list() {
-            let path = Path::new(&p);
-            let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
-                continue;
-            };
-            let Some(pid) = name
-                .strip_prefix("sb-")
-                .and_then(|r| r.split('-').next())
-                .and_then(|p| p.parse::<u32>().ok())
-            else {
-                continue;
-            };
-            if !Path::new(&format!("/proc/{pid}")).exists() && fs::remove_dir(path).is_ok() {
-                n += 1;
+        let stale: Vec<String> = self
+            .list()
+            .into_iter()
+            .filter(|p| {
+                supervisor_of(Path::new(p))
+                    .is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists())
+            })
+            .collect();
+        stale.iter().for_each(|p| kill_and_thaw(Path::new(p)));
+        stale
+            .iter()
+            .filter(|p| kill_and_remove(Path::new(p), Duration::from_secs(2)))
+            .count()
+    }
+
+    /// Kills every process in the cgroups of supervisor `pid` (thawing frozen ones) and
+    /// removes those cgroups: what the reaper does when a supervisor dies without
+    /// destroying its sandboxes. Returns how many cgroup directories were removed.
+    fn reap_supervisor(&self, pid: u32) -> usize {
+        let mine: Vec<String> = self
+            .list()
+            .into_iter()
+            .filter(|p| supervisor_of(Path::new(p)) == Some(pid))
+            .collect();
+        mine.iter().for_each(|p| kill_and_thaw(Path::new(p)));
+        mine.iter()
+            .filter(|p| kill_and_remove(Path::new(p), Duration::from_secs(120)))
+            .count()
+    }
+}
+
+/// The supervisor pid in a sandbox cgroup's name (`sb-<pid>-<n>`).
+fn supervisor_of(path: &Path) -> Option<u32> {
+    path.file_name()?
+        .to_str()?
+        .strip_prefix("sb-")?
+        .split('-')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Sends SIGKILL to every process in the cgroup directory `dir` and thaws it (frozen
+/// tasks die only once thawed; on v1 the freezer is another directory, so callers kill
+/// and thaw all of a sandbox's directories before waiting on any).
+fn kill_and_thaw(dir: &Path) {
+    // v2 kills the whole subtree at once where the kernel has cgroup.kill.
+    let _ = fs::write(dir.join("cgroup.kill"), "1");
+    for p in read_pids(&dir.join("cgroup.procs")) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(p),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    let _ = fs::write(dir.join("freezer.state"), "THAWED");
+    let _ = fs::write(dir.join("cgroup.freeze"), "0");
+}
+
+/// Kills what is in the cgroup directory `dir` (v1 or v2: whichever control files it
+/// has), thaws it so that the kills land, waits for it to empty and removes it, trying
+/// for at most `patience`.
+pub fn kill_and_remove(dir: &Path, patience: Duration) -> bool {
+    let deadline = std::time::Instant::now() + patience;
+    loop {
+        kill_and_thaw(dir);
+        match fs::remove_dir(dir) {
+            Ok(()) => return true,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return true,
+            Err(_) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
             }
+            Err(_) => return false,
         }
-        n
     }
 }
 

@@ -46,8 +46,15 @@ const RESERVED: &[&str] = &["tmp", "home", "workspace", "proc", "dev", "sys", "r
 /// Device nodes bound from the host.
 const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 
+/// Set in the environment of the init program to make it a supervisor's reaper
+/// instead (its value: the supervisor's pid).
+pub const REAPER_ENV: &str = "TESSERA_SANDBOX_REAPER";
+
 /// Entry point of the init binary (and of `tessera sandbox __init`). Never returns.
 pub fn main() -> ! {
+    if let Ok(v) = std::env::var(REAPER_ENV) {
+        reaper(&v)
+    }
     let code = match run() {
         Ok(()) => 0,
         Err(e) => {
@@ -56,6 +63,39 @@ pub fn main() -> ! {
         }
     };
     std::process::exit(code)
+}
+
+/// The reaper: waits for the supervisor `pid` to exit, then kills whatever is left in
+/// its sandboxes' cgroups (frozen sandboxes included, which cannot notice on their own
+/// that their control socket closed) and removes those cgroups.
+fn reaper(v: &str) -> ! {
+    let Ok(pid) = v.trim().parse::<u32>() else {
+        eprintln!("tessera-sandbox-init: {REAPER_ENV}={v:?} is not a pid");
+        std::process::exit(2)
+    };
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0u32) };
+    if raw >= 0 {
+        // SAFETY: pidfd_open just returned this descriptor; nothing else owns it.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw as RawFd) };
+        loop {
+            let mut p = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+            match poll(&mut p, PollTimeout::NONE) {
+                Ok(n) if n > 0 => break,
+                Ok(_) | Err(Errno::EINTR) => continue,
+                Err(_) => break,
+            }
+        }
+    } else {
+        // Kernels without pidfd_open (before 5.3): watch for being orphaned.
+        while nix::unistd::getppid().as_raw() as u32 == pid {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+    if let Some(cg) = crate::cgroup::detect() {
+        cg.reap_supervisor(pid);
+    }
+    std::process::exit(0)
 }
 
 struct State {
@@ -482,7 +522,9 @@ fn setup(spec: &SandboxSpec, uid: u32, gid: u32) -> Result<State, StepError> {
     })
 }
 
-fn loopback_up() -> Result<(), StepError> {
+/// Brings loopback up in the calling thread's network namespace (nothing to do when a
+/// pre-made namespace already has it up).
+pub(crate) fn loopback_up() -> Result<(), StepError> {
     let sock = nix::sys::socket::socket(
         nix::sys::socket::AddressFamily::Inet,
         nix::sys::socket::SockType::Datagram,
@@ -506,6 +548,9 @@ fn loopback_up() -> Result<(), StepError> {
     }
     // SAFETY: SIOCGIFFLAGS filled the flags member of the union.
     unsafe {
+        if ifr.ifr_ifru.ifru_flags & libc::IFF_UP as libc::c_short != 0 {
+            return Ok(());
+        }
         ifr.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
     }
     // SAFETY: as above.

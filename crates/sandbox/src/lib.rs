@@ -23,6 +23,7 @@ pub mod error;
 mod execcheck;
 pub mod guard;
 pub mod init;
+pub mod netns;
 pub mod pool;
 mod proto;
 pub mod proxy;
@@ -33,6 +34,7 @@ pub mod spec;
 pub use cgroup::{CgroupManager, SandboxCgroup};
 pub use error::{CgroupError, ExecError, FileError, SpawnError, StepError};
 pub use guard::{AllowAll, CheckDecision, CommandCheck, FileAccess};
+pub use netns::NetnsStats;
 pub use pool::{PoolConfig, PoolStats, WarmPool};
 pub use sandbox::{InitProgram, Runtime, RuntimeConfig, Sandbox, SandboxBuilder, Stream};
 pub use spec::{

@@ -96,6 +96,39 @@ pub struct Runtime {
     gid_map: String,
     deny_setgroups: bool,
     debug: bool,
+    /// Network namespaces made ahead of time (root only).
+    netns: Option<crate::netns::NetnsPool>,
+    /// Kills and removes this process's sandboxes if it dies without destroying them.
+    reaper: Option<std::process::Child>,
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        if let Some(mut r) = self.reaper.take() {
+            let _ = r.kill();
+            let _ = r.wait();
+        }
+    }
+}
+
+/// Starts the reaper: the init program in reaper mode, in its own process group (a
+/// terminal's Ctrl-C must not take it down with the supervisor), watching this process.
+fn start_reaper(init: &InitProgram, debug: bool) -> Option<std::process::Child> {
+    use std::os::unix::process::CommandExt;
+    use std::process::Stdio;
+    std::process::Command::new(&init.path)
+        .args(&init.args)
+        .env(crate::init::REAPER_ENV, std::process::id().to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(if debug {
+            Stdio::inherit()
+        } else {
+            Stdio::null()
+        })
+        .process_group(0)
+        .spawn()
+        .ok()
 }
 
 impl std::fmt::Debug for Runtime {
@@ -175,6 +208,14 @@ impl Runtime {
             // Crash recovery: cgroups of supervisors that died without destroying.
             c.remove_stale();
         }
+        let debug = std::env::var_os("TESSERA_SANDBOX_DEBUG").is_some();
+        // Without cgroups nothing can be frozen, and a running sandbox's init exits
+        // when its control socket closes with this process: no reaper needed.
+        let reaper = if cgroups.is_some() {
+            start_reaper(&init, debug)
+        } else {
+            None
+        };
         Ok(Arc::new(Runtime {
             init_fd,
             init_path: init.path,
@@ -187,7 +228,9 @@ impl Runtime {
             uid_map,
             gid_map,
             deny_setgroups: !root,
-            debug: std::env::var_os("TESSERA_SANDBOX_DEBUG").is_some(),
+            debug,
+            netns: if root { start_netns_pool() } else { None },
+            reaper,
         }))
     }
 
@@ -207,6 +250,12 @@ impl Runtime {
     /// The cgroup backend in use (`None`: limits are not enforced).
     pub fn cgroups(&self) -> Option<&dyn CgroupManager> {
         self.cgroups.as_deref()
+    }
+
+    /// The pool of pre-made network namespaces (`None` when not root, or turned off
+    /// with `TESSERA_SANDBOX_NETNS_POOL=0`).
+    pub fn netns_pool(&self) -> Option<&crate::netns::NetnsPool> {
+        self.netns.as_ref()
     }
 
     /// Creates a sandbox from `spec`.
@@ -230,6 +279,7 @@ impl Runtime {
                 rt: self.clone(),
                 spec: spec.clone(),
                 destroyed: AtomicBool::new(false),
+                tenant: None,
                 paused: AtomicBool::new(false),
             }),
             Err(e) => {
@@ -266,8 +316,24 @@ impl Runtime {
             | libc::CLONE_NEWNS
             | libc::CLONE_NEWUTS
             | libc::CLONE_NEWIPC;
-        match spec.network {
-            Network::None | Network::Proxy(_) => flags |= libc::CLONE_NEWNET,
+        // A pre-made network namespace, entered by this thread around the clone so
+        // that the child inherits it; without one the clone makes its own.
+        let premade = match &self.netns {
+            Some(pool) => pool.take(),
+            None => None,
+        };
+        let home_netns = match &premade {
+            Some(_) => Some(
+                crate::netns::open_own_netns().map_err(|e| SpawnError::Syscall {
+                    syscall: "open own network namespace",
+                    source: io::Error::other(e),
+                })?,
+            ),
+            None => None,
+        };
+        // Every network policy gets a private namespace: pre-made, or made by clone.
+        if premade.is_none() {
+            flags |= libc::CLONE_NEWNET;
         }
         // Everything the child touches is prepared here: after clone it may only make
         // async-signal-safe calls (the supervisor may be multi-threaded).
@@ -289,6 +355,9 @@ impl Runtime {
         // `child_after_clone`, which makes async-signal-safe libc calls and ends in
         // execveat or _exit, so no lock held by another thread at the time of the clone
         // can be touched.
+        if let Some(ns) = &premade {
+            crate::netns::enter(ns).map_err(sys("setns(sandbox network namespace)"))?;
+        }
         let ret = unsafe {
             libc::syscall(
                 libc::SYS_clone,
@@ -302,10 +371,19 @@ impl Runtime {
         if ret == 0 {
             child_after_clone(&fds, empty.as_ptr(), argv_ptrs.as_ptr(), envp.as_ptr());
         }
+        let clone_err = io::Error::last_os_error();
+        if let Some(home) = &home_netns
+            && let Err(e) = crate::netns::enter(home)
+        {
+            // This thread would go on in a sandbox's network: never acceptable.
+            eprintln!("tessera-sandbox: cannot return to the supervisor's network namespace: {e}");
+            std::process::abort();
+        }
+        drop(premade);
         if ret < 0 {
             return Err(SpawnError::Syscall {
                 syscall: "clone",
-                source: io::Error::last_os_error(),
+                source: clone_err,
             });
         }
         let pid = Pid::from_raw(ret as i32);
@@ -381,6 +459,19 @@ struct ChildFds {
     devnull: RawFd,
     init: RawFd,
     keep_stderr: bool,
+}
+
+/// Starts the network namespace pool, sized by `TESSERA_SANDBOX_NETNS_POOL` (default
+/// [`crate::netns::DEFAULT_READY`]; `0` turns it off).
+fn start_netns_pool() -> Option<crate::netns::NetnsPool> {
+    let n = match std::env::var("TESSERA_SANDBOX_NETNS_POOL") {
+        Ok(v) => v.trim().parse().unwrap_or(crate::netns::DEFAULT_READY),
+        Err(_) => crate::netns::DEFAULT_READY,
+    };
+    if n == 0 {
+        return None;
+    }
+    crate::netns::NetnsPool::start(n).ok()
 }
 
 /// Runs in the cloned child. Only async-signal-safe calls; never returns.
@@ -537,6 +628,8 @@ pub struct Sandbox {
     spec: SandboxSpec,
     destroyed: AtomicBool,
     paused: AtomicBool,
+    /// Tenant for the guard, instead of the runtime's.
+    tenant: Option<String>,
 }
 
 impl std::fmt::Debug for Sandbox {
@@ -565,6 +658,28 @@ fn set_nonblocking(fd: &OwnedFd) {
 }
 
 impl Sandbox {
+    /// Checks this sandbox's commands and file operations as `tenant`'s (instead of
+    /// the runtime's tenant): for a server that claims sandboxes from one warm pool for
+    /// many tenants.
+    pub fn set_tenant(&mut self, tenant: Option<String>) {
+        self.tenant = tenant;
+    }
+
+    /// The tenant the guard checks this sandbox's commands for.
+    pub fn tenant(&self) -> Option<&str> {
+        self.tenant.as_deref().or(self.rt.tenant.as_deref())
+    }
+
+    /// Is the sandbox paused?
+    pub fn is_paused(&self) -> bool {
+        self.paused.load(Ordering::Acquire)
+    }
+
+    /// Has the sandbox been destroyed?
+    pub fn is_destroyed(&self) -> bool {
+        self.destroyed.load(Ordering::Acquire)
+    }
+
     /// The sandbox's id (also its cgroup's name).
     pub fn id(&self) -> &str {
         &self.id
@@ -678,7 +793,7 @@ impl Sandbox {
         }
         let mut alerts = Vec::new();
         if let Some(g) = &self.rt.guard {
-            match g.check(self.rt.tenant.as_deref(), &req.command) {
+            match g.check(self.tenant(), &req.command) {
                 CheckDecision::Allow => {}
                 CheckDecision::Alert(a) => alerts = a,
                 CheckDecision::Block(r) => return Err(ExecError::Blocked(r.join("; "))),
@@ -936,7 +1051,7 @@ impl Sandbox {
         };
         let allow = match &self.rt.guard {
             None => true,
-            Some(g) => match g.check(self.rt.tenant.as_deref(), &cmd) {
+            Some(g) => match g.check(self.tenant(), &cmd) {
                 CheckDecision::Allow => true,
                 CheckDecision::Alert(r) => {
                     note(format!("execve `{}`: {}", cmd.display(), r.join("; ")));
@@ -973,7 +1088,7 @@ impl Sandbox {
                 JobKind::WriteFile { .. } | JobKind::Mkdir { .. } => FileAccess::Write,
                 JobKind::Remove { .. } => FileAccess::Delete,
             };
-            if let CheckDecision::Block(r) = g.check_file(self.rt.tenant.as_deref(), op, path) {
+            if let CheckDecision::Block(r) = g.check_file(self.tenant(), op, path) {
                 return Err(FileError::Exec(ExecError::Blocked(r.join("; "))));
             }
         }

@@ -268,6 +268,16 @@ fn create_destroy_cycles_leave_nothing_behind() {
     })
     .unwrap();
     let _ = runtime();
+    // Let the pools of pre-made network namespaces fill, so that their descriptors are
+    // counted before, not as a leak.
+    for r in [&rt, &runtime()] {
+        if let Some(p) = r.netns_pool() {
+            p.fill(
+                tessera_sandbox::netns::DEFAULT_READY,
+                Duration::from_secs(30),
+            );
+        }
+    }
     let mounts = mount_count();
     assert!(rt.cgroups().is_some(), "cgroups expected as root");
     let mut ids = Vec::new();
@@ -555,4 +565,42 @@ fn tar_upload_and_download_round_trip() {
     // Into the read-only base: refused.
     assert!(sb.upload_tar("/usr", &archive.stdout).is_err());
     assert!(sb.download_tar("relative").is_err());
+}
+
+/// Network namespaces made ahead of time are used once each: every sandbox has its own,
+/// none is the host's, and loopback works inside.
+#[test]
+fn premade_network_namespaces_are_used_once() {
+    if !root_or_skip("premade_network_namespaces_are_used_once") {
+        return;
+    }
+    let rt = runtime();
+    let pool = rt.netns_pool().expect("netns pool as root");
+    pool.fill(2, Duration::from_secs(30));
+    let taken = pool.stats().taken;
+    let host = std::fs::read_link("/proc/self/ns/net").unwrap();
+    let a = sandbox();
+    let b = sandbox();
+    assert!(pool.stats().taken > taken, "{:?}", pool.stats());
+    let na = std::fs::read_link(format!("/proc/{}/ns/net", a.pid())).unwrap();
+    let nb = std::fs::read_link(format!("/proc/{}/ns/net", b.pid())).unwrap();
+    assert_ne!(na, host);
+    assert_ne!(nb, host);
+    assert_ne!(na, nb);
+    // The calling thread is back in the host's namespace.
+    assert_eq!(
+        std::fs::read_link("/proc/thread-self/ns/net").unwrap(),
+        host
+    );
+    let out = a
+        .exec(
+            &ExecRequest::argv([
+                "python3",
+                "-c",
+                "import socket\ns=socket.socket()\ns.bind(('127.0.0.1',0))\ns.listen()\nc=socket.create_connection(s.getsockname())\nprint('ok')",
+            ])
+            .timeout(T),
+        )
+        .unwrap();
+    assert_eq!(text(&out.stdout), "ok\n", "{}", text(&out.stderr));
 }

@@ -469,7 +469,8 @@ pub fn openapi_document() -> Value {
                     "name": {"type": "string"}, "resources": {"$ref": "#/components/schemas/Resources"},
                     "gpu": {"description": "\"none\", {\"whole\": {\"count\": N}} or {\"shared\": {\"milli\": M, \"memory\": BYTES}}"},
                     "node_selector": {"type": "object"}, "tolerations": {"type": "array"}, "priority": {"type": "integer"},
-                    "command": {"type": "array", "items": {"type": "string"}}}},
+                    "command": {"type": "array", "items": {"type": "string"}},
+                    "duration": {"type": "number", "description": "Simulated seconds the task runs on a simulated node (tessera up --cluster)"}}},
                 "JobSpec": {"type": "object", "additionalProperties": false, "required": ["name", "queue", "tasks"], "properties": {
                     "name": {"type": "string"}, "queue": {"type": "string"}, "min_member": {"type": "integer"},
                     "min_resources": {"$ref": "#/components/schemas/Resources"}, "priority": {"type": "integer"},

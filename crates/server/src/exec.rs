@@ -1,7 +1,9 @@
-//! The local executor: runs the tasks bound to this machine's node as child
-//! processes (the command of the task, with `CUDA_VISIBLE_DEVICES` set to the GPUs
-//! the scheduler assigned), writes their output to a log file per task, and records
-//! how they ended. The sandbox runtime will implement the same job later; until then
+//! The executors: the local one runs the tasks bound to this machine's node as
+//! child processes (the command of the task, with `CUDA_VISIBLE_DEVICES` set to the
+//! GPUs the scheduler assigned), writes their output to a log file per task, and
+//! records how they ended; the simulated one runs the tasks bound to simulated
+//! nodes (`tessera up --cluster`) in simulated time: a task with a `duration`
+//! succeeds that long (divided by the speed-up) after it started. The sandbox runtime will implement the same job later; until then
 //! this is a plain child process.
 //!
 //! Protocol with the store: before starting a task the executor marks it `running`
@@ -20,13 +22,35 @@ use tokio::sync::{mpsc, oneshot};
 use crate::plane::{event_op, kind, now_ms};
 use crate::wire::{JobBody, Phase, TaskState};
 
-/// Where the executor runs and writes.
+/// Which tasks an executor runs, and how.
 #[derive(Debug, Clone)]
 pub struct ExecConfig {
-    /// The node whose tasks this executor runs.
-    pub node: String,
-    /// Log folder: `<logs>/<tenant>/<job>/<task>.log`.
-    pub logs: PathBuf,
+    /// The nodes whose tasks this executor runs.
+    pub nodes: std::collections::BTreeSet<String>,
+    pub runner: Runner,
+}
+
+/// How a task runs.
+#[derive(Debug, Clone)]
+pub enum Runner {
+    /// A child process of the task's `command` on this machine; output in
+    /// `<logs>/<tenant>/<job>/<task>.log`. Tasks without a command hold their
+    /// resources until the job ends.
+    Process { logs: PathBuf },
+    /// Simulated nodes: a task with a `duration` (seconds) succeeds after
+    /// `duration / speedup` seconds of real time; one without holds its resources
+    /// until the job ends.
+    Simulated { speedup: f64 },
+}
+
+impl ExecConfig {
+    /// The local executor: processes for the tasks of `node`.
+    pub fn local(node: impl Into<String>, logs: PathBuf) -> Self {
+        ExecConfig {
+            nodes: [node.into()].into(),
+            runner: Runner::Process { logs },
+        }
+    }
 }
 
 /// The log file of one task.
@@ -131,7 +155,10 @@ impl Executor {
                 let ours =
                     self.children
                         .contains_key(&(o.tenant.clone(), o.name.clone(), name.clone()));
-                if st.node == self.cfg.node && st.state == Some(TaskState::Running) && !ours {
+                if self.cfg.nodes.contains(&st.node)
+                    && st.state == Some(TaskState::Running)
+                    && !ours
+                {
                     st.state = Some(TaskState::Failed);
                     st.message = Some("lost: the control plane restarted while it ran".into());
                     lost.push(name.clone());
@@ -193,18 +220,24 @@ impl Executor {
         if job.status.phase != Phase::Running {
             return;
         }
-        // Tasks without a command have no process: they only hold their resources.
-        let has_command = |n: &str| {
-            job.spec
-                .tasks
-                .iter()
-                .any(|t| t.name == n && !t.command.is_empty())
+        // Tasks with nothing to run (no command; in simulation, no duration) only
+        // hold their resources.
+        let simulated = matches!(self.cfg.runner, Runner::Simulated { .. });
+        let runs = |n: &str| {
+            job.spec.tasks.iter().any(|t| {
+                t.name == n
+                    && if simulated {
+                        t.duration.is_some()
+                    } else {
+                        !t.command.is_empty()
+                    }
+            })
         };
         let start: Vec<String> = job
             .status
             .tasks
             .iter()
-            .filter(|(n, st)| st.node == self.cfg.node && st.state.is_none() && has_command(n))
+            .filter(|(n, st)| self.cfg.nodes.contains(&st.node) && st.state.is_none() && runs(n))
             .map(|(n, _)| n.clone())
             .collect();
         if start.is_empty() {
@@ -238,7 +271,13 @@ impl Executor {
                 .map(|s| s.gpus.clone())
                 .unwrap_or_default();
             let task = (o.tenant.clone(), o.name.clone(), n.clone());
-            match self.spawn(&task, &spec.command, &gpus) {
+            let started = match &self.cfg.runner {
+                Runner::Process { logs } => self.spawn(logs, &task, &spec.command, &gpus),
+                Runner::Simulated { speedup } => {
+                    Ok(self.simulate(&task, spec.duration.unwrap_or(0.0), *speedup))
+                }
+            };
+            match started {
                 Ok(kill) => {
                     self.children.insert(task, kill);
                 }
@@ -253,14 +292,38 @@ impl Executor {
         }
     }
 
+    /// A simulated run: ends with status 0 after `duration / speedup` seconds.
+    fn simulate(&self, task: &TaskRef, duration: f64, speedup: f64) -> oneshot::Sender<()> {
+        let real = std::time::Duration::from_secs_f64((duration / speedup).clamp(0.0, 1e9));
+        let (kill_tx, kill_rx) = oneshot::channel::<()>();
+        let exits = self.exits.clone();
+        let task = task.clone();
+        tokio::spawn(async move {
+            let (code, message) = tokio::select! {
+                _ = tokio::time::sleep(real) => (
+                    Some(0),
+                    format!("simulated: ran {duration} s ({:.3} s at {speedup}x)", real.as_secs_f64()),
+                ),
+                _ = kill_rx => (None, "killed: the job ended".to_string()),
+            };
+            let _ = exits.send(Exit {
+                task,
+                code,
+                message,
+            });
+        });
+        kill_tx
+    }
+
     fn spawn(
         &self,
+        logs: &Path,
         task: &TaskRef,
         command: &[String],
         gpus: &[u32],
     ) -> Result<oneshot::Sender<()>, String> {
         let (tenant, job, name) = task;
-        let path = log_path(&self.cfg.logs, tenant, job, name);
+        let path = log_path(logs, tenant, job, name);
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         }

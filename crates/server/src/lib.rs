@@ -49,6 +49,8 @@ pub struct ServerConfig {
     pub oidc: Option<oidc::OidcConfig>,
     /// How the change log is trimmed.
     pub compaction: Compaction,
+    /// Simulated nodes to register, whose tasks run in simulated time.
+    pub simulated: Option<Simulated>,
     /// The pillars served beside the core API, each configured by its module.
     pub sandboxes: sandboxes::SandboxesConfig,
     pub agents: agents::AgentsConfig,
@@ -79,6 +81,7 @@ impl Default for ServerConfig {
             executor_logs: None,
             oidc: None,
             compaction: Compaction::default(),
+            simulated: None,
             sandboxes: Default::default(),
             agents: Default::default(),
             tools: Default::default(),
@@ -86,6 +89,18 @@ impl Default for ServerConfig {
         }
     }
 }
+
+/// Simulated nodes (`tessera up --cluster`): registered at start with the label
+/// `tessera.io/simulated=true`; a task bound to one with a `duration` succeeds
+/// after `duration / speedup` seconds.
+#[derive(Debug, Clone)]
+pub struct Simulated {
+    pub nodes: Vec<tessera_model::Node>,
+    pub speedup: f64,
+}
+
+/// The label that marks simulated nodes.
+pub const SIMULATED_LABEL: &str = "tessera.io/simulated";
 
 /// Change-log compaction: every `every`, drop the changes older than the last
 /// `keep` revisions. A watch that asks for a dropped revision gets 410 (code
@@ -208,9 +223,37 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
     if let (true, Some(logs)) = (cfg.register_local_node, cfg.executor_logs.clone()) {
         tasks.push(tokio::spawn(exec::run_executor(
             plane.store().clone(),
+            exec::ExecConfig::local(local.name.clone(), logs),
+            stop_rx.clone(),
+        )));
+    }
+    if let Some(sim) = &cfg.simulated {
+        if !(sim.speedup.is_finite() && sim.speedup > 0.0) {
+            return Err(StartError::Component {
+                what: "simulated nodes",
+                message: format!("speed-up {} must be a positive number", sim.speedup),
+            });
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for n in &sim.nodes {
+            let mut n = n.clone();
+            n.labels.insert(SIMULATED_LABEL.into(), "true".into());
+            plane
+                .upsert_node(&n)
+                .await
+                .map_err(|e| StartError::Component {
+                    what: "simulated nodes",
+                    message: format!("node {:?}: {e}", n.name),
+                })?;
+            names.insert(n.name);
+        }
+        tasks.push(tokio::spawn(exec::run_executor(
+            plane.store().clone(),
             exec::ExecConfig {
-                node: local.name.clone(),
-                logs,
+                nodes: names,
+                runner: exec::Runner::Simulated {
+                    speedup: sim.speedup,
+                },
             },
             stop_rx.clone(),
         )));

@@ -703,6 +703,14 @@ impl ControlPlane {
                     "ask for GPUs with `gpu` (whole or shared), not with resources.gpu_milli/gpu_memory",
                 ));
             }
+            if let Some(d) = t.duration
+                && !(d.is_finite() && d >= 0.0)
+            {
+                return Err(ApiError::invalid(
+                    format!("tasks[{i}].duration"),
+                    format!("{d} is not a duration: give seconds, 0 or more"),
+                ));
+            }
             if let tessera_model::GpuRequest::Shared { milli, .. } = t.gpu
                 && !(1..=999).contains(&milli)
             {

@@ -96,6 +96,10 @@ pub struct TaskSpec {
     /// The command the executor runs for this task.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub command: Vec<String>,
+    /// On simulated nodes (`tessera up --cluster`): how long the task runs, in
+    /// simulated seconds; without it the task runs until the job is cancelled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]

@@ -1,4 +1,5 @@
 pub mod client;
+pub mod cluster;
 pub mod guard;
 pub mod mixed;
 pub mod sandbox;

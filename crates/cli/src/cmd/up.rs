@@ -34,11 +34,21 @@ pub struct UpArgs {
     /// Do not register this machine as a node.
     #[arg(long)]
     pub no_local_node: bool,
-    /// Also register the nodes of this scenario file (the `tessera sched plan`
-    /// format) as simulated nodes: tasks bound there hold their resources but run
-    /// nowhere.
+    /// Also register simulated nodes: the `nodes` of a scenario file (the
+    /// `tessera sched plan` format) or the Alibaba GPU trace's node list (a .csv
+    /// with sn,cpu_milli,memory_mib,gpu,model). Tasks bound there run in
+    /// simulated time: one with `duration: SECONDS` succeeds after it (see
+    /// --speedup); one without holds its resources until cancelled.
     #[arg(long, value_name = "FILE")]
     pub cluster: Option<PathBuf>,
+    /// With --cluster: how many simulated seconds pass per real second.
+    #[arg(
+        long,
+        value_name = "FACTOR",
+        default_value_t = 1.0,
+        requires = "cluster"
+    )]
+    pub speedup: f64,
     /// Also accept OIDC bearer tokens from this issuer (the `iss` claim).
     #[arg(long, value_name = "URL", requires_all = ["oidc_audience", "oidc_jwks"])]
     pub oidc_issuer: Option<String>,
@@ -86,12 +96,18 @@ pub fn run(a: UpArgs) -> i32 {
 
 async fn serve(a: UpArgs, listen: SocketAddr) -> i32 {
     let simulated = match &a.cluster {
-        Some(path) => match tessera_sim::scenario::load(path) {
-            Ok(s) => s.snapshot.nodes,
-            Err(e) => return fail(EXIT_BAD_INPUT, e),
+        Some(path) => match super::cluster::load(path) {
+            Ok(nodes) => nodes,
+            Err(e) => return fail(EXIT_BAD_INPUT, format!("--cluster: {e}")),
         },
         None => Vec::new(),
     };
+    if !(a.speedup.is_finite() && a.speedup > 0.0) {
+        return fail(
+            EXIT_BAD_INPUT,
+            format!("--speedup {}: give a positive factor, e.g. 60", a.speedup),
+        );
+    }
     let oidc = match (&a.oidc_issuer, &a.oidc_audience, &a.oidc_jwks) {
         (Some(iss), Some(aud), Some(jwks)) => match OidcConfig::from_jwks_file(iss, aud, jwks) {
             Ok(c) => Some(c),
@@ -125,19 +141,22 @@ async fn serve(a: UpArgs, listen: SocketAddr) -> i32 {
         register_local_node: !a.no_local_node,
         executor_logs: Some(data.join("logs")),
         oidc,
+        simulated: (!simulated.is_empty()).then(|| tessera_server::Simulated {
+            nodes: simulated.clone(),
+            speedup: a.speedup,
+        }),
         ..ServerConfig::default()
     };
     let running = match tessera_server::start(store, cfg).await {
         Ok(r) => r,
         Err(e) => return fail(EXIT_FAILURE, e),
     };
-    for n in &simulated {
-        if let Err(e) = running.plane.upsert_node(n).await {
-            return fail(EXIT_BAD_INPUT, format!("--cluster: node {:?}: {e}", n.name));
-        }
-    }
     if !simulated.is_empty() {
-        eprintln!("tessera: registered {} simulated nodes", simulated.len());
+        eprintln!(
+            "tessera: registered {} simulated nodes; their tasks run at {}x",
+            simulated.len(),
+            a.speedup
+        );
     }
     let url = format!("http://{}", running.addr);
     eprintln!("tessera: store {backend} at {where_}");

@@ -690,13 +690,9 @@ impl Host {
             Some(addr) => {
                 let path = root.join(CONTROL_SOCKET.trim_start_matches('/'));
                 let _ = std::fs::remove_file(&path);
-                let l = tokio::net::UnixListener::bind(&path)
-                    .map_err(|e| format!("binding {}: {e}", path.display()))?;
-                {
-                    use std::os::unix::fs::PermissionsExt;
-                    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))
-                        .map_err(|e| format!("chmod {}: {e}", path.display()))?;
-                }
+                let l = bind_in_sandbox(&path)?;
+                let l = tokio::net::UnixListener::from_std(l)
+                    .map_err(|e| format!("listening on {}: {e}", path.display()))?;
                 Some(tokio::spawn(forward(l, addr)))
             }
             None => None,
@@ -1036,11 +1032,15 @@ impl Host {
     /// Runs [`Host::tick`] every `ping_interval` until `stop` turns true.
     pub async fn run(self, mut stop: tokio::sync::watch::Receiver<bool>) {
         loop {
+            if *stop.borrow() {
+                break;
+            }
             tokio::select! {
                 _ = tokio::time::sleep(self.inner.cfg.ping_interval) => self.tick().await,
-                _ = stop.wait_for(|s| *s) => break,
+                r = stop.changed() => if r.is_err() { break },
             }
         }
+        self.shutdown().await;
     }
 
     /// Destroys every live sandbox (server shutdown).
@@ -1096,6 +1096,34 @@ fn kill_stale_sandbox(pid: i32) {
             .args(["-KILL", &pid.to_string()])
             .status();
     }
+}
+
+/// Binds a unix socket at `path` (inside a sandbox's filesystem, through
+/// `/proc/<pid>/root`). The sandbox's tmpfs belongs to its user namespace, which
+/// does not map the host's root: a root supervisor binds with the file-system
+/// uid of the sandbox's user (per thread, so in a thread of its own), which
+/// also makes the socket the sandbox user's to connect to.
+fn bind_in_sandbox(path: &std::path::Path) -> Result<std::os::unix::net::UnixListener, String> {
+    let p = path.to_path_buf();
+    std::thread::spawn(move || {
+        let root = nix::unistd::geteuid().is_root();
+        if root {
+            let id = tessera_sandbox::sandbox::HOST_ID_BASE + tessera_sandbox::sandbox::SANDBOX_UID;
+            nix::unistd::setfsgid(nix::unistd::Gid::from_raw(id));
+            nix::unistd::setfsuid(nix::unistd::Uid::from_raw(id));
+        }
+        let r = std::os::unix::net::UnixListener::bind(&p);
+        if root {
+            nix::unistd::setfsuid(nix::unistd::Uid::from_raw(0));
+            nix::unistd::setfsgid(nix::unistd::Gid::from_raw(0));
+        }
+        let l = r.map_err(|e| format!("binding {}: {e}", p.display()))?;
+        l.set_nonblocking(true)
+            .map_err(|e| format!("binding {}: {e}", p.display()))?;
+        Ok(l)
+    })
+    .join()
+    .map_err(|_| "the bind thread panicked".to_string())?
 }
 
 async fn forward(l: tokio::net::UnixListener, addr: std::net::SocketAddr) {

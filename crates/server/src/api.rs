@@ -448,7 +448,8 @@ pub fn openapi_document() -> Value {
                     "type": {"type": "string"}, "title": {"type": "string"}, "status": {"type": "integer"},
                     "detail": {"type": "string"}, "code": {"type": "string", "enum": [
                         "invalid_request", "unauthenticated", "forbidden", "not_found", "already_exists",
-                        "conflict", "compacted", "payload_too_large", "unsupported_media_type", "internal"]},
+                        "conflict", "compacted", "payload_too_large", "unsupported_media_type", "internal",
+                        "quota_exceeded", "budget_exceeded", "unavailable"]},
                     "field": {"type": "string", "description": "Path of the offending field"}}},
                 "NewTenant": {"type": "object", "additionalProperties": false, "required": ["name"], "properties": {"name": {"type": "string"}}},
                 "NewApiKey": {"type": "object", "additionalProperties": false, "required": ["subject"], "properties": {

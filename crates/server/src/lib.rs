@@ -260,7 +260,10 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
     }
     let (sandboxes, t) = sandboxes::SandboxesState::start(&plane, &cfg.sandboxes, &stop_rx).await?;
     tasks.extend(t);
-    let (agents, t) = agents::AgentsState::start(&plane, &cfg.agents, &stop_rx).await?;
+    // The agent platform forwards each sandbox's control socket to this address.
+    let mut agents_cfg = cfg.agents.clone();
+    agents_cfg.host.api_addr.get_or_insert(addr);
+    let (agents, t) = agents::AgentsState::start(&plane, &agents_cfg, &stop_rx).await?;
     tasks.extend(t);
     let (tools, t) = tools::ToolsState::start(&plane, &cfg.tools, &stop_rx).await?;
     tasks.extend(t);

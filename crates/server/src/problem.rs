@@ -31,6 +31,12 @@ pub enum Code {
     UnsupportedMediaType,
     /// 500: a bug or a failing store.
     Internal,
+    /// 429: a quota (runtimes per tenant, versions per runtime, ...) is reached.
+    QuotaExceeded,
+    /// 402: a session's or tenant's budget is spent.
+    BudgetExceeded,
+    /// 503: a dependency (a session's agent, the sandboxes) is not available now.
+    Unavailable,
 }
 
 impl Code {
@@ -45,6 +51,9 @@ impl Code {
             Code::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Code::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            Code::QuotaExceeded => StatusCode::TOO_MANY_REQUESTS,
+            Code::BudgetExceeded => StatusCode::PAYMENT_REQUIRED,
+            Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -60,6 +69,9 @@ impl Code {
             Code::PayloadTooLarge => "payload_too_large",
             Code::UnsupportedMediaType => "unsupported_media_type",
             Code::Internal => "internal",
+            Code::QuotaExceeded => "quota_exceeded",
+            Code::BudgetExceeded => "budget_exceeded",
+            Code::Unavailable => "unavailable",
         }
     }
 
@@ -75,6 +87,9 @@ impl Code {
             Code::PayloadTooLarge => "Request body too large",
             Code::UnsupportedMediaType => "Unsupported media type",
             Code::Internal => "Internal error",
+            Code::QuotaExceeded => "Quota exceeded",
+            Code::BudgetExceeded => "Budget exceeded",
+            Code::Unavailable => "Unavailable",
         }
     }
 }

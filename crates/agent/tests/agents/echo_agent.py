@@ -30,10 +30,33 @@ class H(http.server.BaseHTTPRequestHandler):
         n = int(self.headers.get("Content-Length", "0"))
         body = self.rfile.read(n)
         state["n"] += 1
-        out = {"echo": json.loads(body or b"null"), "session": os.environ.get("TESSERA_SESSION_ID"),
+        req = json.loads(body or b"null")
+        calls = {}
+        if isinstance(req, dict) and "memory_put" in req:
+            sid = req["memory_put"]
+            calls["status"] = tessera("PUT", f"/v1/sessions/{sid}/memory/k", {"value": req.get("value")})
+        out = {"calls": calls, "echo": json.loads(body or b"null"), "session": os.environ.get("TESSERA_SESSION_ID"),
                "pid": os.getpid(), "count": state["n"], "has_url": bool(os.environ.get("TESSERA_URL"))}
         self.reply(200, json.dumps(out), {"Content-Type": "application/json",
                                           "X-Tessera-Usage": json.dumps({"tokens_in": 10, "tokens_out": 5})})
+
+def tessera(method, path, body=None):
+    """Calls the control plane through $TESSERA_URL (a unix socket)."""
+    import socket
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(os.environ["TESSERA_URL"][len("unix://"):])
+    data = json.dumps(body).encode() if body is not None else b""
+    head = (f"{method} {path} HTTP/1.1\r\nHost: tessera\r\nConnection: close\r\n"
+            f"Authorization: Bearer {os.environ['TESSERA_API_KEY']}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n")
+    s.sendall(head.encode() + data)
+    resp = b""
+    while True:
+        c = s.recv(65536)
+        if not c:
+            break
+        resp += c
+    return int(resp.split(b" ")[1])
 
 class S(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True

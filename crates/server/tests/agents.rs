@@ -1,0 +1,222 @@
+//! The agent platform over HTTP: runtimes (validation with field paths,
+//! quotas), invocations in sessions on real sandboxes with the control plane
+//! reachable from inside, session-scoped keys, kill, events (read, SSE,
+//! offsets), usage.
+
+mod common;
+use common::{Method, Server, StatusCode, code, json};
+
+const AGENT: &str = include_str!("../../agent/tests/agents/echo_agent.py");
+
+fn sandboxes_here() -> bool {
+    let probe = tessera_sandbox_probe();
+    if let Err(e) = &probe {
+        if std::env::var_os("CI").is_some() {
+            panic!("sandboxes are needed in CI: {e}");
+        }
+        eprintln!("SKIP (sandbox part): cannot make sandboxes here: {e}");
+    }
+    probe.is_ok()
+}
+
+fn tessera_sandbox_probe() -> Result<(), String> {
+    // The server finds `tessera-sandbox-init` the same way.
+    if tessera_sandbox::InitProgram::locate().is_none() {
+        return Err("tessera-sandbox-init not built next to the tests".into());
+    }
+    let rt = tessera_sandbox::Runtime::new(Default::default()).map_err(|e| e.to_string())?;
+    rt.spawn(&Default::default())
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn runtimes_validate_and_enforce_quotas() {
+    let s = Server::start_with(|c| {
+        c.agents.host.quotas.runtimes_per_tenant = 1;
+        c.agents.host.pool_min = 0;
+    })
+    .await;
+    let t = s.tenant("alpha").await;
+    let (st, v) = t
+        .post(
+            "/v1/runtimes",
+            json!({"name": "bot", "command": ["x"], "resources": {"cpu_millis": 1}}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::BAD_REQUEST, "{v}");
+    assert_eq!(v["field"], "resources.cpu_millis");
+    let (st, v) = t
+        .post(
+            "/v1/runtimes",
+            json!({"name": "bot", "command": ["x"], "resouces": {}}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::BAD_REQUEST, "{v}");
+    assert!(v["detail"].as_str().unwrap().contains("resouces"), "{v}");
+    let (st, v) = t
+        .post("/v1/runtimes", json!({"name": "bot", "command": ["x"]}))
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    assert_eq!(v["version"], 1);
+    let (st, v) = t.put("/v1/runtimes/bot", json!({"command": ["y"]})).await;
+    assert_eq!(
+        (st, v["version"].as_u64()),
+        (StatusCode::OK, Some(2)),
+        "{v}"
+    );
+    let (st, v) = t
+        .post("/v1/runtimes", json!({"name": "bot2", "command": ["x"]}))
+        .await;
+    assert_eq!(st, StatusCode::TOO_MANY_REQUESTS, "{v}");
+    assert_eq!(code(&v), "quota_exceeded");
+    assert!(
+        v["detail"].as_str().unwrap().contains("its limit is 1"),
+        "{v}"
+    );
+    let (st, v) = t
+        .put("/v1/runtimes/bot/endpoints/prod", json!({"version": 1}))
+        .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    let (_, v) = t.get("/v1/runtimes/bot").await;
+    assert_eq!(v["latest_version"], 2);
+    assert_eq!(v["endpoints"][0]["name"], "DEFAULT");
+    assert_eq!(v["endpoints"][1]["version"], 1);
+    // Another tenant sees none of it.
+    let u = s.tenant("beta").await;
+    let (st, _) = u.get("/v1/runtimes/bot").await;
+    assert_eq!(st, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn events_usage_and_session_keys() {
+    let s = Server::start_with(|c| c.agents.host.pool_min = 0).await;
+    let t = s.tenant("alpha").await;
+    for i in 0..3 {
+        let (st, v) = t.post("/v1/topics/approvals/events", json!({"i": i})).await;
+        assert_eq!(
+            (st, v["offset"].as_u64()),
+            (StatusCode::CREATED, Some(i + 1)),
+            "{v}"
+        );
+    }
+    let (_, v) = t.get("/v1/topics/approvals/events?after=1").await;
+    assert_eq!(v["items"].as_array().unwrap().len(), 2);
+    let (st, _) = t
+        .put("/v1/topics/approvals/offsets/worker", json!({"offset": 2}))
+        .await;
+    assert_eq!(st, StatusCode::OK);
+    let (_, v) = t.get("/v1/topics/approvals/events?consumer=worker").await;
+    assert_eq!(v["items"][0]["offset"], 3);
+    // SSE: the stream starts with the events after `after`.
+    let r = t
+        .request(Method::GET, "/v1/topics/approvals/events?after=2")
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let mut r = r;
+    let chunk = tokio::time::timeout(std::time::Duration::from_secs(10), r.chunk())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let text = String::from_utf8_lossy(&chunk);
+    assert!(text.contains("id: 3") && text.contains("\"i\":2"), "{text}");
+    let (st, v) = t.post("/v1/topics/bad%2Fname/events", json!({})).await;
+    assert_eq!(st, StatusCode::BAD_REQUEST, "{v}");
+    // Usage: idempotent by source id; totals.
+    let rec = json!({"session": "s1", "runtime": "bot", "kind": "tokens_in", "quantity": 100.0, "source_id": "m-1"});
+    let (st, v) = t.post("/v1/usage", rec.clone()).await;
+    assert_eq!(
+        (st, v["counted"].as_bool()),
+        (StatusCode::OK, Some(true)),
+        "{v}"
+    );
+    let (_, v) = t.post("/v1/usage", rec).await;
+    assert_eq!(v["counted"], false);
+    let (_, v) = t.get("/v1/usage?session=s1&records=true").await;
+    assert_eq!(v["session_totals"]["quantities"]["tokens_in"], 100.0);
+    assert_eq!(v["records"].as_array().unwrap().len(), 1);
+    // A session key reaches its own session only.
+    let sk = t.with_role("session:s1", "developer").await;
+    let (st, _) = sk
+        .put("/v1/sessions/s1/memory/a", json!({"value": 1}))
+        .await;
+    assert_eq!(st, StatusCode::OK);
+    let (st, v) = sk
+        .put("/v1/sessions/s2/memory/a", json!({"value": 1}))
+        .await;
+    assert_eq!(st, StatusCode::FORBIDDEN, "{v}");
+    let (st, _) = sk.get("/v1/usage").await;
+    assert_eq!(st, StatusCode::FORBIDDEN);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn invocations_run_in_sessions_on_sandboxes() {
+    if !sandboxes_here() {
+        return;
+    }
+    let s = Server::start_with(|c| c.agents.host.pool_min = 1).await;
+    let t = s.tenant("alpha").await;
+    let (st, v) = t
+        .post("/v1/runtimes", json!({"name": "echo", "command": ["python3", "-c", AGENT], "resources": {"memory_mb": 256}}))
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    let (st, v) = t
+        .post(
+            "/v1/runtimes/echo/invocations?session_id=abc",
+            json!({"hello": 1}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(v["echo"]["hello"], 1);
+    assert_eq!(v["has_url"], true);
+    // The agent reaches the control plane from inside its sandbox with its
+    // session key: its own session yes, another no.
+    let (_, v) = t
+        .post(
+            "/v1/runtimes/echo/invocations?session_id=abc",
+            json!({"memory_put": "abc", "value": 7}),
+        )
+        .await;
+    assert_eq!(v["calls"]["status"], 200, "{v}");
+    let (_, v) = t.get("/v1/sessions/abc/memory/k").await;
+    assert_eq!(v["value"], 7);
+    let (_, v) = t
+        .post(
+            "/v1/runtimes/echo/invocations?session_id=abc",
+            json!({"memory_put": "other"}),
+        )
+        .await;
+    assert_eq!(v["calls"]["status"], 403, "{v}");
+    let (_, v) = t.get("/v1/sessions?state=active").await;
+    assert_eq!(v["items"][0]["id"], "abc", "{v}");
+    let (_, v) = t.get("/v1/sessions/abc").await;
+    assert_eq!(v["invocations"], 3, "{v}");
+    assert_eq!(v["usage"]["quantities"]["tokens_in"], 30.0, "{v}");
+    let (_, v) = t.get("/v1/sessions/abc/trace").await;
+    assert_eq!(v["spans"].as_array().unwrap().len(), 3, "{v}");
+    let (st, v) = t
+        .post("/v1/sessions/abc/kill", json!({"reason": "runaway"}))
+        .await;
+    assert_eq!(
+        (st, v["state"].as_str()),
+        (StatusCode::OK, Some("killed")),
+        "{v}"
+    );
+    let (st, v) = t
+        .post("/v1/runtimes/echo/invocations?session_id=abc", json!({}))
+        .await;
+    assert_eq!(st, StatusCode::CONFLICT, "{v}");
+    assert!(
+        v["detail"].as_str().unwrap().contains("killed (runaway)"),
+        "{v}"
+    );
+    let (st, v) = t.get("/v1/sessions?state=bogus").await;
+    assert_eq!(
+        (st, v["field"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("state"))
+    );
+}

@@ -461,22 +461,25 @@ pub fn openapi_document() -> Value {
                     "gpu_memory": {"type": "integer"}, "pods": {"type": "integer"}, "extended": {"type": "object"}}},
                 "Node": {"type": "object", "additionalProperties": false, "required": ["name", "allocatable"], "properties": {
                     "name": {"type": "string"}, "labels": {"type": "object"}, "taints": {"type": "array"},
-                    "allocatable": {"$ref": "#/components/schemas/Resources"}, "gpus": {"type": "array"}, "unschedulable": {"type": "boolean"}}},
+                    "allocatable": {"$ref": "#/components/schemas/Resources"}, "gpus": {"type": "array"}, "unschedulable": {"type": "boolean"},
+                    "network": {"type": "array", "items": {"type": "string"}, "description": "network-tier domains above the node, bottom up"}}},
                 "QueueSpec": {"type": "object", "additionalProperties": false, "required": ["name"], "properties": {
                     "name": {"type": "string"}, "parent": {"type": "string"}, "weight": {"type": "integer"},
                     "guarantee": {"$ref": "#/components/schemas/Resources"}, "capability": {"$ref": "#/components/schemas/Resources"},
                     "reclaimable": {"type": "boolean"}, "resource_version": {"type": "integer"}}},
                 "TaskSpec": {"type": "object", "additionalProperties": false, "required": ["name"], "properties": {
                     "name": {"type": "string"}, "resources": {"$ref": "#/components/schemas/Resources"},
-                    "gpu": {"description": "\"none\", {\"whole\": {\"count\": N}} or {\"shared\": {\"milli\": M, \"memory\": BYTES}}"},
+                    "gpu": {"description": "\"none\", {\"whole\": {\"count\": N}}, {\"shared\": {\"milli\": M, \"memory\": BYTES}} or {\"mig\": {\"profile\": \"3g.40gb\"}}"},
                     "node_selector": {"type": "object"}, "tolerations": {"type": "array"}, "priority": {"type": "integer"},
                     "command": {"type": "array", "items": {"type": "string"}},
-                    "duration": {"type": "number", "description": "Simulated seconds the task runs on a simulated node (tessera up --cluster)"}}},
+                    "duration": {"type": "number", "description": "Simulated seconds the task runs on a simulated node (tessera up --cluster)"},
+                    "topology": {"description": "{\"scope\": \"nvlink_domain\"|\"pcie_root\"|\"numa\", \"strength\": \"hard\"|\"soft\"}"}}},
                 "JobSpec": {"type": "object", "additionalProperties": false, "required": ["name", "queue", "tasks"], "properties": {
                     "name": {"type": "string"}, "queue": {"type": "string"}, "min_member": {"type": "integer"},
                     "min_resources": {"$ref": "#/components/schemas/Resources"}, "priority": {"type": "integer"},
                     "kind": {"type": "string", "enum": ["training", "inference", "batch", "agent"]},
-                    "preemptable": {"type": "boolean"}, "tasks": {"type": "array", "items": {"$ref": "#/components/schemas/TaskSpec"}}}},
+                    "preemptable": {"type": "boolean"}, "tasks": {"type": "array", "items": {"$ref": "#/components/schemas/TaskSpec"}},
+                    "network_topology": {"description": "{\"tier\": N, \"strength\": \"hard\"|\"soft\"}: all tasks within one tier-N network domain"}}},
             },
         },
     });

@@ -168,11 +168,13 @@ fn group(tenant: &str, name: &str, job: &JobBody) -> PodGroup {
     g.kind = spec.kind;
     g.creation = job.created_at;
     g.preemptable = spec.preemptable;
+    g.network_topology = spec.network_topology;
     for t in &spec.tasks {
         let mut task = Task::new(t.name.clone(), t.resources.clone()).with_gpu(t.gpu.clone());
         task.node_selector = t.node_selector.clone();
         task.tolerations = t.tolerations.clone();
         task.priority = t.priority;
+        task.topology = t.topology;
         if let Some(st) = job.status.tasks.get(&t.name) {
             task.node = Some(st.node.clone());
             task.gpu_indices = st.gpus.clone();

@@ -76,6 +76,9 @@ pub struct JobSpec {
     pub kind: GroupKind,
     #[serde(default = "yes")]
     pub preemptable: bool,
+    /// All tasks within one network-tier domain (Volcano's `networkTopology`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_topology: Option<tessera_model::NetworkTier>,
     pub tasks: Vec<TaskSpec>,
 }
 
@@ -100,6 +103,9 @@ pub struct TaskSpec {
     /// simulated seconds; without it the task runs until the job is cancelled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration: Option<f64>,
+    /// All GPUs in one NVLink domain / PCIe root / NUMA node, hard or soft.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology: Option<tessera_model::GpuTopology>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]

@@ -17,3 +17,8 @@ pub mod trace;
 pub mod unixhttp;
 
 pub use error::AgentError;
+
+/// A small agent (Python standard library only) that serves the agent
+/// contract on `$TESSERA_AGENT_SOCKET` and echoes its payload: for tests,
+/// benchmarks and the docs' first steps.
+pub const ECHO_AGENT_PY: &str = include_str!("../tests/agents/echo_agent.py");

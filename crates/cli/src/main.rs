@@ -56,6 +56,20 @@ enum Command {
     Node(cmd::client::NodeCommand),
     /// Follow changes to your tenant's jobs, queues or events.
     Watch(cmd::client::WatchArgs),
+    /// Agent runtimes: deploy agents as immutable versions, pin endpoints.
+    #[command(subcommand)]
+    Runtime(cmd::agents::RuntimeCommand),
+    /// Invoke an agent runtime in a session.
+    #[command(subcommand)]
+    Agent(cmd::agents::AgentCommand),
+    /// Agent sessions: list, inspect, kill, trace, memory.
+    #[command(subcommand)]
+    Session(cmd::agents::SessionCommand),
+    /// Metered usage and cost per tenant, session and runtime.
+    Usage(cmd::agents::UsageArgs),
+    /// Durable event topics: publish, read, follow, commit offsets.
+    #[command(subcommand)]
+    Events(cmd::agents::EventsCommand),
 }
 
 fn main() {
@@ -72,6 +86,11 @@ fn main() {
         Command::Job(c) => cmd::client::job(c),
         Command::Node(c) => cmd::client::node(c),
         Command::Watch(a) => cmd::client::watch(a),
+        Command::Runtime(c) => cmd::agents::runtime(c),
+        Command::Agent(c) => cmd::agents::agent(c),
+        Command::Session(c) => cmd::agents::session(c),
+        Command::Usage(a) => cmd::agents::usage(a),
+        Command::Events(c) => cmd::agents::events(c),
     };
     std::process::exit(code);
 }

@@ -1,6 +1,7 @@
 //! `tessera bench …`: benchmarks that print a table, or one JSON document with `--json`.
 
 pub mod agent;
+pub mod agent_platform;
 pub mod api;
 pub mod guard;
 pub mod sandbox;
@@ -21,6 +22,9 @@ pub enum BenchCommand {
     /// Control plane: job submissions per second and submit-to-bound latency
     /// against a real server on loopback.
     Api(api::Args),
+    /// Agent platform: new session to first answer (warm pool), tool-gateway
+    /// overhead per call and ledger writes per second.
+    AgentPlatform(agent_platform::Args),
 }
 
 /// Nearest-rank percentile of sorted samples (`p` in 0..=1); `None` when there
@@ -38,5 +42,6 @@ pub fn run(c: BenchCommand) -> i32 {
         BenchCommand::Guard(a) => guard::run(a),
         BenchCommand::Sandbox(a) => sandbox::run(a),
         BenchCommand::Api(a) => api::run(a),
+        BenchCommand::AgentPlatform(a) => agent_platform::run(a),
     }
 }

@@ -58,6 +58,9 @@ pub struct UpArgs {
     /// The issuer's JSON Web Key Set, saved from its `jwks_uri`.
     #[arg(long, value_name = "FILE", requires = "oidc_issuer")]
     pub oidc_jwks: Option<PathBuf>,
+    /// Agent platform: settings of runtimes, sessions and their sandboxes.
+    #[command(flatten)]
+    pub agents: crate::cmd::agents::AgentUpArgs,
 }
 
 /// The default data folder.
@@ -145,6 +148,7 @@ async fn serve(a: UpArgs, listen: SocketAddr) -> i32 {
             nodes: simulated.clone(),
             speedup: a.speedup,
         }),
+        agents: a.agents.config(),
         ..ServerConfig::default()
     };
     let running = match tessera_server::start(store, cfg).await {

@@ -3,5 +3,6 @@
 
 pub mod mixed;
 pub mod replay;
+pub mod routing;
 pub mod scenario;
 pub mod trace;

@@ -3,6 +3,7 @@ pub mod client;
 pub mod cluster;
 pub mod guard;
 pub mod mixed;
+pub mod routing;
 pub mod sandbox;
 pub mod sched;
 pub mod sim;

@@ -16,6 +16,9 @@ const DEFAULT_PODS: &str = "data/alibaba-gpu-v2023/openb_pod_list_default.csv";
 
 #[derive(Debug, clap::Args)]
 pub struct SimArgs {
+    /// Other simulations (`routing`); without one, the GPU-trace replay.
+    #[command(subcommand)]
+    pub sub: Option<super::routing::SimSubcommand>,
     /// Node list (openb CSV). Default: the copy in the repository's data/ folder.
     #[arg(long, value_name = "FILE")]
     pub nodes: Option<PathBuf>,
@@ -140,7 +143,10 @@ fn resolve(a: &SimArgs) -> Result<Settings, String> {
     })
 }
 
-pub fn run(a: SimArgs) -> i32 {
+pub fn run(mut a: SimArgs) -> i32 {
+    if let Some(sub) = a.sub.take() {
+        return super::routing::run(sub);
+    }
     let s = match resolve(&a) {
         Ok(s) => s,
         Err(e) => return fail(EXIT_BAD_INPUT, e),

@@ -1,0 +1,9 @@
+//! `tessera-gateway`: the inference pool gateway. An OpenAI-compatible endpoint
+//! in front of pools of OpenAI-compatible engines (vLLM, SGLang, llama.cpp
+//! server, …), gateway-side queueing with per-tenant fairness, and routing by
+//! KV-cache prefix, session and tenant.
+//!
+//! [`route`] is the pure routing core (no I/O, no clock), shared with the
+//! simulator; everything else needs the `http` feature.
+
+pub mod route;

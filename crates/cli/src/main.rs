@@ -45,7 +45,8 @@ enum Command {
     Sandbox(cmd::sandbox::SandboxCommand),
     /// Start the control plane on this machine: store, API, scheduler loop.
     Up(cmd::up::UpArgs),
-    /// Queues of your tenant (server from TESSERA_URL, key from TESSERA_API_KEY).
+    /// Queues of your tenant (server and key from `tessera login`, or TESSERA_URL
+    /// and TESSERA_API_KEY).
     #[command(subcommand)]
     Queue(cmd::client::QueueCommand),
     /// Jobs of your tenant: submit, list, get, cancel.
@@ -70,6 +71,19 @@ enum Command {
     /// Durable event topics: publish, read, follow, commit offsets.
     #[command(subcommand)]
     Events(cmd::agents::EventsCommand),
+    /// Save the server URL and an API key for the client commands (checked first).
+    Login(cmd::login::LoginArgs),
+    /// Forget the saved API key.
+    Logout,
+    /// Users of your tenant: create, list, get, delete.
+    #[command(subcommand)]
+    User(cmd::identity::UserCommand),
+    /// Service accounts of your tenant (subject sa:NAME): create, list, get, delete.
+    #[command(subcommand, alias = "sa")]
+    Serviceaccount(cmd::identity::ServiceAccountCommand),
+    /// API keys of your tenant: create (shown once), list, revoke.
+    #[command(subcommand)]
+    Apikey(cmd::identity::ApiKeyCommand),
 }
 
 fn main() {
@@ -91,6 +105,11 @@ fn main() {
         Command::Session(c) => cmd::agents::session(c),
         Command::Usage(a) => cmd::agents::usage(a),
         Command::Events(c) => cmd::agents::events(c),
+        Command::Login(a) => cmd::login::login(a),
+        Command::Logout => cmd::login::logout(),
+        Command::User(c) => cmd::identity::user(c),
+        Command::Serviceaccount(c) => cmd::identity::service_account(c),
+        Command::Apikey(c) => cmd::identity::api_key(c),
     };
     std::process::exit(code);
 }

@@ -342,6 +342,7 @@ pub(crate) use routes;
 /// Every module's route table, in the order the OpenAPI document lists them.
 pub const ROUTE_TABLES: &[&[RouteDoc]] = &[
     ROUTES,
+    crate::identity::ROUTES,
     crate::sandboxes::ROUTES,
     crate::agents::ROUTES,
     crate::tools::ROUTES,
@@ -382,6 +383,7 @@ routes! {
 pub fn router(app: App) -> Router {
     let limit = app.body_limit;
     api_routes()
+        .merge(crate::identity::routes())
         .merge(crate::sandboxes::routes())
         .merge(crate::agents::routes())
         .merge(crate::tools::routes())
@@ -484,8 +486,9 @@ pub fn openapi_document() -> Value {
         },
     });
     let schemas = &mut doc["components"]["schemas"];
-    for (name, schema) in crate::sandboxes::schemas()
+    for (name, schema) in crate::identity::schemas()
         .into_iter()
+        .chain(crate::sandboxes::schemas())
         .chain(crate::agents::schemas())
         .chain(crate::tools::schemas())
         .chain(crate::gateway::schemas())

@@ -13,6 +13,7 @@ pub mod auth;
 pub mod exec;
 pub mod gateway;
 pub mod gpu;
+pub mod identity;
 pub mod metrics;
 pub mod node;
 pub mod oidc;

@@ -26,6 +26,8 @@ pub mod kind {
     pub const JOB: &str = "job";
     pub const EVENT: &str = "event";
     pub const AUDIT: &str = "audit";
+    pub const USER: &str = "user";
+    pub const SERVICEACCOUNT: &str = "serviceaccount";
 }
 
 /// Kinds a tenant may watch.
@@ -95,7 +97,7 @@ pub fn check_name(field: &str, s: &str) -> Result<(), ApiError> {
     }
 }
 
-fn check_subject(field: &str, s: &str) -> Result<(), ApiError> {
+pub(crate) fn check_subject(field: &str, s: &str) -> Result<(), ApiError> {
     let ok = !s.is_empty()
         && s.len() <= 128
         && s.bytes()
@@ -110,11 +112,11 @@ fn check_subject(field: &str, s: &str) -> Result<(), ApiError> {
     }
 }
 
-fn to_value<T: Serialize>(v: &T) -> Result<Value, ApiError> {
+pub(crate) fn to_value<T: Serialize>(v: &T) -> Result<Value, ApiError> {
     serde_json::to_value(v).map_err(ApiError::internal)
 }
 
-fn from_value<T: serde::de::DeserializeOwned>(o: &Object) -> Result<T, ApiError> {
+pub(crate) fn from_value<T: serde::de::DeserializeOwned>(o: &Object) -> Result<T, ApiError> {
     serde_json::from_value(o.body.clone())
         .map_err(|e| ApiError::internal(format!("stored {} is unreadable: {e}", o.key())))
 }
@@ -141,7 +143,7 @@ pub fn render(o: &Object) -> Value {
     Value::Object(m)
 }
 
-fn render_key(o: &Object) -> Value {
+pub(crate) fn render_key(o: &Object) -> Value {
     let mut v = render(o);
     if let Value::Object(m) = &mut v {
         m.remove("salt");
@@ -196,7 +198,7 @@ impl ControlPlane {
         self
     }
 
-    fn forget_credentials(&self) {
+    pub(crate) fn forget_credentials(&self) {
         if let Ok(mut m) = self.auth_cache.lock() {
             m.clear();
         }
@@ -206,7 +208,7 @@ impl ControlPlane {
         &self.store
     }
 
-    fn audit(
+    pub(crate) fn audit(
         &self,
         caller: &Caller,
         action: &str,
@@ -268,6 +270,16 @@ impl ControlPlane {
                 body: to_value(&RoleBinding {
                     subject: subject.into(),
                     role: Role::Admin,
+                })?,
+            },
+            Op::Create {
+                key: Key::new(kind::USER, name, subject),
+                body: to_value(&crate::identity::SubjectBody {
+                    subject: subject.into(),
+                    display_name: None,
+                    description: None,
+                    created_at: now,
+                    created_by: "implicit".into(),
                 })?,
             },
         ];
@@ -424,6 +436,8 @@ impl ControlPlane {
             key: Key::new(kind::APIKEY, "", &k.id),
             body: to_value(&k.record)?,
         }];
+        // The subject becomes a user if it is not one (or a service account) yet.
+        ops.extend(self.subject_ops(&c.tenant, &req.subject, now).await?);
         if let Some(role) = req.role {
             let key = Key::new(kind::ROLEBINDING, &c.tenant, &req.subject);
             let body = to_value(&RoleBinding {
@@ -512,13 +526,12 @@ impl ControlPlane {
             None => Op::Create { key, body },
         };
         let now = now_ms();
-        let out = self
-            .store
-            .commit(vec![
-                op,
-                self.audit(c, "bind", format!("rolebinding/{subject}"), now)?,
-            ])
-            .await?;
+        let mut ops = vec![
+            op,
+            self.audit(c, "bind", format!("rolebinding/{subject}"), now)?,
+        ];
+        ops.extend(self.subject_ops(&c.tenant, subject, now).await?);
+        let out = self.store.commit(ops).await?;
         self.forget_credentials();
         Ok(render(&out[0]))
     }

@@ -1,6 +1,7 @@
 //! Client commands against a running control plane: `tessera queue …`,
 //! `tessera job …`, `tessera node …`. The server URL and key come from
-//! `TESSERA_URL` (default `http://127.0.0.1:7700`) and `TESSERA_API_KEY`.
+//! `TESSERA_URL` and `TESSERA_API_KEY`, else from the config file `tessera login`
+//! wrote (see [`super::config`]); the URL defaults to `http://127.0.0.1:7700`.
 //! Tables for people; `-o json|yaml` for scripts.
 
 use std::path::PathBuf;
@@ -92,32 +93,39 @@ pub enum NodeCommand {
 }
 
 /// A failed call: the exit status and the message.
-struct Failure(i32, String);
+pub(crate) struct Failure(pub(crate) i32, pub(crate) String);
 
-struct Client {
-    url: String,
+pub(crate) struct Client {
+    pub(crate) url: String,
     key: String,
-    http: reqwest::Client,
+    pub(crate) http: reqwest::Client,
 }
 
 impl Client {
-    fn from_env() -> Result<Client, Failure> {
-        let url = std::env::var("TESSERA_URL").unwrap_or_else(|_| "http://127.0.0.1:7700".into());
-        let key = std::env::var("TESSERA_API_KEY").map_err(|_| {
+    /// The server and key from the environment or the config file (see
+    /// [`super::config`]).
+    pub(crate) fn from_env() -> Result<Client, Failure> {
+        let s = super::config::resolve(&super::config::ProcessEnv)
+            .map_err(|e| Failure(EXIT_BAD_INPUT, e))?;
+        let key = s.key.ok_or_else(|| {
             Failure(
                 EXIT_BAD_INPUT,
-                "TESSERA_API_KEY is not set: export the key `tessera up` printed on first start"
+                "no API key: run `tessera login` (it saves the server and key), or export TESSERA_API_KEY with the key `tessera up` printed on first start"
                     .into(),
             )
         })?;
-        Ok(Client {
-            url: url.trim_end_matches('/').to_string(),
-            key,
-            http: reqwest::Client::new(),
-        })
+        Ok(Client::new(&s.url, &key))
     }
 
-    async fn call(
+    pub(crate) fn new(url: &str, key: &str) -> Client {
+        Client {
+            url: url.trim_end_matches('/').to_string(),
+            key: key.to_string(),
+            http: reqwest::Client::new(),
+        }
+    }
+
+    pub(crate) async fn call(
         &self,
         method: reqwest::Method,
         path: &str,
@@ -175,21 +183,21 @@ impl Client {
     }
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| Failure(EXIT_FAILURE, format!("cannot start the runtime: {e}")))
 }
 
-fn finish(r: Result<i32, Failure>) -> i32 {
+pub(crate) fn finish(r: Result<i32, Failure>) -> i32 {
     match r {
         Ok(c) => c,
         Err(Failure(code, msg)) => fail(code, msg),
     }
 }
 
-fn cell(v: &Value) -> String {
+pub(crate) fn cell(v: &Value) -> String {
     match v {
         Value::Null => "-".into(),
         Value::String(s) => s.clone(),
@@ -198,7 +206,7 @@ fn cell(v: &Value) -> String {
 }
 
 /// Prints `rows` under `headers`, columns padded to their widest cell.
-fn table(headers: &[&str], rows: Vec<Vec<String>>) -> String {
+pub(crate) fn table(headers: &[&str], rows: Vec<Vec<String>>) -> String {
     let mut w: Vec<usize> = headers.iter().map(|h| h.len()).collect();
     for r in &rows {
         for (i, c) in r.iter().enumerate() {
@@ -223,7 +231,11 @@ fn table(headers: &[&str], rows: Vec<Vec<String>>) -> String {
     out
 }
 
-fn show(v: &Value, f: Format, as_table: impl Fn(&Value) -> String) -> Result<i32, Failure> {
+pub(crate) fn show(
+    v: &Value,
+    f: Format,
+    as_table: impl Fn(&Value) -> String,
+) -> Result<i32, Failure> {
     let text = match f {
         Format::Json => serde_json::to_string_pretty(v)
             .map(|s| s + "\n")
@@ -237,7 +249,7 @@ fn show(v: &Value, f: Format, as_table: impl Fn(&Value) -> String) -> Result<i32
     Ok(0)
 }
 
-fn items(v: &Value) -> Vec<Value> {
+pub(crate) fn items(v: &Value) -> Vec<Value> {
     match v.get("items") {
         Some(Value::Array(a)) => a.clone(),
         _ => vec![v.clone()],

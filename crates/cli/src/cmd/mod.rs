@@ -1,7 +1,10 @@
 pub mod agents;
 pub mod client;
 pub mod cluster;
+pub mod config;
 pub mod guard;
+pub mod identity;
+pub mod login;
 pub mod mixed;
 pub mod routing;
 pub mod sandbox;

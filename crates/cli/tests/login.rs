@@ -1,0 +1,158 @@
+//! `tessera login` saves the server and key in a private config file that every
+//! client command reads; environment variables override it; `tessera logout`
+//! forgets the key. Then users, service accounts and keys from the command line,
+//! with `-o json` and `-o yaml`.
+
+mod common;
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use common::{BIN, up};
+
+/// Runs `tessera` with only the config file (no TESSERA_URL/TESSERA_API_KEY).
+fn tessera(config: &Path, stdin: Option<&str>, args: &[&str]) -> (i32, String, String) {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .env_remove("TESSERA_URL")
+        .env_remove("TESSERA_API_KEY")
+        .env("TESSERA_CONFIG", config)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    if let Some(s) = stdin {
+        input.write_all(s.as_bytes()).unwrap();
+    }
+    drop(input);
+    let o = child.wait_with_output().unwrap();
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn login_saves_a_private_config_that_every_command_uses() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let server = up(&dir.path().join("data"));
+    let admin = server.key.clone().unwrap();
+    let cfg = dir.path().join("home/.config/tessera/config.yaml");
+
+    // Before login: a clear message, exit 2.
+    let (code, _, err) = tessera(&cfg, None, &["queue", "list"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("tessera login"), "{err}");
+
+    // A wrong key is refused and nothing is saved.
+    let bad = format!("tsk_{}_{}", "0".repeat(12), "0".repeat(64));
+    let (code, _, err) = tessera(
+        &cfg,
+        Some(&bad),
+        &["login", "--url", &server.url, "--key-stdin"],
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(!cfg.exists());
+
+    let (code, _, err) = tessera(
+        &cfg,
+        Some(&format!("{admin}\n")),
+        &["login", "--url", &server.url, "--key-stdin"],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("as admin (tenant admin, role admin)"), "{err}");
+    let mode = std::fs::metadata(&cfg).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    assert!(std::fs::read_to_string(&cfg).unwrap().contains(&admin));
+
+    // Every client command now works from the file.
+    let (code, out, err) = tessera(&cfg, None, &["queue", "create", "default", "-o", "json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["name"], "default");
+    let (code, out, _) = tessera(&cfg, None, &["queue", "list", "-o", "yaml"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_norway::from_str(&out).unwrap();
+    assert_eq!(v["items"][0]["name"], "default");
+
+    // Users, service accounts and keys.
+    let (code, out, err) = tessera(
+        &cfg,
+        None,
+        &[
+            "user",
+            "create",
+            "alice",
+            "--role",
+            "developer",
+            "-o",
+            "json",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()["role"],
+        "developer"
+    );
+    let (code, _, err) = tessera(&cfg, None, &["sa", "create", "ci", "--role", "viewer"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = tessera(&cfg, None, &["apikey", "create", "sa:ci"]);
+    assert_eq!(code, 0, "{err}");
+    let ci_key = out
+        .lines()
+        .find_map(|l| l.strip_prefix("KEY (shown only now): "))
+        .unwrap_or_else(|| panic!("{out}"))
+        .to_string();
+    let (code, out, _) = tessera(&cfg, None, &["user", "list"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.starts_with("NAME") && out.contains("alice") && out.contains("developer"),
+        "{out}"
+    );
+    let (code, out, _) = tessera(&cfg, None, &["serviceaccount", "get", "ci", "-o", "json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (v["subject"].as_str(), v["keys"].as_array().unwrap().len()),
+        (Some("sa:ci"), 1)
+    );
+
+    // The environment beats the file: the service account's key reads, but may
+    // not create queues.
+    let o = Command::new(BIN)
+        .args(["queue", "create", "other"])
+        .env("TESSERA_CONFIG", &cfg)
+        .env("TESSERA_API_KEY", &ci_key)
+        .env_remove("TESSERA_URL")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("403"), "{o:?}");
+
+    // Deleting the service account revokes its key.
+    let (code, _, err) = tessera(&cfg, None, &["sa", "delete", "ci"]);
+    assert_eq!(code, 0, "{err}");
+    let o = Command::new(BIN)
+        .args(["queue", "list"])
+        .env("TESSERA_CONFIG", &cfg)
+        .env("TESSERA_API_KEY", &ci_key)
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&o.stderr).contains("401"), "{o:?}");
+
+    // Logout forgets the key, keeps the URL.
+    let (code, _, _) = tessera(&cfg, None, &["logout"]);
+    assert_eq!(code, 0);
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    assert!(
+        !text.contains(&admin) && text.contains(&server.url),
+        "{text}"
+    );
+    let (code, _, err) = tessera(&cfg, None, &["queue", "list"]);
+    assert_eq!(code, 2, "{err}");
+}

@@ -1,2 +1,1465 @@
-//! The tool gateway: a registry of tools, per-tenant grants, and the ledger
-//! that makes every call happen at most once per idempotency key.
+//! The tool gateway: a registry of tools (HTTP, remote MCP, built-in sandbox
+//! tools), per-tenant grants to runtimes and roles, and the ledger that makes
+//! every logical call happen at most once per idempotency key.
+//!
+//! Start at [`Gateway::call`]. The ledger's rule is the pure [`ledger::decide`];
+//! [`dispatch`] sends a call; [`spec`] says what a tool and a grant are.
+//!
+//! Store kinds owned here: `tool` (a [`ToolSpec`]), `tool_grant` (the [`Grants`]
+//! of one tool, named after it) and `ledger` (an [`Entry`] per idempotency key).
+//! The gateway reads `session` objects (owned by the session manager) to learn a
+//! call's runtime.
+//!
+//! Cost per call: re-send-safe tools (read-only, or honouring idempotency keys)
+//! wait for no store write at all; any other call waits for exactly one durable
+//! write, the `dispatched` record that must precede its side effect. Outcomes are
+//! written in the background (the store commits them in groups) and served from
+//! memory until they are durable.
+
+pub mod bench;
+pub mod dispatch;
+pub mod ledger;
+pub mod spec;
+pub mod testing;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tessera_store::{Key, Object, Op, Store, StoreError};
+use tokio::sync::{Notify, watch};
+
+pub use dispatch::{SandboxAccess, Sent};
+pub use ledger::{Approval, Decision, Entry, State};
+pub use spec::{
+    ApprovalPolicy, Builtin, CompiledTool, Grant, Grants, SchemaViolation, SpecError, Target,
+    ToolSpec,
+};
+
+/// Store kinds of the gateway.
+pub mod kind {
+    pub const TOOL: &str = "tool";
+    pub const GRANT: &str = "tool_grant";
+    pub const LEDGER: &str = "ledger";
+    /// Read only: owned by the session manager.
+    pub const SESSION: &str = "session";
+    /// Usage records (`tool_fee`), named by their source id.
+    pub const USAGE: &str = "usage";
+}
+
+/// The topic approval requests and decisions are published on.
+pub const APPROVALS_TOPIC: &str = "approvals";
+
+type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Where the gateway publishes approval requests and decisions (the agent
+/// platform's durable topics).
+pub trait EventSink: Send + Sync + 'static {
+    fn publish<'a>(&'a self, tenant: &'a str, topic: &'a str, payload: Value) -> BoxFut<'a, ()>;
+}
+
+/// Who is calling, after authentication.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Caller {
+    pub tenant: String,
+    /// `session:<id>` for a session-scoped key.
+    pub subject: String,
+    /// One of [`spec::ROLES`].
+    pub role: String,
+}
+
+impl Caller {
+    /// The session this caller is confined to, if it is a session-scoped key.
+    pub fn own_session(&self) -> Option<&str> {
+        self.subject.strip_prefix("session:")
+    }
+}
+
+/// One call as the agent sends it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CallRequest {
+    pub session_id: String,
+    pub tool_call_id: String,
+    /// Defaults to `<session_id>/<tool_call_id>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    #[serde(default = "empty_object")]
+    pub arguments: Value,
+}
+
+fn empty_object() -> Value {
+    json!({})
+}
+
+/// What a call came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Completed,
+    Failed,
+    InDoubt,
+    PendingApproval,
+    Denied,
+    /// Another replica is sending it right now: call again.
+    InProgress,
+}
+
+/// The answer to a call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CallOutcome {
+    pub status: Status,
+    pub ledger_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_expires_at_ms: Option<u64>,
+    /// The ledger holds this outcome (a failure that surely did not execute is
+    /// not recorded: calling again with the same key sends it again).
+    pub recorded: bool,
+    /// Answered from the ledger without sending.
+    pub replayed: bool,
+    /// Microseconds spent in the gateway, and inside the tool (not serialized).
+    #[serde(skip)]
+    pub timing: Timing,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Timing {
+    pub total_us: u64,
+    pub tool_us: u64,
+}
+
+/// Why a call was refused before it reached the ledger.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    #[error("tool {0:?} is not registered in this tenant")]
+    ToolNotFound(String),
+    #[error("session {0:?} not found in this tenant: invoke a runtime to create it")]
+    SessionNotFound(String),
+    #[error("session {session:?} is {state}: it makes no more tool calls")]
+    SessionOver { session: String, state: String },
+    #[error("{subject:?} may only call tools for its own session, not {session:?}")]
+    NotYourSession { subject: String, session: String },
+    #[error(
+        "tool {tool:?} is not granted to runtime {runtime:?} nor to role {role:?}: an admin grants it with POST /v1/tools/{tool}/grants"
+    )]
+    NotGranted {
+        tool: String,
+        runtime: Option<String>,
+        role: String,
+    },
+    #[error("arguments{}: {}", .0.path.trim_end_matches('/'), .0.message)]
+    InvalidArguments(SchemaViolation),
+    #[error("{field}: {message}")]
+    Invalid { field: String, message: String },
+    #[error(
+        "idempotency key {key:?} (ledger {ledger_id}) was used for another call (other tool or arguments): use a new tool_call_id"
+    )]
+    KeyReused { key: String, ledger_id: String },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Why a registry or ledger operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    #[error("{0} not found")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// When an outcome is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Completion {
+    /// In the background, batched by the store's group commit; the reply does not
+    /// wait for it. A crash before it lands leaves the entry `dispatched`, which
+    /// recovery turns into `in_doubt` (or a re-send for re-send-safe tools):
+    /// never a second execution.
+    #[default]
+    Background,
+    /// Before the reply.
+    BeforeReply,
+}
+
+/// Settings of a gateway.
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    /// This process is the ledger's only writer (embedded store): entries another
+    /// process dispatched are orphaned as soon as they are seen.
+    pub exclusive: bool,
+    /// A send's lease is its tool's timeout plus this.
+    pub lease_margin: Duration,
+    pub completion: Completion,
+    /// Sends of a re-send-safe call whose outcome was unknown, at most.
+    pub max_attempts: u32,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        GatewayConfig {
+            exclusive: true,
+            lease_margin: Duration::from_secs(5),
+            completion: Completion::Background,
+            max_attempts: 3,
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn random_hex(n: usize) -> String {
+    let mut b = vec![0u8; n];
+    let _ = getrandom::fill(&mut b);
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+type FlightKey = (String, String);
+
+/// The tool gateway over a store. Cheap to clone.
+#[derive(Clone)]
+pub struct Gateway<S: Store> {
+    inner: Arc<Inner<S>>,
+}
+
+struct Inner<S: Store> {
+    store: S,
+    cfg: GatewayConfig,
+    /// This process's identity in `owner` fields.
+    owner: String,
+    dispatcher: dispatch::Dispatcher,
+    events: Option<Arc<dyn EventSink>>,
+    /// Calls this process is sending now; followers wait for the outcome.
+    inflight: Mutex<HashMap<FlightKey, watch::Receiver<Option<CallOutcome>>>>,
+    /// Entries written in the background and not yet durable.
+    recent: Mutex<HashMap<FlightKey, Entry>>,
+    pending_writes: AtomicUsize,
+    written: Notify,
+    compiled: Mutex<HashMap<(String, String), CompiledTool>>,
+    ledger_writes: AtomicUsize,
+    /// A one-shot crash point for tests ([`Fault`] as u8; 0 = none).
+    fault: std::sync::atomic::AtomicU8,
+}
+
+/// Where a test makes the next send "crash" (the process stops there: nothing
+/// after that point happens). For crash-recovery tests only.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// After the `dispatched` record is durable, before the send.
+    AfterIntent = 1,
+    /// After the send, before its outcome is recorded.
+    AfterSend = 2,
+    /// After the reply, before the background outcome write lands.
+    LoseOutcome = 3,
+}
+
+impl<S: Store> std::fmt::Debug for Gateway<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway")
+            .field("owner", &self.inner.owner)
+            .field("cfg", &self.inner.cfg)
+            .finish()
+    }
+}
+
+fn to_value<T: Serialize>(v: &T) -> Value {
+    serde_json::to_value(v).unwrap_or(Value::Null)
+}
+
+fn entry_of(o: &Object) -> Result<Entry, StoreError> {
+    serde_json::from_value(o.body.clone())
+        .map_err(|e| StoreError::Backend(format!("stored {} is unreadable: {e}", o.key())))
+}
+
+impl<S: Store> Gateway<S> {
+    pub fn new(store: S, cfg: GatewayConfig) -> Self {
+        Self::with(store, cfg, None, None)
+    }
+
+    /// A gateway with built-in sandbox tools and an event sink for approvals.
+    pub fn with(
+        store: S,
+        cfg: GatewayConfig,
+        sandboxes: Option<Arc<dyn SandboxAccess>>,
+        events: Option<Arc<dyn EventSink>>,
+    ) -> Self {
+        Gateway {
+            inner: Arc::new(Inner {
+                store,
+                cfg,
+                owner: format!("gw-{}", random_hex(6)),
+                dispatcher: dispatch::Dispatcher::new(sandboxes),
+                events,
+                inflight: Mutex::new(HashMap::new()),
+                recent: Mutex::new(HashMap::new()),
+                pending_writes: AtomicUsize::new(0),
+                written: Notify::new(),
+                compiled: Mutex::new(HashMap::new()),
+                ledger_writes: AtomicUsize::new(0),
+                fault: std::sync::atomic::AtomicU8::new(0),
+            }),
+        }
+    }
+
+    pub fn store(&self) -> &S {
+        &self.inner.store
+    }
+
+    /// This process's owner id in ledger entries.
+    pub fn owner(&self) -> &str {
+        &self.inner.owner
+    }
+
+    /// Makes the next send stop at `f`, as if the process died there (tests).
+    #[doc(hidden)]
+    pub fn inject(&self, f: Fault) {
+        self.inner.fault.store(f as u8, Ordering::SeqCst);
+    }
+
+    fn faulted(&self, f: Fault) -> bool {
+        self.inner
+            .fault
+            .compare_exchange(f as u8, 0, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    }
+
+    /// Ledger writes committed by this gateway so far.
+    pub fn ledger_writes(&self) -> usize {
+        self.inner.ledger_writes.load(Ordering::Relaxed)
+    }
+
+    // ---- registry ----
+
+    /// Checks and registers a new tool.
+    pub async fn register(&self, tenant: &str, spec: ToolSpec) -> Result<Object, AdminError> {
+        let c = CompiledTool::compile(spec, 0)?;
+        let key = Key::new(kind::TOOL, tenant, &c.spec.name);
+        match self.inner.store.create(key, to_value(&*c.spec)).await {
+            Ok(o) => Ok(o),
+            Err(StoreError::AlreadyExists(_)) => Err(AdminError::Conflict(format!(
+                "tool {:?} already exists: PUT /v1/tools/{} replaces it",
+                c.spec.name, c.spec.name
+            ))),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Replaces (or creates) a tool; with `expected`, only if still at that version.
+    pub async fn put(
+        &self,
+        tenant: &str,
+        name: &str,
+        spec: ToolSpec,
+        expected: Option<u64>,
+    ) -> Result<Object, AdminError> {
+        if spec.name != name {
+            return Err(SpecError {
+                field: "name".into(),
+                message: format!("the body names {:?} but the path {name:?}", spec.name),
+            }
+            .into());
+        }
+        let c = CompiledTool::compile(spec, 0)?;
+        let key = Key::new(kind::TOOL, tenant, name);
+        let exists = self.inner.store.get(&key).await?.is_some();
+        let r = if exists || expected.is_some() {
+            self.inner
+                .store
+                .update(key, expected, to_value(&*c.spec))
+                .await
+        } else {
+            self.inner.store.create(key, to_value(&*c.spec)).await
+        };
+        r.map_err(|e| match e {
+            StoreError::Conflict { .. } | StoreError::AlreadyExists(_) => {
+                AdminError::Conflict(format!("{e}: read it again and retry"))
+            }
+            StoreError::NotFound(k) => AdminError::NotFound(k.to_string()),
+            e => e.into(),
+        })
+    }
+
+    pub async fn get_tool(&self, tenant: &str, name: &str) -> Result<Option<Object>, StoreError> {
+        self.inner
+            .store
+            .get(&Key::new(kind::TOOL, tenant, name))
+            .await
+    }
+
+    pub async fn list_tools(&self, tenant: &str) -> Result<Vec<Object>, StoreError> {
+        Ok(self
+            .inner
+            .store
+            .list(kind::TOOL, Some(tenant))
+            .await?
+            .objects)
+    }
+
+    /// Deletes a tool and its grants.
+    pub async fn delete_tool(&self, tenant: &str, name: &str) -> Result<Object, AdminError> {
+        let key = Key::new(kind::TOOL, tenant, name);
+        let gkey = Key::new(kind::GRANT, tenant, name);
+        let mut ops = vec![Op::Delete {
+            key: key.clone(),
+            expected: None,
+        }];
+        if self.inner.store.get(&gkey).await?.is_some() {
+            ops.push(Op::Delete {
+                key: gkey,
+                expected: None,
+            });
+        }
+        match self.inner.store.commit(ops).await {
+            Ok(mut v) => Ok(v.remove(0)),
+            Err(StoreError::NotFound(_)) => Err(AdminError::NotFound(format!("tool {name:?}"))),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    pub async fn grants(&self, tenant: &str, tool: &str) -> Result<Grants, StoreError> {
+        let o = self
+            .inner
+            .store
+            .get(&Key::new(kind::GRANT, tenant, tool))
+            .await?;
+        Ok(o.and_then(|o| serde_json::from_value(o.body).ok())
+            .unwrap_or_default())
+    }
+
+    /// Adds (`add`) or removes a grant of a tool.
+    pub async fn set_grant(
+        &self,
+        tenant: &str,
+        tool: &str,
+        grant: Grant,
+        add: bool,
+    ) -> Result<Grants, AdminError> {
+        grant.check()?;
+        if self.get_tool(tenant, tool).await?.is_none() {
+            return Err(AdminError::NotFound(format!("tool {tool:?}")));
+        }
+        let key = Key::new(kind::GRANT, tenant, tool);
+        for _ in 0..16 {
+            let cur = self.inner.store.get(&key).await?;
+            let mut g: Grants = cur
+                .as_ref()
+                .and_then(|o| serde_json::from_value(o.body.clone()).ok())
+                .unwrap_or_default();
+            if add {
+                if !g.grants.contains(&grant) {
+                    g.grants.push(grant.clone());
+                    g.grants.sort();
+                }
+            } else {
+                g.grants.retain(|x| x != &grant);
+            }
+            let r = match &cur {
+                Some(o) => {
+                    self.inner
+                        .store
+                        .update(key.clone(), Some(o.version), to_value(&g))
+                        .await
+                }
+                None => self.inner.store.create(key.clone(), to_value(&g)).await,
+            };
+            match r {
+                Ok(_) => return Ok(g),
+                Err(StoreError::Conflict { .. } | StoreError::AlreadyExists(_)) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(AdminError::Conflict(
+            "the grants changed under us 16 times: retry".into(),
+        ))
+    }
+
+    fn compiled(&self, tenant: &str, o: &Object) -> Result<CompiledTool, StoreError> {
+        let ck = (tenant.to_string(), o.name.clone());
+        if let Some(c) = self.inner.compiled.lock().unwrap().get(&ck) {
+            if c.version == o.version {
+                return Ok(c.clone());
+            }
+        }
+        let spec: ToolSpec = serde_json::from_value(o.body.clone())
+            .map_err(|e| StoreError::Backend(format!("stored {} is unreadable: {e}", o.key())))?;
+        let c = CompiledTool::compile(spec, o.version)
+            .map_err(|e| StoreError::Backend(format!("stored {} is invalid: {e}", o.key())))?;
+        self.inner.compiled.lock().unwrap().insert(ck, c.clone());
+        Ok(c)
+    }
+
+    /// The session's runtime, checking that it may still call tools.
+    async fn session_runtime(
+        &self,
+        tenant: &str,
+        session: &str,
+    ) -> Result<Option<String>, CallError> {
+        let o = self
+            .inner
+            .store
+            .get(&Key::new(kind::SESSION, tenant, session))
+            .await?
+            .ok_or_else(|| CallError::SessionNotFound(session.into()))?;
+        if let Some(state) = o.body.get("state").and_then(Value::as_str) {
+            if matches!(state, "ended" | "failed" | "killed") {
+                return Err(CallError::SessionOver {
+                    session: session.into(),
+                    state: state.into(),
+                });
+            }
+        }
+        Ok(o.body
+            .get("runtime")
+            .and_then(Value::as_str)
+            .map(str::to_string))
+    }
+
+    /// The tools `caller` may call for `session_id`, sorted by name.
+    pub async fn granted_tools(
+        &self,
+        caller: &Caller,
+        session_id: &str,
+    ) -> Result<Vec<CompiledTool>, CallError> {
+        check_session_caller(caller, session_id)?;
+        let runtime = self.session_runtime(&caller.tenant, session_id).await?;
+        let tools = self.list_tools(&caller.tenant).await?;
+        let grants = self
+            .inner
+            .store
+            .list(kind::GRANT, Some(&caller.tenant))
+            .await?;
+        let mut out = Vec::new();
+        for t in &tools {
+            let g: Grants = grants
+                .objects
+                .iter()
+                .find(|g| g.name == t.name)
+                .and_then(|g| serde_json::from_value(g.body.clone()).ok())
+                .unwrap_or_default();
+            if g.admits(runtime.as_deref(), &caller.role) {
+                if let Ok(c) = self.compiled(&caller.tenant, t) {
+                    out.push(c);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    // ---- calls ----
+
+    /// Calls a tool through the ledger.
+    pub async fn call(
+        &self,
+        caller: &Caller,
+        tool_name: &str,
+        req: CallRequest,
+    ) -> Result<CallOutcome, CallError> {
+        let t0 = Instant::now();
+        check_session_caller(caller, &req.session_id)?;
+        for (field, v) in [
+            ("session_id", &req.session_id),
+            ("tool_call_id", &req.tool_call_id),
+        ] {
+            if v.is_empty() || v.len() > 200 {
+                return Err(CallError::Invalid {
+                    field: field.into(),
+                    message: "use 1 to 200 characters".into(),
+                });
+            }
+        }
+        let key = match &req.idempotency_key {
+            Some(k) if k.is_empty() || k.len() > 256 => {
+                return Err(CallError::Invalid {
+                    field: "idempotency_key".into(),
+                    message: "use 1 to 256 characters, or leave it out".into(),
+                });
+            }
+            Some(k) => k.clone(),
+            None => ledger::default_key(&req.session_id, &req.tool_call_id),
+        };
+        let id = ledger::ledger_id(&key);
+        let tenant = caller.tenant.as_str();
+        let store = &self.inner.store;
+        let tkey = Key::new(kind::TOOL, tenant, tool_name);
+        let gkey = Key::new(kind::GRANT, tenant, tool_name);
+        let (tool, grants, runtime) = tokio::join!(
+            store.get(&tkey),
+            store.get(&gkey),
+            self.session_runtime(tenant, &req.session_id)
+        );
+        let tool = tool?.ok_or_else(|| CallError::ToolNotFound(tool_name.into()))?;
+        let runtime = runtime?;
+        let grants: Grants = grants?
+            .and_then(|o| serde_json::from_value(o.body).ok())
+            .unwrap_or_default();
+        if !grants.admits(runtime.as_deref(), &caller.role) {
+            return Err(CallError::NotGranted {
+                tool: tool_name.into(),
+                runtime,
+                role: caller.role.clone(),
+            });
+        }
+        let tool = self.compiled(tenant, &tool)?;
+        tool.check_arguments(&req.arguments)
+            .map_err(CallError::InvalidArguments)?;
+        let hash = ledger::args_hash(&req.arguments);
+        let call = Arc::new(Call {
+            tenant: tenant.to_string(),
+            id,
+            key,
+            hash,
+            runtime,
+            req,
+            tool,
+        });
+        let mut out = self.run(call).await?;
+        out.timing.total_us = t0.elapsed().as_micros() as u64;
+        Ok(out)
+    }
+
+    async fn run(&self, call: Arc<Call>) -> Result<CallOutcome, CallError> {
+        let fk: FlightKey = (call.tenant.clone(), call.id.clone());
+        let traits = ledger::Traits {
+            resend_safe: call.tool.resend_safe(),
+            needs_approval: call.tool.spec.approval.is_some(),
+        };
+        for _round in 0..64 {
+            // A send of the same key in this process: wait for its outcome.
+            let follow = self.inner.inflight.lock().unwrap().get(&fk).cloned();
+            if let Some(mut rx) = follow {
+                let out = rx
+                    .wait_for(|o| o.is_some())
+                    .await
+                    .ok()
+                    .and_then(|o| o.clone());
+                match out {
+                    Some(mut o) => {
+                        o.replayed = true;
+                        o.timing = Timing::default();
+                        return Ok(o);
+                    }
+                    None => continue,
+                }
+            }
+            let recent = self.inner.recent.lock().unwrap().get(&fk).cloned();
+            let (entry, version) = match recent {
+                Some(e) => (Some(e), None),
+                None => match self
+                    .inner
+                    .store
+                    .get(&Key::new(kind::LEDGER, &call.tenant, &call.id))
+                    .await?
+                {
+                    Some(o) => (Some(entry_of(&o)?), Some(o.version)),
+                    None => (None, None),
+                },
+            };
+            if version.is_none() && entry.is_some() {
+                // Known from memory, not yet durable: it is final (only outcomes
+                // are written in the background).
+                let e = entry.as_ref().unwrap();
+                if e.tool != call.tool.spec.name || e.args_hash != call.hash {
+                    return Err(CallError::KeyReused {
+                        key: call.key.clone(),
+                        ledger_id: call.id.clone(),
+                    });
+                }
+                return Ok(outcome_of(e, true));
+            }
+            // Looked at after the store read: a send of this process either is
+            // still in flight, or its outcome is in `recent` until durable.
+            let in_flight = self.inner.inflight.lock().unwrap().contains_key(&fk)
+                || self.inner.recent.lock().unwrap().contains_key(&fk);
+            let now = now_ms();
+            let action = ledger::decide(
+                entry.as_ref(),
+                &call.tool.spec.name,
+                &call.hash,
+                traits,
+                ledger::Here {
+                    owner: &self.inner.owner,
+                    exclusive: self.inner.cfg.exclusive,
+                    in_flight,
+                    now_ms: now,
+                },
+            );
+            use ledger::Action;
+            match action {
+                Action::Replay => return Ok(outcome_of(entry.as_ref().unwrap(), true)),
+                Action::KeyReused => {
+                    return Err(CallError::KeyReused {
+                        key: call.key.clone(),
+                        ledger_id: call.id.clone(),
+                    });
+                }
+                Action::AwaitApproval => return Ok(outcome_of(entry.as_ref().unwrap(), true)),
+                Action::RequestApproval => {
+                    let ttl = call
+                        .tool
+                        .spec
+                        .approval
+                        .as_ref()
+                        .map_or(0, |a| a.ttl_seconds);
+                    let mut e = self.new_entry(&call, State::Intended, now);
+                    e.approval = Some(Approval {
+                        expires_at_ms: now + ttl * 1000,
+                        decision: None,
+                        by: None,
+                    });
+                    match self
+                        .inner
+                        .store
+                        .create(Key::new(kind::LEDGER, &call.tenant, &call.id), to_value(&e))
+                        .await
+                    {
+                        Ok(_) => {
+                            self.inner.ledger_writes.fetch_add(1, Ordering::Relaxed);
+                            self.publish(
+                                &call.tenant,
+                                json!({
+                                    "approval_id": e.id, "event": "requested", "tool": e.tool,
+                                    "session_id": e.session_id, "tool_call_id": e.tool_call_id,
+                                    "arguments": e.arguments, "expires_at_ms": now + ttl * 1000,
+                                }),
+                            )
+                            .await;
+                            return Ok(outcome_of(&e, false));
+                        }
+                        Err(StoreError::AlreadyExists(_)) => continue,
+                        Err(err) => return Err(err.into()),
+                    }
+                }
+                Action::Deny { expired } => {
+                    let mut e = entry.unwrap();
+                    e.state = State::Denied;
+                    e.updated_at_ms = now;
+                    e.error = Some(if expired {
+                        "nobody approved the call before its approval expired".into()
+                    } else {
+                        format!(
+                            "denied by {}",
+                            e.approval
+                                .as_ref()
+                                .and_then(|a| a.by.clone())
+                                .unwrap_or_default()
+                        )
+                    });
+                    match self.cas(&call.tenant, &e, version).await {
+                        Ok(()) => {
+                            if expired {
+                                self.publish(
+                                    &call.tenant,
+                                    json!({"approval_id": e.id, "decision": "deny", "by": "timeout"}),
+                                )
+                                .await;
+                            }
+                            return Ok(outcome_of(&e, true));
+                        }
+                        Err(StoreError::Conflict { .. }) => continue,
+                        Err(err) => return Err(err.into()),
+                    }
+                }
+                Action::MarkInDoubt => {
+                    let mut e = entry.unwrap();
+                    e.state = State::InDoubt;
+                    e.updated_at_ms = now;
+                    e.note = Some(format!(
+                        "sent by {} (attempt {}), which stopped before recording the outcome; the tool does not honour idempotency keys, so it is not sent again: check the tool and resolve this entry",
+                        e.owner, e.attempts
+                    ));
+                    match self.cas(&call.tenant, &e, version).await {
+                        Ok(()) => return Ok(outcome_of(&e, true)),
+                        Err(StoreError::Conflict { .. }) => continue,
+                        Err(err) => return Err(err.into()),
+                    }
+                }
+                Action::Wait => {
+                    // Another sender holds the lease: poll until it records, or
+                    // its lease runs out (then the next round takes over).
+                    let e = entry.unwrap();
+                    if e.owner == self.inner.owner {
+                        // Ours: follow it through `inflight` on the next round.
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                        continue;
+                    }
+                    let waited = Instant::now();
+                    loop {
+                        if now_ms() >= e.lease_until_ms {
+                            break;
+                        }
+                        if waited.elapsed() >= Duration::from_secs(5) {
+                            return Ok(outcome_of(&e, true));
+                        }
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        let o = self
+                            .inner
+                            .store
+                            .get(&Key::new(kind::LEDGER, &call.tenant, &call.id))
+                            .await?;
+                        if o.map(|o| o.version) != version {
+                            break;
+                        }
+                    }
+                    continue;
+                }
+                Action::Dispatch {
+                    write_first,
+                    takeover,
+                } => {
+                    // Become the one sender of this key in this process.
+                    let (tx, rx) = watch::channel(None);
+                    {
+                        let mut m = self.inner.inflight.lock().unwrap();
+                        if m.contains_key(&fk) {
+                            continue;
+                        }
+                        m.insert(fk.clone(), rx);
+                    }
+                    let me = self.clone();
+                    let c = call.clone();
+                    let fk2 = fk.clone();
+                    // The send runs to its end even if the caller goes away.
+                    let h = tokio::spawn(async move {
+                        let r = me.lead(&c, entry, version, write_first, takeover).await;
+                        if let Ok(Some(o)) = &r {
+                            let _ = tx.send(Some(o.clone()));
+                        }
+                        me.inner.inflight.lock().unwrap().remove(&fk2);
+                        r
+                    });
+                    match h.await {
+                        Ok(Ok(Some(o))) => return Ok(o),
+                        Ok(Ok(None)) => continue,
+                        Ok(Err(e)) => return Err(e),
+                        Err(e) => {
+                            return Err(CallError::Store(StoreError::Backend(format!(
+                                "the call's task stopped: {e}"
+                            ))));
+                        }
+                    }
+                }
+            }
+        }
+        Err(CallError::Store(StoreError::Backend(
+            "the ledger entry kept changing under this call: retry".into(),
+        )))
+    }
+
+    fn new_entry(&self, call: &Call, state: State, now: u64) -> Entry {
+        Entry {
+            id: call.id.clone(),
+            session_id: call.req.session_id.clone(),
+            tool_call_id: call.req.tool_call_id.clone(),
+            idempotency_key: call.key.clone(),
+            tool: call.tool.spec.name.clone(),
+            runtime: call.runtime.clone(),
+            args_hash: call.hash.clone(),
+            arguments: call.req.arguments.clone(),
+            state,
+            attempts: 0,
+            owner: self.inner.owner.clone(),
+            lease_until_ms: 0,
+            created_at_ms: now,
+            updated_at_ms: now,
+            result: None,
+            error: None,
+            approval: None,
+            note: None,
+        }
+    }
+
+    /// Writes `e` over the stored entry at `version` (compare-and-swap).
+    async fn cas(&self, tenant: &str, e: &Entry, version: Option<u64>) -> Result<(), StoreError> {
+        let key = Key::new(kind::LEDGER, tenant, &e.id);
+        self.inner.store.update(key, version, to_value(e)).await?;
+        self.inner.ledger_writes.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Sends a call this process leads. `Ok(None)`: lost a race, decide again.
+    async fn lead(
+        &self,
+        call: &Call,
+        entry: Option<Entry>,
+        version: Option<u64>,
+        write_first: bool,
+        takeover: bool,
+    ) -> Result<Option<CallOutcome>, CallError> {
+        let now = now_ms();
+        let lease =
+            call.tool.timeout() * self.inner.cfg.max_attempts.max(1) + self.inner.cfg.lease_margin;
+        let mut e = match entry {
+            Some(e) => e,
+            None => self.new_entry(call, State::Dispatched, now),
+        };
+        e.state = State::Dispatched;
+        e.owner = self.inner.owner.clone();
+        e.lease_until_ms = now + lease.as_millis() as u64;
+        e.updated_at_ms = now;
+        e.attempts += 1;
+        let key = Key::new(kind::LEDGER, &call.tenant, &call.id);
+        // The durable record that must precede the side effect.
+        let mut version = version;
+        if write_first {
+            let r = if takeover {
+                self.inner
+                    .store
+                    .update(key.clone(), version, to_value(&e))
+                    .await
+            } else {
+                self.inner.store.create(key.clone(), to_value(&e)).await
+            };
+            match r {
+                Ok(o) => {
+                    self.inner.ledger_writes.fetch_add(1, Ordering::Relaxed);
+                    version = Some(o.version);
+                }
+                Err(StoreError::AlreadyExists(_) | StoreError::Conflict { .. }) => {
+                    return Ok(None);
+                }
+                Err(err) => return Err(err.into()),
+            }
+        }
+        if self.faulted(Fault::AfterIntent) {
+            return Err(crashed());
+        }
+        let ids = dispatch::CallIds {
+            tenant: &call.tenant,
+            session_id: &call.req.session_id,
+            tool_call_id: &call.req.tool_call_id,
+            idempotency_key: &call.key,
+        };
+        let mut tool_us = 0u64;
+        let sent = loop {
+            let t = Instant::now();
+            let s = self
+                .inner
+                .dispatcher
+                .send(&call.tool, &ids, &call.req.arguments)
+                .await;
+            tool_us += t.elapsed().as_micros() as u64;
+            match s {
+                Sent::Unknown(_)
+                    if call.tool.resend_safe() && e.attempts < self.inner.cfg.max_attempts =>
+                {
+                    e.attempts += 1;
+                    tokio::time::sleep(Duration::from_millis(50 * u64::from(e.attempts))).await;
+                }
+                s => break s,
+            }
+        };
+        if self.faulted(Fault::AfterSend) {
+            return Err(crashed());
+        }
+        let now = now_ms();
+        e.updated_at_ms = now;
+        e.lease_until_ms = 0;
+        let recorded = match sent {
+            Sent::Ok(v) => {
+                match call.tool.check_result(&v) {
+                    Ok(()) => {
+                        e.state = State::Completed;
+                    }
+                    Err(viol) => {
+                        e.state = State::Failed;
+                        e.error = Some(format!(
+                            "the tool's result does not match its output_schema at {}: {}",
+                            viol.path, viol.message
+                        ));
+                    }
+                }
+                e.result = Some(v);
+                true
+            }
+            Sent::Failed(msg) => {
+                e.state = State::Failed;
+                e.error = Some(msg);
+                true
+            }
+            Sent::Unknown(msg) if !call.tool.resend_safe() => {
+                e.state = State::InDoubt;
+                e.note = Some(format!(
+                    "the outcome is unknown ({msg}) and the tool does not honour idempotency keys: check the tool and resolve this entry"
+                ));
+                true
+            }
+            Sent::Unknown(msg) | Sent::NotSent(msg) => {
+                // Surely not executed, or safe to send again: record nothing, so
+                // that calling again with the same key sends it again.
+                e.state = State::Failed;
+                e.error = Some(msg);
+                false
+            }
+        };
+        let out = {
+            let mut o = outcome_of(&e, recorded);
+            o.replayed = false;
+            o.timing.tool_us = tool_us;
+            o
+        };
+        if !recorded {
+            if write_first {
+                // Undo the `dispatched` record: back to no entry, or to the
+                // approved (or resend-requested) intent it was taken from.
+                if takeover {
+                    e.state = State::Intended;
+                    e.owner = self.inner.owner.clone();
+                    self.inner
+                        .store
+                        .update(key, version, to_value(&e))
+                        .await
+                        .map_err(CallError::Store)?;
+                } else {
+                    self.inner
+                        .store
+                        .delete(key, version)
+                        .await
+                        .map_err(CallError::Store)?;
+                }
+                self.inner.ledger_writes.fetch_add(1, Ordering::Relaxed);
+            }
+            return Ok(Some(out));
+        }
+        let fee = call.tool.spec.fee;
+        let usage = (e.state == State::Completed && fee > 0.0).then(|| {
+            json!({
+                "tenant": call.tenant, "session": e.session_id,
+                "runtime": e.runtime, "kind": "tool_fee", "quantity": fee,
+                "at_ms": now, "source_id": format!("tool:{}", e.id),
+            })
+        });
+        let op = if write_first {
+            Op::Update {
+                key,
+                expected: version,
+                body: to_value(&e),
+            }
+        } else {
+            Op::Create {
+                key,
+                body: to_value(&e),
+            }
+        };
+        self.record(&call.tenant, e, op, usage).await;
+        Ok(Some(out))
+    }
+
+    /// Writes an outcome: in the background (served from memory until durable)
+    /// or before the reply, as configured.
+    async fn record(&self, tenant: &str, e: Entry, op: Op, usage: Option<Value>) {
+        let fk: FlightKey = (tenant.to_string(), e.id.clone());
+        let me = self.clone();
+        let lose = self.faulted(Fault::LoseOutcome);
+        let write = async move {
+            let r = if lose {
+                Err(StoreError::Closed)
+            } else {
+                me.inner.store.commit(vec![op]).await
+            };
+            match r {
+                Ok(_) => {
+                    me.inner.ledger_writes.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(StoreError::AlreadyExists(_) | StoreError::Conflict { .. }) => {
+                    // Another replica recorded this key meanwhile: its record stands.
+                }
+                Err(StoreError::Closed) if lose => {}
+                Err(err) => {
+                    eprintln!("tool gateway: recording ledger {} failed: {err}", fk.1);
+                }
+            }
+            if let Some(u) = usage {
+                let name = u["source_id"].as_str().unwrap_or_default().to_string();
+                let _ = me
+                    .inner
+                    .store
+                    .create(Key::new(kind::USAGE, &fk.0, name), u)
+                    .await;
+            }
+            me.inner.recent.lock().unwrap().remove(&fk);
+            me.inner.pending_writes.fetch_sub(1, Ordering::AcqRel);
+            me.inner.written.notify_waiters();
+        };
+        self.inner.pending_writes.fetch_add(1, Ordering::AcqRel);
+        match self.inner.cfg.completion {
+            Completion::Background => {
+                self.inner
+                    .recent
+                    .lock()
+                    .unwrap()
+                    .insert((tenant.to_string(), e.id.clone()), e);
+                tokio::spawn(write);
+            }
+            Completion::BeforeReply => write.await,
+        }
+    }
+
+    /// Waits until every outcome written in the background is durable.
+    pub async fn flush(&self) {
+        loop {
+            let n = self.inner.written.notified();
+            if self.inner.pending_writes.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(50), n).await;
+        }
+    }
+
+    async fn publish(&self, tenant: &str, payload: Value) {
+        if let Some(ev) = &self.inner.events {
+            ev.publish(tenant, APPROVALS_TOPIC, payload).await;
+        }
+    }
+
+    // ---- ledger administration ----
+
+    /// Ledger entries of a tenant, optionally of one session and in one state,
+    /// oldest first.
+    pub async fn ledger(
+        &self,
+        tenant: &str,
+        session_id: Option<&str>,
+        state: Option<State>,
+    ) -> Result<Vec<Entry>, StoreError> {
+        let l = self.inner.store.list(kind::LEDGER, Some(tenant)).await?;
+        let mut out: Vec<Entry> = l
+            .objects
+            .iter()
+            .filter_map(|o| entry_of(o).ok())
+            .filter(|e| session_id.is_none_or(|s| e.session_id == s))
+            .filter(|e| state.is_none_or(|s| e.state == s))
+            .collect();
+        out.sort_by(|a, b| (a.created_at_ms, &a.id).cmp(&(b.created_at_ms, &b.id)));
+        Ok(out)
+    }
+
+    pub async fn entry(&self, tenant: &str, id: &str) -> Result<Option<Entry>, StoreError> {
+        if let Some(e) = self
+            .inner
+            .recent
+            .lock()
+            .unwrap()
+            .get(&(tenant.to_string(), id.to_string()))
+        {
+            return Ok(Some(e.clone()));
+        }
+        match self
+            .inner
+            .store
+            .get(&Key::new(kind::LEDGER, tenant, id))
+            .await?
+        {
+            Some(o) => Ok(Some(entry_of(&o)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Resolves an in-doubt entry after someone checked the tool.
+    pub async fn resolve(
+        &self,
+        tenant: &str,
+        id: &str,
+        r: Resolution,
+        by: &str,
+    ) -> Result<Entry, AdminError> {
+        let key = Key::new(kind::LEDGER, tenant, id);
+        let o = self
+            .inner
+            .store
+            .get(&key)
+            .await?
+            .ok_or_else(|| AdminError::NotFound(format!("ledger entry {id:?}")))?;
+        let mut e = entry_of(&o)?;
+        if e.state != State::InDoubt {
+            return Err(AdminError::Conflict(format!(
+                "ledger entry {id} is {}, not in_doubt: only in-doubt entries are resolved",
+                e.state.as_str()
+            )));
+        }
+        let now = now_ms();
+        e.updated_at_ms = now;
+        match r.outcome {
+            ResolvedAs::Completed => {
+                e.state = State::Completed;
+                e.result = Some(r.result.unwrap_or(Value::Null));
+            }
+            ResolvedAs::Failed => {
+                e.state = State::Failed;
+                e.error = Some(r.error.unwrap_or_else(|| "resolved as failed".into()));
+            }
+            ResolvedAs::Resend => {
+                e.state = State::Intended;
+                e.approval = None;
+            }
+        }
+        e.note = Some(format!(
+            "resolved as {:?} by {by} at {now}{}",
+            r.outcome,
+            e.note
+                .as_deref()
+                .map(|n| format!(" (was: {n})"))
+                .unwrap_or_default()
+        ));
+        self.inner
+            .store
+            .update(key, Some(o.version), to_value(&e))
+            .await
+            .map_err(|err| match err {
+                StoreError::Conflict { .. } => {
+                    AdminError::Conflict(format!("ledger entry {id} changed meanwhile: retry"))
+                }
+                err => err.into(),
+            })?;
+        Ok(e)
+    }
+
+    /// Approves or denies a pending approval (its id is the ledger id).
+    pub async fn decide_approval(
+        &self,
+        tenant: &str,
+        id: &str,
+        decision: Decision,
+        by: &str,
+    ) -> Result<Entry, AdminError> {
+        let key = Key::new(kind::LEDGER, tenant, id);
+        let o = self
+            .inner
+            .store
+            .get(&key)
+            .await?
+            .ok_or_else(|| AdminError::NotFound(format!("approval {id:?}")))?;
+        let mut e = entry_of(&o)?;
+        let now = now_ms();
+        let open = e.state == State::Intended
+            && e.approval
+                .as_ref()
+                .is_some_and(|a| a.decision.is_none() && now < a.expires_at_ms);
+        if !open {
+            return Err(AdminError::Conflict(format!(
+                "approval {id} is not open (the call is {}{})",
+                e.state.as_str(),
+                if e.approval.as_ref().is_some_and(|a| now >= a.expires_at_ms) {
+                    ", and its approval expired"
+                } else {
+                    ""
+                }
+            )));
+        }
+        if let Some(a) = &mut e.approval {
+            a.decision = Some(decision);
+            a.by = Some(by.to_string());
+        }
+        e.updated_at_ms = now;
+        self.inner
+            .store
+            .update(key, Some(o.version), to_value(&e))
+            .await
+            .map_err(|err| match err {
+                StoreError::Conflict { .. } => {
+                    AdminError::Conflict(format!("approval {id} changed meanwhile: retry"))
+                }
+                err => err.into(),
+            })?;
+        let d = match decision {
+            Decision::Approve => "approve",
+            Decision::Deny => "deny",
+        };
+        self.publish(tenant, json!({"approval_id": id, "decision": d, "by": by}))
+            .await;
+        Ok(e)
+    }
+
+    /// Open approvals of a tenant.
+    pub async fn approvals(&self, tenant: &str) -> Result<Vec<Entry>, StoreError> {
+        Ok(self
+            .ledger(tenant, None, Some(State::Intended))
+            .await?
+            .into_iter()
+            .filter(|e| e.approval.as_ref().is_some_and(|a| a.decision.is_none()))
+            .collect())
+    }
+
+    /// Housekeeping, run at start and then periodically: entries orphaned by a
+    /// dead sender are marked in doubt (tools that are not re-send safe); open
+    /// approvals past their time are denied. Returns how many entries changed.
+    pub async fn sweep(&self) -> Result<usize, StoreError> {
+        let l = self.inner.store.list(kind::LEDGER, None).await?;
+        let now = now_ms();
+        let mut changed = 0;
+        for o in &l.objects {
+            let Ok(mut e) = entry_of(o) else { continue };
+            let fk = (o.tenant.clone(), o.name.clone());
+            match e.state {
+                State::Dispatched => {
+                    let in_flight = self.inner.inflight.lock().unwrap().contains_key(&fk)
+                        || self.inner.recent.lock().unwrap().contains_key(&fk);
+                    let tool = self
+                        .inner
+                        .store
+                        .get(&Key::new(kind::TOOL, &o.tenant, &e.tool))
+                        .await?
+                        .and_then(|t| self.compiled(&o.tenant, &t).ok());
+                    let traits = ledger::Traits {
+                        // A deleted tool is treated as the unsafe kind.
+                        resend_safe: tool.as_ref().is_some_and(|t| t.resend_safe()),
+                        needs_approval: false,
+                    };
+                    let here = ledger::Here {
+                        owner: &self.inner.owner,
+                        exclusive: self.inner.cfg.exclusive,
+                        in_flight,
+                        now_ms: now,
+                    };
+                    // Only the in-doubt marking is done here; a re-send-safe call
+                    // is re-sent with the same key when the agent calls again.
+                    if ledger::decide(
+                        Some(&e),
+                        &e.tool.clone(),
+                        &e.args_hash.clone(),
+                        traits,
+                        here,
+                    ) != ledger::Action::MarkInDoubt
+                    {
+                        continue;
+                    }
+                    e.state = State::InDoubt;
+                    e.updated_at_ms = now;
+                    e.note = Some(format!(
+                        "found orphaned after a restart (sent by {}, attempt {}); the tool does not honour idempotency keys, so it is not sent again: check the tool and resolve this entry",
+                        e.owner, e.attempts
+                    ));
+                }
+                State::Intended
+                    if e.approval
+                        .as_ref()
+                        .is_some_and(|a| a.decision.is_none() && now >= a.expires_at_ms) =>
+                {
+                    e.state = State::Denied;
+                    e.updated_at_ms = now;
+                    e.error = Some("nobody approved the call before its approval expired".into());
+                }
+                _ => continue,
+            }
+            match self
+                .inner
+                .store
+                .update(o.key(), Some(o.version), to_value(&e))
+                .await
+            {
+                Ok(_) => {
+                    changed += 1;
+                    if e.state == State::Denied {
+                        self.publish(
+                            &o.tenant,
+                            json!({"approval_id": e.id, "decision": "deny", "by": "timeout"}),
+                        )
+                        .await;
+                    }
+                }
+                Err(StoreError::Conflict { .. }) => {}
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(changed)
+    }
+}
+
+/// How an in-doubt entry was resolved.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Resolution {
+    pub outcome: ResolvedAs,
+    #[serde(default)]
+    pub result: Option<Value>,
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResolvedAs {
+    /// It happened: record this result.
+    Completed,
+    /// It did not happen and must not: record a failure.
+    Failed,
+    /// It did not happen: send it again on the next call with this key.
+    Resend,
+}
+
+struct Call {
+    tenant: String,
+    id: String,
+    key: String,
+    hash: String,
+    runtime: Option<String>,
+    req: CallRequest,
+    tool: CompiledTool,
+}
+
+fn crashed() -> CallError {
+    CallError::Store(StoreError::Backend("injected crash".into()))
+}
+
+fn check_session_caller(caller: &Caller, session_id: &str) -> Result<(), CallError> {
+    match caller.own_session() {
+        Some(s) if s != session_id => Err(CallError::NotYourSession {
+            subject: caller.subject.clone(),
+            session: session_id.into(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// The answer an entry gives.
+pub fn outcome_of(e: &Entry, replayed: bool) -> CallOutcome {
+    let (status, approval_id, exp) = match e.state {
+        State::Completed => (Status::Completed, None, None),
+        State::Failed => (Status::Failed, None, None),
+        State::InDoubt => (Status::InDoubt, None, None),
+        State::Denied => (Status::Denied, Some(e.id.clone()), None),
+        State::Dispatched => (Status::InProgress, None, None),
+        State::Intended => match &e.approval {
+            Some(a) => (
+                Status::PendingApproval,
+                Some(e.id.clone()),
+                Some(a.expires_at_ms),
+            ),
+            None => (Status::InProgress, None, None),
+        },
+    };
+    CallOutcome {
+        status,
+        ledger_id: e.id.clone(),
+        result: e.result.clone(),
+        error: e
+            .error
+            .clone()
+            .or_else(|| (e.state == State::InDoubt).then(|| e.note.clone().unwrap_or_default())),
+        approval_id,
+        approval_expires_at_ms: exp,
+        recorded: true,
+        replayed,
+        timing: Timing::default(),
+    }
+}

@@ -84,6 +84,9 @@ enum Command {
     /// API keys of your tenant: create (shown once), list, revoke.
     #[command(subcommand)]
     Apikey(cmd::identity::ApiKeyCommand),
+    /// Tool gateway: register, grant, call tools; the ledger; approvals.
+    #[command(subcommand)]
+    Tool(cmd::tool::ToolCommand),
 }
 
 fn main() {
@@ -110,6 +113,7 @@ fn main() {
         Command::User(c) => cmd::identity::user(c),
         Command::Serviceaccount(c) => cmd::identity::service_account(c),
         Command::Apikey(c) => cmd::identity::api_key(c),
+        Command::Tool(c) => cmd::tool::run(c),
     };
     std::process::exit(code);
 }

@@ -14,6 +14,7 @@ pub mod exec;
 pub mod gateway;
 pub mod gpu;
 pub mod identity;
+pub mod mcp;
 pub mod metrics;
 pub mod node;
 pub mod oidc;

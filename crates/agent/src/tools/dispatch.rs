@@ -48,7 +48,7 @@ pub trait SandboxAccess: Send + Sync + 'static {
 /// sessions).
 pub(crate) struct Dispatcher {
     http: reqwest::Client,
-    sandboxes: Option<Arc<dyn SandboxAccess>>,
+    sandboxes: std::sync::RwLock<Option<Arc<dyn SandboxAccess>>>,
     /// Remote MCP server URL -> its `Mcp-Session-Id` (when it uses sessions).
     mcp_sessions: Mutex<HashMap<String, Option<String>>>,
 }
@@ -66,9 +66,13 @@ impl Dispatcher {
             .unwrap_or_default();
         Dispatcher {
             http,
-            sandboxes,
+            sandboxes: std::sync::RwLock::new(sandboxes),
             mcp_sessions: Mutex::new(HashMap::new()),
         }
+    }
+
+    pub(crate) fn set_sandboxes(&self, s: Arc<dyn SandboxAccess>) {
+        *self.sandboxes.write().unwrap() = Some(s);
     }
 
     pub(crate) async fn send(&self, tool: &CompiledTool, ids: &CallIds<'_>, args: &Value) -> Sent {
@@ -310,7 +314,8 @@ impl Dispatcher {
         args: &Value,
         timeout: Duration,
     ) -> Sent {
-        let Some(access) = &self.sandboxes else {
+        let access = self.sandboxes.read().unwrap().clone();
+        let Some(access) = access else {
             return Sent::NotSent("this server runs no sandboxes: built-in tools are off".into());
         };
         let Some(sb) = access.sandbox(ids.tenant, ids.session_id) else {
@@ -342,21 +347,14 @@ fn content_text(result: &Value) -> String {
 }
 
 fn transport_error(url: &str, e: &reqwest::Error) -> Sent {
-    if e.is_connect() {
+    if e.is_connect() || e.is_builder() {
+        // Nothing left this process: the effect surely did not happen.
         Sent::NotSent(format!("cannot connect to {url}: {e}"))
-    } else if e.is_builder()
-        || e.is_request() && !e.is_timeout() && e.status().is_none() && is_pre_send(e)
-    {
-        Sent::NotSent(format!("cannot send to {url}: {e}"))
     } else if e.is_timeout() {
         Sent::Unknown(format!("{url} did not answer in time: {e}"))
     } else {
         Sent::Unknown(format!("{url}: the connection failed: {e}"))
     }
-}
-
-fn is_pre_send(e: &reqwest::Error) -> bool {
-    e.is_builder()
 }
 
 fn run_builtin(sb: &tessera_sandbox::Sandbox, b: Builtin, args: &Value, timeout: Duration) -> Sent {

@@ -23,8 +23,6 @@ pub mod spec;
 pub mod testing;
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -48,20 +46,10 @@ pub mod kind {
     pub const LEDGER: &str = "ledger";
     /// Read only: owned by the session manager.
     pub const SESSION: &str = "session";
-    /// Usage records (`tool_fee`), named by their source id.
-    pub const USAGE: &str = "usage";
 }
 
 /// The topic approval requests and decisions are published on.
 pub const APPROVALS_TOPIC: &str = "approvals";
-
-type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
-/// Where the gateway publishes approval requests and decisions (the agent
-/// platform's durable topics).
-pub trait EventSink: Send + Sync + 'static {
-    fn publish<'a>(&'a self, tenant: &'a str, topic: &'a str, payload: Value) -> BoxFut<'a, ()>;
-}
 
 /// Who is calling, after authentication.
 #[derive(Debug, Clone, PartialEq)]
@@ -248,7 +236,6 @@ struct Inner<S: Store> {
     /// This process's identity in `owner` fields.
     owner: String,
     dispatcher: dispatch::Dispatcher,
-    events: Option<Arc<dyn EventSink>>,
     /// Calls this process is sending now; followers wait for the outcome.
     inflight: Mutex<HashMap<FlightKey, watch::Receiver<Option<CallOutcome>>>>,
     /// Entries written in the background and not yet durable.
@@ -294,23 +281,17 @@ fn entry_of(o: &Object) -> Result<Entry, StoreError> {
 
 impl<S: Store> Gateway<S> {
     pub fn new(store: S, cfg: GatewayConfig) -> Self {
-        Self::with(store, cfg, None, None)
+        Self::with(store, cfg, None)
     }
 
-    /// A gateway with built-in sandbox tools and an event sink for approvals.
-    pub fn with(
-        store: S,
-        cfg: GatewayConfig,
-        sandboxes: Option<Arc<dyn SandboxAccess>>,
-        events: Option<Arc<dyn EventSink>>,
-    ) -> Self {
+    /// A gateway whose built-in tools reach sessions' sandboxes through `sandboxes`.
+    pub fn with(store: S, cfg: GatewayConfig, sandboxes: Option<Arc<dyn SandboxAccess>>) -> Self {
         Gateway {
             inner: Arc::new(Inner {
                 store,
                 cfg,
                 owner: format!("gw-{}", random_hex(6)),
                 dispatcher: dispatch::Dispatcher::new(sandboxes),
-                events,
                 inflight: Mutex::new(HashMap::new()),
                 recent: Mutex::new(HashMap::new()),
                 pending_writes: AtomicUsize::new(0),
@@ -320,6 +301,12 @@ impl<S: Store> Gateway<S> {
                 fault: std::sync::atomic::AtomicU8::new(0),
             }),
         }
+    }
+
+    /// Lets the built-in tools reach sessions' sandboxes (set once the session
+    /// host is up).
+    pub fn set_sandboxes(&self, s: Arc<dyn SandboxAccess>) {
+        self.inner.dispatcher.set_sandboxes(s);
     }
 
     pub fn store(&self) -> &S {
@@ -675,10 +662,9 @@ impl<S: Store> Gateway<S> {
                     None => (None, None),
                 },
             };
-            if version.is_none() && entry.is_some() {
+            if let (None, Some(e)) = (version, entry.as_ref()) {
                 // Known from memory, not yet durable: it is final (only outcomes
                 // are written in the background).
-                let e = entry.as_ref().unwrap();
                 if e.tool != call.tool.spec.name || e.args_hash != call.hash {
                     return Err(CallError::KeyReused {
                         key: call.key.clone(),
@@ -1042,12 +1028,14 @@ impl<S: Store> Gateway<S> {
             return Ok(Some(out));
         }
         let fee = call.tool.spec.fee;
-        let usage = (e.state == State::Completed && fee > 0.0).then(|| {
-            json!({
-                "tenant": call.tenant, "session": e.session_id,
-                "runtime": e.runtime, "kind": "tool_fee", "quantity": fee,
-                "at_ms": now, "source_id": format!("tool:{}", e.id),
-            })
+        let usage = (e.state == State::Completed && fee > 0.0).then(|| crate::meter::UsageRecord {
+            tenant: call.tenant.clone(),
+            session: e.session_id.clone(),
+            runtime: e.runtime.clone().unwrap_or_default(),
+            kind: crate::meter::UsageKind::ToolFee,
+            quantity: fee,
+            at_ms: now,
+            source_id: format!("tool/{}", e.id),
         });
         let op = if write_first {
             Op::Update {
@@ -1067,7 +1055,13 @@ impl<S: Store> Gateway<S> {
 
     /// Writes an outcome: in the background (served from memory until durable)
     /// or before the reply, as configured.
-    async fn record(&self, tenant: &str, e: Entry, op: Op, usage: Option<Value>) {
+    async fn record(
+        &self,
+        tenant: &str,
+        e: Entry,
+        op: Op,
+        usage: Option<crate::meter::UsageRecord>,
+    ) {
         let fk: FlightKey = (tenant.to_string(), e.id.clone());
         let me = self.clone();
         let lose = self.faulted(Fault::LoseOutcome);
@@ -1089,13 +1083,11 @@ impl<S: Store> Gateway<S> {
                     eprintln!("tool gateway: recording ledger {} failed: {err}", fk.1);
                 }
             }
-            if let Some(u) = usage {
-                let name = u["source_id"].as_str().unwrap_or_default().to_string();
-                let _ = me
-                    .inner
-                    .store
-                    .create(Key::new(kind::USAGE, &fk.0, name), u)
-                    .await;
+            if let Some(u) = usage.filter(|_| !lose) {
+                // Once per ledger entry: the meter counts a source id once.
+                if let Err(err) = crate::meter::record(&me.inner.store, u).await {
+                    eprintln!("tool gateway: metering ledger {} failed: {err}", fk.1);
+                }
             }
             me.inner.recent.lock().unwrap().remove(&fk);
             me.inner.pending_writes.fetch_sub(1, Ordering::AcqRel);
@@ -1126,9 +1118,19 @@ impl<S: Store> Gateway<S> {
         }
     }
 
+    /// Publishes on the tenant's `approvals` topic (durable; a failure is logged,
+    /// the ledger entry stays the source of truth).
     async fn publish(&self, tenant: &str, payload: Value) {
-        if let Some(ev) = &self.inner.events {
-            ev.publish(tenant, APPROVALS_TOPIC, payload).await;
+        if let Err(e) = crate::events::publish(
+            &self.inner.store,
+            tenant,
+            APPROVALS_TOPIC,
+            payload,
+            now_ms(),
+        )
+        .await
+        {
+            eprintln!("tool gateway: publishing on {tenant}/{APPROVALS_TOPIC} failed: {e}");
         }
     }
 

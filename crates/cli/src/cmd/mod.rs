@@ -10,4 +10,5 @@ pub mod routing;
 pub mod sandbox;
 pub mod sched;
 pub mod sim;
+pub mod tool;
 pub mod up;

@@ -1,0 +1,253 @@
+//! The MCP endpoint `/v1/mcp` (Streamable HTTP, served by the official `rmcp`
+//! crate): `tools/list` lists the calling session's granted tools, `tools/call`
+//! goes through the same ledger as `POST /v1/tools/{name}/call`.
+//!
+//! The request is authenticated by the API (bearer key) before rmcp sees it; the
+//! handler reads the [`Caller`] from the HTTP request parts rmcp passes along.
+//! The session is the caller's own (`session:<id>` keys) or the
+//! `Tessera-Session-Id` header; the tool call id comes from `_meta`
+//! (`tessera.dev/tool_call_id`), the `Tessera-Tool-Call-Id` header, or else the
+//! JSON-RPC request id; the idempotency key from `_meta`
+//! (`tessera.dev/idempotency_key`) or the `Idempotency-Key` header.
+
+use std::sync::Arc;
+
+use axum::extract::Request;
+use axum::response::{IntoResponse, Response};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData,
+    InitializeResult, ListToolsResult, PaginatedRequestParams, ServerCapabilities, Tool,
+    ToolAnnotations,
+};
+use rmcp::service::RequestContext;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{RoleServer, ServerHandler};
+use serde_json::{Value, json};
+use tessera_agent::tools::{self as gw, CallError, CallRequest, Gateway, Status};
+use tessera_store::AnyStore;
+
+use crate::api::App;
+use crate::plane::Caller;
+use crate::tools::{audit, gw_caller};
+
+/// The rmcp service behind `/v1/mcp`. Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct McpService(Arc<StreamableHttpService<McpTools, LocalSessionManager>>);
+
+impl std::fmt::Debug for McpService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("McpService")
+    }
+}
+
+pub(crate) fn service(gateway: Gateway<AnyStore>) -> McpService {
+    let cfg = StreamableHttpServerConfig::default()
+        .with_json_response(true)
+        // Every request is authenticated by an API key before it reaches rmcp,
+        // so the Host allow-list (a DNS-rebinding guard for unauthenticated
+        // local servers) would only get in the way of remote agents.
+        .disable_allowed_hosts();
+    let svc = StreamableHttpService::new(
+        move || {
+            Ok(McpTools {
+                gateway: gateway.clone(),
+            })
+        },
+        Arc::new(LocalSessionManager::default()),
+        cfg,
+    );
+    McpService(Arc::new(svc))
+}
+
+/// Hands an authenticated request to rmcp.
+pub(crate) async fn handle(a: &App, c: Caller, mut req: Request) -> Response {
+    req.extensions_mut().insert(c);
+    a.tools
+        .mcp
+        .0
+        .handle(req)
+        .await
+        .map(axum::body::Body::new)
+        .into_response()
+}
+
+#[derive(Clone)]
+pub(crate) struct McpTools {
+    gateway: Gateway<AnyStore>,
+}
+
+fn parts(ctx: &RequestContext<RoleServer>) -> Result<&axum::http::request::Parts, ErrorData> {
+    ctx.extensions
+        .get::<axum::http::request::Parts>()
+        .ok_or_else(|| ErrorData::internal_error("no HTTP request parts", None))
+}
+
+fn header<'a>(p: &'a axum::http::request::Parts, name: &str) -> Option<&'a str> {
+    p.headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// The caller and the session a request is for.
+fn who(ctx: &RequestContext<RoleServer>) -> Result<(Caller, String), ErrorData> {
+    let p = parts(ctx)?;
+    let c = p
+        .extensions
+        .get::<Caller>()
+        .cloned()
+        .ok_or_else(|| ErrorData::internal_error("unauthenticated MCP request", None))?;
+    let session = match c.subject.strip_prefix("session:") {
+        Some(s) => s.to_string(),
+        None => header(p, "tessera-session-id")
+            .map(str::to_string)
+            .ok_or_else(|| {
+                ErrorData::invalid_request(
+                    "which session? use a session key, or send the Tessera-Session-Id header",
+                    None,
+                )
+            })?,
+    };
+    Ok((c, session))
+}
+
+fn refusal(e: CallError) -> ErrorData {
+    let msg = e.to_string();
+    match e {
+        CallError::InvalidArguments(v) => {
+            ErrorData::invalid_params(msg, Some(json!({"path": v.path})))
+        }
+        CallError::Invalid { field, .. } => {
+            ErrorData::invalid_params(msg, Some(json!({"field": field})))
+        }
+        CallError::Store(_) => ErrorData::internal_error(msg, None),
+        _ => ErrorData::invalid_request(msg, None),
+    }
+}
+
+fn to_tool(t: &gw::CompiledTool) -> Tool {
+    let s = &t.spec;
+    let schema = s.input_schema.as_object().cloned().unwrap_or_default();
+    let mut tool = Tool::new(s.name.clone(), s.description.clone(), Arc::new(schema));
+    if let Some(o) = s.output_schema.as_ref().and_then(Value::as_object) {
+        tool = tool.with_raw_output_schema(Arc::new(o.clone()));
+    }
+    tool.with_annotations(
+        ToolAnnotations::new()
+            .read_only(s.read_only)
+            .destructive(!s.read_only)
+            .idempotent(s.read_only || s.idempotency_keys),
+    )
+}
+
+impl ServerHandler for McpTools {
+    fn get_info(&self) -> InitializeResult {
+        InitializeResult::new(ServerCapabilities::builder().enable_tools().build())
+            .with_instructions(
+                "Tessera tool gateway: the tools granted to your session. Every call is recorded in an exactly-once ledger; pass _meta \"tessera.dev/tool_call_id\" so a retried call is recognised. A result with status pending_approval means: call again with the same tool_call_id later.",
+            )
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        let (c, session) = who(&ctx)?;
+        let tools = self
+            .gateway
+            .granted_tools(&gw_caller(&c), &session)
+            .await
+            .map_err(refusal)?;
+        Ok(ListToolsResult::with_all_items(
+            tools.iter().map(to_tool).collect(),
+        ))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let (c, session) = who(&ctx)?;
+        let p = parts(&ctx)?;
+        // rmcp moves the request's `_meta` into the context; look at both.
+        let metas = [
+            request
+                .meta
+                .as_ref()
+                .and_then(|m| serde_json::to_value(m).ok()),
+            serde_json::to_value(&ctx.meta).ok(),
+        ];
+        let from_meta = |k: &str| {
+            metas
+                .iter()
+                .flatten()
+                .find_map(|m| m.get(k).and_then(Value::as_str).map(str::to_string))
+        };
+        let tool_call_id = from_meta("tessera.dev/tool_call_id")
+            .or_else(|| header(p, "tessera-tool-call-id").map(str::to_string))
+            .unwrap_or_else(|| match serde_json::to_value(&ctx.id) {
+                Ok(Value::String(s)) => format!("jsonrpc-{s}"),
+                Ok(v) => format!("jsonrpc-{v}"),
+                Err(_) => "jsonrpc".into(),
+            });
+        let idempotency_key = from_meta("tessera.dev/idempotency_key")
+            .or_else(|| header(p, "idempotency-key").map(str::to_string));
+        let req = CallRequest {
+            session_id: session.clone(),
+            tool_call_id,
+            idempotency_key,
+            arguments: Value::Object(request.arguments.clone().unwrap_or_default()),
+        };
+        let name = request.name.to_string();
+        let out = match self.gateway.call(&gw_caller(&c), &name, req).await {
+            Ok(o) => o,
+            Err(e @ (CallError::NotGranted { .. } | CallError::NotYourSession { .. })) => {
+                audit(
+                    self.gateway.store(),
+                    &c,
+                    "denied-call",
+                    format!("tool/{name} session/{session} via mcp"),
+                )
+                .await;
+                return Err(refusal(e));
+            }
+            Err(e) => return Err(refusal(e)),
+        };
+        let structured = serde_json::to_value(&out).unwrap_or_default();
+        let result = match out.status {
+            Status::Completed => {
+                let text = out
+                    .result
+                    .as_ref()
+                    .map(Value::to_string)
+                    .unwrap_or_default();
+                let mut r = CallToolResult::success(vec![ContentBlock::text(text)]);
+                r.structured_content = out.result.clone().filter(Value::is_object);
+                r
+            }
+            Status::PendingApproval | Status::InProgress => {
+                // rmcp's `input_required` asks the *client* for input; an approval
+                // comes from someone else, so the agent polls: a pending result.
+                let mut r = CallToolResult::success(vec![ContentBlock::text(format!(
+                    "{}: call again with the same tool_call_id later",
+                    match out.status {
+                        Status::PendingApproval => "waiting for an approval",
+                        _ => "in progress",
+                    }
+                ))]);
+                r.structured_content = Some(structured);
+                r
+            }
+            Status::Failed | Status::InDoubt | Status::Denied => {
+                let mut r = CallToolResult::error(vec![ContentBlock::text(format!(
+                    "{:?}: {}",
+                    out.status,
+                    out.error.clone().unwrap_or_default()
+                ))]);
+                r.structured_content = Some(structured);
+                r
+            }
+        };
+        Ok(CallToolResponse::Complete(result))
+    }
+}

@@ -168,7 +168,7 @@ async fn run(cfg: &BenchConfig, dir: &std::path::Path) -> Result<BenchReport, St
     // Warm up connections and caches.
     for (_, name, ..) in tools.iter() {
         for i in 0..20 {
-            call(name, format!("warm-{i}"))
+            call(name, format!("{name}-warm-{i}"))
                 .await
                 .map_err(|e| e.to_string())?;
         }
@@ -178,7 +178,7 @@ async fn run(cfg: &BenchConfig, dir: &std::path::Path) -> Result<BenchReport, St
     for (class, name, _, _, _, writes) in &tools {
         let mut over = Vec::with_capacity(cfg.calls);
         for i in 0..cfg.calls {
-            let o = call(name, format!("lat-{i}"))
+            let o = call(name, format!("{name}-lat-{i}"))
                 .await
                 .map_err(|e| e.to_string())?;
             if o.status != Status::Completed {
@@ -206,7 +206,7 @@ async fn run(cfg: &BenchConfig, dir: &std::path::Path) -> Result<BenchReport, St
     let mut rep = Vec::with_capacity(cfg.calls);
     gw.flush().await;
     for i in 0..cfg.calls {
-        let o = call("charge", format!("lat-{i}"))
+        let o = call("charge", format!("charge-lat-{i}"))
             .await
             .map_err(|e| e.to_string())?;
         if !o.replayed {

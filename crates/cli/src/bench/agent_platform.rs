@@ -194,6 +194,12 @@ async fn bench(a: &Args) -> Result<Report, String> {
 
 /// The tool gateway's figures (overhead per call, ledger writes per second).
 async fn tools_figures(calls: usize) -> serde_json::Value {
-    let _ = calls;
-    serde_json::Value::Null
+    let cfg = tessera_agent::tools::bench::BenchConfig {
+        calls,
+        ..Default::default()
+    };
+    match tessera_agent::tools::bench::bench(cfg).await {
+        Ok(r) => serde_json::to_value(r).unwrap_or_default(),
+        Err(e) => serde_json::json!({ "error": e }),
+    }
 }

@@ -6,6 +6,7 @@ pub mod api;
 pub mod guard;
 pub mod sandbox;
 pub mod sched;
+pub mod tools;
 
 use clap::Subcommand;
 
@@ -25,6 +26,9 @@ pub enum BenchCommand {
     /// Agent platform: new session to first answer (warm pool), tool-gateway
     /// overhead per call and ledger writes per second.
     AgentPlatform(agent_platform::Args),
+    /// Tool gateway alone: overhead per call (tool time excluded) per class of
+    /// tool, replays, ledger writes per second.
+    Tools(tools::Args),
 }
 
 /// Nearest-rank percentile of sorted samples (`p` in 0..=1); `None` when there
@@ -43,5 +47,6 @@ pub fn run(c: BenchCommand) -> i32 {
         BenchCommand::Sandbox(a) => sandbox::run(a),
         BenchCommand::Api(a) => api::run(a),
         BenchCommand::AgentPlatform(a) => agent_platform::run(a),
+        BenchCommand::Tools(a) => tools::run(a),
     }
 }

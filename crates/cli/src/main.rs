@@ -87,6 +87,9 @@ enum Command {
     /// Tool gateway: register, grant, call tools; the ledger; approvals.
     #[command(subcommand)]
     Tool(cmd::tool::ToolCommand),
+    /// Kubernetes mode: a secondary scheduler for pods with schedulerName tessera.
+    #[command(subcommand)]
+    K8s(cmd::k8s::K8sCommand),
 }
 
 fn main() {
@@ -114,6 +117,7 @@ fn main() {
         Command::Serviceaccount(c) => cmd::identity::service_account(c),
         Command::Apikey(c) => cmd::identity::api_key(c),
         Command::Tool(c) => cmd::tool::run(c),
+        Command::K8s(c) => cmd::k8s::run(c),
     };
     std::process::exit(code);
 }

@@ -4,6 +4,7 @@ pub mod agent;
 pub mod agent_platform;
 pub mod api;
 pub mod guard;
+pub mod k8s;
 pub mod sandbox;
 pub mod sched;
 pub mod tools;
@@ -29,6 +30,9 @@ pub enum BenchCommand {
     /// Tool gateway alone: overhead per call (tool time excluded) per class of
     /// tool, replays, ledger writes per second.
     Tools(tools::Args),
+    /// Kubernetes mode: pods bound per second and created-to-bound p99 against a
+    /// real kube-apiserver with fake nodes.
+    K8s(k8s::Args),
 }
 
 /// Nearest-rank percentile of sorted samples (`p` in 0..=1); `None` when there
@@ -48,5 +52,6 @@ pub fn run(c: BenchCommand) -> i32 {
         BenchCommand::Api(a) => api::run(a),
         BenchCommand::AgentPlatform(a) => agent_platform::run(a),
         BenchCommand::Tools(a) => tools::run(a),
+        BenchCommand::K8s(a) => k8s::run(a),
     }
 }

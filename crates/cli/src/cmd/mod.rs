@@ -4,6 +4,7 @@ pub mod cluster;
 pub mod config;
 pub mod guard;
 pub mod identity;
+pub mod k8s;
 pub mod login;
 pub mod mixed;
 pub mod routing;

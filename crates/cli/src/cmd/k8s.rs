@@ -1,0 +1,163 @@
+//! `tessera k8s …`: Tessera as a secondary scheduler on Kubernetes.
+//! `manifests` prints the CRDs, RBAC and a Deployment; `run` runs the scheduler
+//! and its controllers in or out of the cluster. See `docs/k8s.md`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use tessera_k8s::kube;
+use tessera_k8s::manifests::{ManifestOptions, render};
+use tessera_k8s::{LeaseConfig, Metrics, RunConfig};
+
+use crate::output::{EXIT_BAD_INPUT, EXIT_FAILURE, fail, print_text};
+
+#[derive(Debug, Subcommand)]
+pub enum K8sCommand {
+    /// Print the CRDs (PodGroup, Queue, NodeShard), RBAC and a Deployment as YAML
+    /// for `kubectl apply -f -`.
+    Manifests(ManifestArgs),
+    /// Run the scheduler against a cluster: pods with `schedulerName: tessera`,
+    /// PodGroups and Queues (Tessera's, Volcano's, scheduler-plugins'), with
+    /// leader election among replicas.
+    Run(RunArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ManifestArgs {
+    /// Namespace of the Deployment, its ServiceAccount and the lease.
+    #[arg(long, default_value = "tessera-system")]
+    pub namespace: String,
+    /// Container image of the scheduler.
+    #[arg(long, default_value = "ghcr.io/tessera/tessera:latest")]
+    pub image: String,
+    /// Replicas (one leads; the others wait on the lease).
+    #[arg(long, default_value_t = 2)]
+    pub replicas: u32,
+    /// The `schedulerName` pods use to ask for Tessera.
+    #[arg(long, default_value = "tessera")]
+    pub scheduler_name: String,
+    /// Also print Volcano's and scheduler-plugins' PodGroup/Queue CRDs, for
+    /// clusters that have jobs written for them but not those projects.
+    #[arg(long)]
+    pub foreign_crds: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Kubeconfig file (default: in-cluster service account, then
+    /// $KUBECONFIG, then ~/.kube/config).
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The `schedulerName` of the pods to place.
+    #[arg(long, default_value = "tessera")]
+    pub scheduler_name: String,
+    /// Namespace of the leader-election lease.
+    #[arg(long, default_value = "tessera-system")]
+    pub lease_namespace: String,
+    /// Name of the leader-election lease.
+    #[arg(long, default_value = "tessera-scheduler")]
+    pub lease_name: String,
+    /// This replica's identity on the lease (default: $POD_NAME, else host name
+    /// and process id).
+    #[arg(long)]
+    pub identity: Option<String>,
+    /// Run without leader election (only ever one replica!).
+    #[arg(long)]
+    pub no_leader_elect: bool,
+    /// Writes in flight at once (bindings, evictions, status).
+    #[arg(long, default_value_t = 64)]
+    pub concurrency: usize,
+    /// Do not write an event for each pending reason (the pod condition still is).
+    #[arg(long)]
+    pub no_events: bool,
+}
+
+pub fn run(c: K8sCommand) -> i32 {
+    match c {
+        K8sCommand::Manifests(a) => manifests(a),
+        K8sCommand::Run(a) => run_cmd(a),
+    }
+}
+
+fn manifests(a: ManifestArgs) -> i32 {
+    if a.namespace.is_empty() || a.image.is_empty() || a.scheduler_name.is_empty() {
+        return fail(
+            EXIT_BAD_INPUT,
+            "--namespace, --image and --scheduler-name must not be empty",
+        );
+    }
+    print_text(&render(&ManifestOptions {
+        namespace: a.namespace,
+        image: a.image,
+        replicas: a.replicas,
+        scheduler_name: a.scheduler_name,
+        foreign_crds: a.foreign_crds,
+    }))
+}
+
+/// A client from `--kubeconfig`, or inferred.
+pub async fn client(kubeconfig: Option<&PathBuf>) -> Result<kube::Client, (i32, String)> {
+    let cfg = match kubeconfig {
+        Some(p) => {
+            let kc = kube::config::Kubeconfig::read_from(p)
+                .map_err(|e| (EXIT_BAD_INPUT, format!("--kubeconfig {}: {e}", p.display())))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| (EXIT_BAD_INPUT, format!("--kubeconfig {}: {e}", p.display())))?
+        }
+        None => kube::Config::infer().await.map_err(|e| {
+            (
+                EXIT_BAD_INPUT,
+                format!("no cluster found ({e}); pass --kubeconfig FILE or run in a pod"),
+            )
+        })?,
+    };
+    kube::Client::try_from(cfg).map_err(|e| (EXIT_FAILURE, format!("Kubernetes client: {e}")))
+}
+
+fn run_cmd(a: RunArgs) -> i32 {
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => return fail(EXIT_FAILURE, format!("cannot start the runtime: {e}")),
+    };
+    rt.block_on(async move {
+        let client = match client(a.kubeconfig.as_ref()).await {
+            Ok(c) => c,
+            Err((code, msg)) => return fail(code, msg),
+        };
+        let identity = a
+            .identity
+            .or_else(|| std::env::var("POD_NAME").ok())
+            .unwrap_or_else(|| {
+                let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .map(|h| h.trim().to_string())
+                    .unwrap_or_else(|_| "tessera".into());
+                format!("{host}-{}", std::process::id())
+            });
+        let cfg = RunConfig {
+            scheduler_name: a.scheduler_name,
+            lease: (!a.no_leader_elect)
+                .then(|| LeaseConfig::new(&a.lease_namespace, &a.lease_name, &identity)),
+            concurrency: a.concurrency.max(1),
+            period: Duration::from_secs(5),
+            events: !a.no_events,
+            ..RunConfig::default()
+        };
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            let _ = tokio::signal::ctrl_c().await;
+            eprintln!("tessera k8s run: stopping");
+            let _ = tx.send(true);
+        });
+        eprintln!(
+            "tessera k8s run: {identity} scheduling pods of schedulerName {}",
+            cfg.scheduler_name
+        );
+        match tessera_k8s::run(client, cfg, Arc::new(Metrics::default()), rx).await {
+            Ok(()) => 0,
+            Err(e) => fail(EXIT_FAILURE, e),
+        }
+    })
+}

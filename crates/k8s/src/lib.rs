@@ -1,0 +1,24 @@
+//! `tessera-k8s`: Tessera on Kubernetes. A secondary scheduler (pods with
+//! `spec.schedulerName: tessera`) and its controllers over the same pure core
+//! Tessera runs everywhere else: watch and translate into the model
+//! ([`translate`], [`state`]), decide with the batch and agent schedulers, apply
+//! through the API ([`controller`]): bindings, evictions, device assignments,
+//! pending reasons, PodGroup status. The Kubernetes API is the only store.
+//!
+//! The only crate that knows Kubernetes types. See `docs/k8s.md`.
+
+pub mod agent;
+pub mod bench;
+pub mod controller;
+pub mod crd;
+pub mod dra;
+pub mod leader;
+pub mod manifests;
+pub mod state;
+pub mod testenv;
+pub mod translate;
+
+pub use controller::{Metrics, RunConfig, RunError, run};
+pub use k8s_openapi;
+pub use kube;
+pub use leader::LeaseConfig;

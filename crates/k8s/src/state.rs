@@ -1,0 +1,934 @@
+//! The cache stage: what the watchers saw, already translated, kept up to date
+//! object by object (an event costs the translation of one object, never a
+//! rebuild), and the snapshot the schedulers read, assembled from it.
+//!
+//! Pure: no I/O, no clock. The controller feeds it watch events and reads
+//! snapshots; tests feed it objects directly.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1 as core;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::resource::v1 as res;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use tessera_model::{GpuRequest, GroupKind, PodGroup, Queue, Resources, Snapshot};
+
+use crate::crd;
+use crate::dra::{self, ClaimInfo, SliceInfo};
+use crate::translate::{self, GroupRef, GroupSpec, PodInfo};
+
+/// A pod's key: namespace and name.
+pub type PodKey = (String, String);
+
+/// The group name of all pods Tessera does not schedule but that run on nodes
+/// (their requests use capacity).
+pub const OTHERS: &str = "~others";
+
+/// A PodDisruptionBudget, as far as eviction needs it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pdb {
+    pub namespace: String,
+    pub name: String,
+    pub selector: k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+    pub min_available: Option<IntOrString>,
+    pub max_unavailable: Option<IntOrString>,
+}
+
+fn scaled(v: &IntOrString, n: usize, round_up: bool) -> usize {
+    match v {
+        IntOrString::Int(i) => (*i).max(0) as usize,
+        IntOrString::String(s) => {
+            let p: usize = s.trim_end_matches('%').parse().unwrap_or(100);
+            if round_up {
+                (n * p).div_ceil(100)
+            } else {
+                n * p / 100
+            }
+        }
+    }
+}
+
+impl Pdb {
+    /// Disruptions allowed with `healthy` matching pods running (the disruption
+    /// controller's rule, with every bound pod counted as healthy and expected).
+    pub fn allowed(&self, healthy: usize) -> usize {
+        if let Some(m) = &self.min_available {
+            healthy.saturating_sub(scaled(m, healthy, true))
+        } else if let Some(u) = &self.max_unavailable {
+            scaled(u, healthy, true)
+        } else {
+            // Neither set: Kubernetes defaults to minAvailable 1.
+            healthy.saturating_sub(1)
+        }
+    }
+}
+
+/// A node shard, as far as the schedulers need it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Shard {
+    pub agent: bool,
+    pub nodes: BTreeSet<String>,
+    pub status_in_use: Vec<String>,
+}
+
+/// A binding the controller made and the watch has not shown yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assumed {
+    pub node: String,
+    pub gpus: Vec<u32>,
+}
+
+/// Every translated object, by key.
+#[derive(Debug, Default)]
+pub struct State {
+    pub scheduler_name: String,
+    nodes: BTreeMap<String, tessera_model::Node>,
+    pods: BTreeMap<PodKey, PodInfo>,
+    /// Pods of ours that could not be translated, and why.
+    bad_pods: BTreeMap<PodKey, String>,
+    groups: BTreeMap<(String, String), BTreeMap<&'static str, GroupSpec>>,
+    queues: BTreeMap<String, BTreeMap<&'static str, Queue>>,
+    priority_classes: BTreeMap<String, i32>,
+    pdbs: BTreeMap<(String, String), Pdb>,
+    shards: BTreeMap<String, Shard>,
+    slices: BTreeMap<String, SliceInfo>,
+    claims: BTreeMap<(String, String), ClaimInfo>,
+    assumed: BTreeMap<PodKey, Assumed>,
+    /// Groups whose placement waits for preempted pods to go: group -> victims.
+    awaiting: BTreeMap<String, BTreeSet<PodKey>>,
+    /// Objects that could not be translated (logged once by the controller).
+    pub errors: Vec<String>,
+    /// Bumped on every change; the controller schedules when it moved.
+    pub generation: u64,
+}
+
+/// Where a model group came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupMeta {
+    pub namespace: String,
+    /// `(api, name)` of the PodGroup object, when the group is one.
+    pub podgroup: Option<(&'static str, String)>,
+}
+
+/// An agent pod waiting for the agent scheduler.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentPod {
+    pub key: PodKey,
+    pub request: Resources,
+    pub priority: i32,
+    pub tenant: String,
+}
+
+/// What a cycle works on.
+#[derive(Debug, Default)]
+pub struct Built {
+    pub snapshot: Snapshot,
+    pub meta: BTreeMap<String, GroupMeta>,
+    /// Pending pods of each model group.
+    pub pending: BTreeMap<String, Vec<PodKey>>,
+    /// Agent pods for the agent scheduler, and the agent shard's nodes with
+    /// their free capacity.
+    pub agent_pods: Vec<AgentPod>,
+    pub agent_nodes: Vec<(String, Resources)>,
+    /// Pods of ours left out of the snapshot, with the reason.
+    pub waiting: Vec<(PodKey, String)>,
+    /// Disruptions each PDB still allows, and the pods each covers.
+    pub pdb_allowed: BTreeMap<(String, String), usize>,
+    pub pdb_of_pod: BTreeMap<PodKey, Vec<(String, String)>>,
+}
+
+impl Built {
+    /// The pod behind a model task.
+    pub fn pod_of(&self, group: &str, task: &str) -> Option<PodKey> {
+        if group == OTHERS {
+            return task
+                .split_once('/')
+                .map(|(a, b)| (a.to_string(), b.to_string()));
+        }
+        let m = self.meta.get(group)?;
+        Some((m.namespace.clone(), task.to_string()))
+    }
+}
+
+impl State {
+    pub fn new(scheduler_name: impl Into<String>) -> Self {
+        State {
+            scheduler_name: scheduler_name.into(),
+            ..State::default()
+        }
+    }
+
+    fn touch(&mut self) {
+        self.generation += 1;
+    }
+
+    fn note(&mut self, e: impl ToString) {
+        if self.errors.len() < 10_000 {
+            self.errors.push(e.to_string());
+        }
+    }
+
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn pod(&self, k: &PodKey) -> Option<&PodInfo> {
+        self.pods.get(k)
+    }
+
+    pub fn pods(&self) -> impl Iterator<Item = &PodInfo> {
+        self.pods.values()
+    }
+
+    pub fn claim(&self, ns: &str, name: &str) -> Option<&ClaimInfo> {
+        self.claims.get(&(ns.to_string(), name.to_string()))
+    }
+
+    pub fn slices_of(&self, node: &str) -> Vec<&SliceInfo> {
+        self.slices.values().filter(|s| s.node == node).collect()
+    }
+
+    pub fn shards(&self) -> &BTreeMap<String, Shard> {
+        &self.shards
+    }
+
+    pub fn groups(&self) -> impl Iterator<Item = &GroupSpec> {
+        self.groups.values().flat_map(|m| m.values())
+    }
+
+    pub fn apply_node(&mut self, n: &core::Node) {
+        let name = n.metadata.name.clone().unwrap_or_default();
+        match translate::node(n) {
+            Ok(m) => {
+                self.nodes.insert(name, m);
+            }
+            Err(e) => {
+                self.nodes.remove(&name);
+                self.note(e);
+            }
+        }
+        self.touch();
+    }
+
+    pub fn delete_node(&mut self, name: &str) {
+        self.nodes.remove(name);
+        self.touch();
+    }
+
+    pub fn apply_pod(&mut self, p: &core::Pod) {
+        let key = (
+            p.metadata.namespace.clone().unwrap_or_default(),
+            p.metadata.name.clone().unwrap_or_default(),
+        );
+        if translate::pod_finished(p) {
+            self.delete_pod(&key);
+            return;
+        }
+        match translate::pod(p) {
+            Ok(info) => {
+                if info.task.node.is_some() {
+                    self.assumed.remove(&key);
+                }
+                self.bad_pods.remove(&key);
+                self.pods.insert(key, info);
+            }
+            Err(e) => {
+                let ours = p.spec.as_ref().and_then(|s| s.scheduler_name.as_deref())
+                    == Some(self.scheduler_name.as_str());
+                self.pods.remove(&key);
+                if ours {
+                    self.bad_pods.insert(key, e.to_string());
+                }
+                self.note(e);
+            }
+        }
+        self.touch();
+    }
+
+    pub fn delete_pod(&mut self, key: &PodKey) {
+        self.pods.remove(key);
+        self.bad_pods.remove(key);
+        self.assumed.remove(key);
+        self.awaiting.retain(|_, victims| {
+            victims.remove(key);
+            !victims.is_empty()
+        });
+        self.touch();
+    }
+
+    /// Replaces every node with a fresh list (after a watch re-list).
+    pub fn reset_nodes(&mut self, all: &[core::Node]) {
+        let keep: BTreeSet<&str> = all
+            .iter()
+            .filter_map(|n| n.metadata.name.as_deref())
+            .collect();
+        self.nodes.retain(|k, _| keep.contains(k.as_str()));
+        for n in all {
+            self.apply_node(n);
+        }
+        self.touch();
+    }
+
+    /// Replaces every pod with a fresh list (after a watch re-list).
+    pub fn reset_pods(&mut self, all: &[core::Pod]) {
+        let keep: BTreeSet<(String, String)> = all
+            .iter()
+            .map(|p| {
+                (
+                    p.metadata.namespace.clone().unwrap_or_default(),
+                    p.metadata.name.clone().unwrap_or_default(),
+                )
+            })
+            .collect();
+        let gone: Vec<PodKey> = self
+            .pods
+            .keys()
+            .chain(self.bad_pods.keys())
+            .filter(|k| !keep.contains(*k))
+            .cloned()
+            .collect();
+        for k in gone {
+            self.delete_pod(&k);
+        }
+        for p in all {
+            self.apply_pod(p);
+        }
+        self.touch();
+    }
+
+    pub fn has_node(&self, name: &str) -> bool {
+        self.nodes.contains_key(name)
+    }
+
+    /// Records a binding made by this controller until the watch shows it.
+    pub fn assume(&mut self, key: PodKey, node: String, gpus: Vec<u32>) {
+        if let Some(p) = self.pods.get(&key)
+            && p.task.node.is_none()
+        {
+            self.assumed.insert(key, Assumed { node, gpus });
+            self.touch();
+        }
+    }
+
+    /// Forgets an assumed binding (the write failed).
+    pub fn forget(&mut self, key: &PodKey) {
+        if self.assumed.remove(key).is_some() {
+            self.touch();
+        }
+    }
+
+    /// Holds `group` until every pod in `victims` is gone.
+    pub fn await_victims(&mut self, group: String, victims: BTreeSet<PodKey>) {
+        let alive: BTreeSet<PodKey> = victims
+            .into_iter()
+            .filter(|v| self.pods.contains_key(v))
+            .collect();
+        if !alive.is_empty() {
+            self.awaiting.entry(group).or_default().extend(alive);
+        }
+    }
+
+    pub fn apply_group(&mut self, g: GroupSpec) {
+        self.groups
+            .entry((g.namespace.clone(), g.name.clone()))
+            .or_default()
+            .insert(g.api, g);
+        self.touch();
+    }
+
+    pub fn delete_group(&mut self, api: &'static str, ns: &str, name: &str) {
+        let k = (ns.to_string(), name.to_string());
+        if let Some(m) = self.groups.get_mut(&k) {
+            m.remove(api);
+            if m.is_empty() {
+                self.groups.remove(&k);
+            }
+        }
+        self.touch();
+    }
+
+    pub fn apply_tessera_group(&mut self, g: &crd::PodGroup) {
+        match translate::tessera_group(g) {
+            Ok(g) => self.apply_group(g),
+            Err(e) => self.note(e),
+        }
+    }
+
+    pub fn apply_volcano_group(&mut self, g: &crd::volcano::PodGroup) {
+        match translate::volcano_group(g) {
+            Ok(g) => self.apply_group(g),
+            Err(e) => self.note(e),
+        }
+    }
+
+    pub fn apply_x_k8s_group(&mut self, g: &crd::x_k8s::PodGroup) {
+        match translate::x_k8s_group(g) {
+            Ok(g) => self.apply_group(g),
+            Err(e) => self.note(e),
+        }
+    }
+
+    pub fn apply_queue(&mut self, api: &'static str, q: Result<Queue, translate::TranslateError>) {
+        match q {
+            Ok(q) => {
+                self.queues
+                    .entry(q.name.clone())
+                    .or_default()
+                    .insert(api, q);
+                self.touch();
+            }
+            Err(e) => self.note(e),
+        }
+    }
+
+    pub fn delete_queue(&mut self, api: &'static str, name: &str) {
+        if let Some(m) = self.queues.get_mut(name) {
+            m.remove(api);
+            if m.is_empty() {
+                self.queues.remove(name);
+            }
+        }
+        self.touch();
+    }
+
+    pub fn apply_priority_class(&mut self, name: &str, value: i32) {
+        self.priority_classes.insert(name.to_string(), value);
+        self.touch();
+    }
+
+    pub fn delete_priority_class(&mut self, name: &str) {
+        self.priority_classes.remove(name);
+        self.touch();
+    }
+
+    pub fn apply_pdb(&mut self, p: &PodDisruptionBudget) {
+        let ns = p.metadata.namespace.clone().unwrap_or_default();
+        let name = p.metadata.name.clone().unwrap_or_default();
+        let spec = p.spec.clone().unwrap_or_default();
+        self.pdbs.insert(
+            (ns.clone(), name.clone()),
+            Pdb {
+                namespace: ns,
+                name,
+                selector: spec.selector.unwrap_or_default(),
+                min_available: spec.min_available,
+                max_unavailable: spec.max_unavailable,
+            },
+        );
+        self.touch();
+    }
+
+    pub fn delete_pdb(&mut self, ns: &str, name: &str) {
+        self.pdbs.remove(&(ns.to_string(), name.to_string()));
+        self.touch();
+    }
+
+    pub fn apply_shard(&mut self, s: &crd::NodeShard) {
+        let name = s.metadata.name.clone().unwrap_or_default();
+        let agent = match s.spec.owner.as_deref() {
+            Some(o) => o == "agent",
+            None => name == "agent",
+        };
+        self.shards.insert(
+            name,
+            Shard {
+                agent,
+                nodes: s.spec.nodes_desired.iter().cloned().collect(),
+                status_in_use: s
+                    .status
+                    .as_ref()
+                    .map(|s| s.nodes_in_use.clone())
+                    .unwrap_or_default(),
+            },
+        );
+        self.touch();
+    }
+
+    pub fn delete_shard(&mut self, name: &str) {
+        self.shards.remove(name);
+        self.touch();
+    }
+
+    pub fn apply_slice(&mut self, s: &res::ResourceSlice) {
+        let name = s.metadata.name.clone().unwrap_or_default();
+        match dra::slice(s) {
+            Ok(Some(info)) => {
+                self.slices.insert(name, info);
+            }
+            Ok(None) => {
+                self.slices.remove(&name);
+            }
+            Err(e) => {
+                self.slices.remove(&name);
+                self.note(e);
+            }
+        }
+        self.touch();
+    }
+
+    pub fn delete_slice(&mut self, name: &str) {
+        self.slices.remove(name);
+        self.touch();
+    }
+
+    pub fn apply_claim(&mut self, c: &res::ResourceClaim) {
+        let k = (
+            c.metadata.namespace.clone().unwrap_or_default(),
+            c.metadata.name.clone().unwrap_or_default(),
+        );
+        match dra::claim(c) {
+            Ok(info) => {
+                self.claims.insert(k, info);
+            }
+            Err(e) => {
+                self.claims.remove(&k);
+                self.note(e);
+            }
+        }
+        self.touch();
+    }
+
+    pub fn delete_claim(&mut self, ns: &str, name: &str) {
+        self.claims.remove(&(ns.to_string(), name.to_string()));
+        self.touch();
+    }
+
+    /// The nodes of agent shards.
+    pub fn agent_nodes(&self) -> BTreeSet<&str> {
+        self.shards
+            .values()
+            .filter(|s| s.agent)
+            .flat_map(|s| s.nodes.iter().map(String::as_str))
+            .filter(|n| self.nodes.contains_key(*n))
+            .collect()
+    }
+
+    fn group_spec(&self, ns: &str, name: &str) -> Option<&GroupSpec> {
+        let m = self.groups.get(&(ns.to_string(), name.to_string()))?;
+        m.get("tessera")
+            .or_else(|| m.get("volcano"))
+            .or_else(|| m.get("x-k8s"))
+    }
+
+    /// Assembles the snapshot the schedulers read.
+    pub fn build(&self) -> Built {
+        let mut b = Built::default();
+        let agent_nodes = self.agent_nodes();
+
+        // Queues: Tessera's definition wins over Volcano's of the same name.
+        for m in self.queues.values() {
+            if let Some(q) = m.get("tessera").or_else(|| m.get("volcano")) {
+                b.snapshot.queues.push(q.clone());
+            }
+        }
+        if !self.queues.contains_key("default") {
+            b.snapshot.queues.push(Queue::new("default"));
+        }
+
+        // PDBs: bound matching pods and the disruptions they allow.
+        let mut pdb_healthy: BTreeMap<(String, String), usize> = BTreeMap::new();
+        if !self.pdbs.is_empty() {
+            for p in self.pods.values() {
+                let bound = p.task.node.is_some() || self.assumed.contains_key(&p.key());
+                if !bound || p.terminating {
+                    continue;
+                }
+                for (k, pdb) in &self.pdbs {
+                    if pdb.namespace == p.namespace
+                        && translate::selector_matches(&pdb.selector, &p.labels)
+                    {
+                        *pdb_healthy.entry(k.clone()).or_default() += 1;
+                        b.pdb_of_pod.entry(p.key()).or_default().push(k.clone());
+                    }
+                }
+            }
+            for (k, pdb) in &self.pdbs {
+                let h = pdb_healthy.get(k).copied().unwrap_or(0);
+                b.pdb_allowed.insert(k.clone(), pdb.allowed(h));
+            }
+        }
+
+        // Affinities in use by pending pods of ours.
+        let mut affinities: BTreeMap<String, &core::NodeSelector> = BTreeMap::new();
+        let mut claim_pins: BTreeMap<PodKey, String> = BTreeMap::new();
+
+        let mut groups: BTreeMap<String, PodGroup> = BTreeMap::new();
+        let mut usage: BTreeMap<&str, Resources> = BTreeMap::new();
+        for p in self.pods.values() {
+            let key = p.key();
+            let ours = p.scheduler == self.scheduler_name;
+            let assumed = self.assumed.get(&key);
+            let node = p
+                .task
+                .node
+                .clone()
+                .or_else(|| assumed.map(|a| a.node.clone()));
+            if node.is_none() && (!ours || p.terminating) {
+                continue;
+            }
+            let mut task = p.task.clone();
+            if let Some(a) = assumed
+                && task.node.is_none()
+            {
+                task.node = Some(a.node.clone());
+                task.gpu_indices = a.gpus.clone();
+            }
+            // DRA claims: GPUs counted as whole GPUs of the claim's request.
+            if !p.claims.is_empty() || !p.claims_missing.is_empty() {
+                if node.is_none() {
+                    if let Some(m) = p.claims_missing.first() {
+                        b.waiting.push((
+                            key,
+                            format!("waiting for the ResourceClaim of pod claim {m} to be created"),
+                        ));
+                        continue;
+                    }
+                    let mut count = 0;
+                    let mut missing = None;
+                    for c in &p.claims {
+                        match self.claim(&p.namespace, c) {
+                            Some(ci) => {
+                                count += ci.gpus();
+                                if let Some(n) = &ci.allocated_node {
+                                    claim_pins.insert(key.clone(), n.clone());
+                                }
+                            }
+                            None => missing = Some(c.clone()),
+                        }
+                    }
+                    if let Some(m) = missing {
+                        b.waiting
+                            .push((key, format!("waiting for ResourceClaim {m}")));
+                        continue;
+                    }
+                    if count > 0 {
+                        task.gpu = GpuRequest::Whole {
+                            count: count + task.gpu.whole(),
+                            models: task.gpu.models().to_vec(),
+                        };
+                    }
+                } else {
+                    let count: u32 = p
+                        .claims
+                        .iter()
+                        .filter_map(|c| self.claim(&p.namespace, c))
+                        .map(|c| c.gpus())
+                        .sum();
+                    if count > 0 && task.gpu == GpuRequest::None {
+                        task.gpu = GpuRequest::Whole {
+                            count,
+                            models: vec![],
+                        };
+                    }
+                }
+            }
+            if let Some(n) = &node {
+                let mut r = task.request();
+                if let Some(nd) = self.nodes.get(n)
+                    && nd.gpus.is_empty()
+                {
+                    r.gpu_memory = 0;
+                }
+                usage
+                    .entry(
+                        self.nodes
+                            .get_key_value(n)
+                            .map(|(k, _)| k.as_str())
+                            .unwrap_or(""),
+                    )
+                    .or_default()
+                    .add_assign_saturating(&r);
+            }
+            if !ours {
+                task.name = format!("{}/{}", p.namespace, p.name);
+                groups
+                    .entry(OTHERS.to_string())
+                    .or_insert_with(|| {
+                        let mut g = PodGroup::new(OTHERS, "~none", 0);
+                        g.preemptable = false;
+                        g
+                    })
+                    .tasks
+                    .push(task);
+                continue;
+            }
+            // Required node affinity becomes a synthetic node label.
+            if node.is_none() {
+                if let Some(a) = &p.affinity {
+                    let k = translate::affinity_key(a);
+                    task.node_selector.insert(k.clone(), "true".into());
+                    affinities.insert(k, a);
+                }
+                if let Some(n) = claim_pins.get(&key) {
+                    task.node_selector.insert(
+                        format!("{}claim", translate::keys::AFFINITY_PREFIX),
+                        n.clone(),
+                    );
+                }
+            }
+            let (gname, spec) = match &p.group {
+                GroupRef::None => (format!("{}/{}@pod", p.namespace, p.name), None),
+                GroupRef::Named(g) => match self.group_spec(&p.namespace, g) {
+                    Some(s) => (format!("{}/{}", p.namespace, g), Some(s)),
+                    None => {
+                        if node.is_none() {
+                            b.waiting
+                                .push((key, format!("waiting for PodGroup {}/{g}", p.namespace)));
+                        }
+                        // A bound pod of a vanished group still holds its node.
+                        if let Some(_n) = &node {
+                            task.name = format!("{}/{}", p.namespace, p.name);
+                            groups
+                                .entry(OTHERS.to_string())
+                                .or_insert_with(|| {
+                                    let mut g = PodGroup::new(OTHERS, "~none", 0);
+                                    g.preemptable = false;
+                                    g
+                                })
+                                .tasks
+                                .push(task);
+                        }
+                        continue;
+                    }
+                },
+            };
+            if let Some(victims) = self.awaiting.get(&gname)
+                && node.is_none()
+            {
+                b.waiting.push((
+                    key,
+                    format!(
+                        "waiting for {} preempted pod(s) to terminate",
+                        victims.len()
+                    ),
+                ));
+                continue;
+            }
+            let is_agent = p.kind == Some(GroupKind::Agent)
+                || spec.is_some_and(|s| s.kind == Some(GroupKind::Agent));
+            if is_agent && !agent_nodes.is_empty() {
+                if node.is_none() {
+                    b.agent_pods.push(AgentPod {
+                        key,
+                        request: task.request(),
+                        priority: p.priority.unwrap_or(0),
+                        tenant: p.namespace.clone(),
+                    });
+                    continue;
+                }
+            }
+            let g = groups.entry(gname.clone()).or_insert_with(|| {
+                let (min, queue) = match spec {
+                    Some(s) => (s.min_member, s.queue.clone()),
+                    None => (1, p.queue.clone()),
+                };
+                let mut g = PodGroup::new(
+                    gname.clone(),
+                    queue.unwrap_or_else(|| "default".into()),
+                    min,
+                );
+                g.min_resources = spec.and_then(|s| s.min_resources.clone());
+                g.kind = spec
+                    .and_then(|s| s.kind)
+                    .or(p.kind)
+                    .unwrap_or(GroupKind::Batch);
+                g.creation = spec.map(|s| s.created_ms).unwrap_or(p.created_ms);
+                g.priority = spec
+                    .and_then(|s| s.priority_class.as_ref())
+                    .and_then(|c| self.priority_classes.get(c).copied())
+                    .unwrap_or(i32::MIN);
+                b.meta.insert(
+                    gname.clone(),
+                    GroupMeta {
+                        namespace: p.namespace.clone(),
+                        podgroup: spec.map(|s| (s.api, s.name.clone())),
+                    },
+                );
+                g
+            });
+            let prio = p
+                .priority
+                .or_else(|| {
+                    p.priority_class
+                        .as_ref()
+                        .and_then(|c| self.priority_classes.get(c).copied())
+                })
+                .unwrap_or(0);
+            if spec.is_none_or(|s| s.priority_class.is_none()) {
+                g.priority = g.priority.max(prio);
+            }
+            if !p.preemptable {
+                g.preemptable = false;
+            }
+            // PDB-aware: a running pod no disruption may touch keeps its group
+            // out of victim searches.
+            if node.is_some()
+                && b.pdb_of_pod
+                    .get(&key)
+                    .is_some_and(|ks| ks.iter().any(|k| b.pdb_allowed.get(k) == Some(&0)))
+            {
+                g.preemptable = false;
+            }
+            if node.is_none() {
+                b.pending.entry(gname).or_default().push(key);
+            }
+            g.tasks.push(task);
+        }
+        for g in groups.values_mut() {
+            if g.priority == i32::MIN {
+                g.priority = 0;
+            }
+        }
+        for (key, reason) in &self.bad_pods {
+            b.waiting
+                .push((key.clone(), format!("cannot read the pod: {reason}")));
+        }
+
+        // Nodes: DRA GPUs, synthetic affinity labels, agent shard cordoned for
+        // the batch scheduler.
+        let mut slices_by_node: BTreeMap<&str, Vec<&SliceInfo>> = BTreeMap::new();
+        for s in self.slices.values() {
+            slices_by_node.entry(s.node.as_str()).or_default().push(s);
+        }
+        b.snapshot.nodes.reserve(self.nodes.len());
+        for (name, n) in &self.nodes {
+            let mut n = n.clone();
+            if let Some(s) = slices_by_node.get(name.as_str()) {
+                dra::apply_to_node(&mut n, s);
+            }
+            for (k, sel) in &affinities {
+                if translate::node_selector_matches(sel, name, &n.labels) {
+                    n.labels.insert(k.clone(), "true".into());
+                }
+            }
+            if claim_pins.values().any(|p| p == name) {
+                n.labels.insert(
+                    format!("{}claim", translate::keys::AFFINITY_PREFIX),
+                    name.clone(),
+                );
+            }
+            if agent_nodes.contains(name.as_str()) {
+                let mut free = n.allocatable.clone();
+                if let Some(u) = usage.get(name.as_str()) {
+                    free.sub_assign_saturating(u);
+                }
+                b.agent_nodes.push((name.clone(), free));
+                n.unschedulable = true;
+            }
+            b.snapshot.nodes.push(n);
+        }
+        b.snapshot.groups = groups.into_values().collect();
+        b
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, cpu: &str) -> core::Node {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": {"zone": if name.ends_with('1') {"a"} else {"b"}}},
+            "status": {"allocatable": {"cpu": cpu, "memory": "8Gi", "pods": "10"}}
+        }))
+        .unwrap()
+    }
+
+    fn pod(
+        ns: &str,
+        name: &str,
+        sched: &str,
+        node: Option<&str>,
+        group: Option<&str>,
+    ) -> core::Pod {
+        let mut ann = serde_json::Map::new();
+        if let Some(g) = group {
+            ann.insert("scheduling.k8s.io/group-name".into(), g.into());
+        }
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": ns, "annotations": ann},
+            "spec": {"schedulerName": sched, "nodeName": node,
+                "containers": [{"name": "c", "resources": {"requests": {"cpu": "1"}}}]}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn foreign_pods_use_capacity_and_ours_are_planned() {
+        let mut s = State::new("tessera");
+        s.apply_node(&node("n1", "2"));
+        s.apply_pod(&pod("ns", "other", "default-scheduler", Some("n1"), None));
+        s.apply_pod(&pod("ns", "mine", "tessera", None, None));
+        s.apply_pod(&pod(
+            "ns",
+            "theirs-pending",
+            "default-scheduler",
+            None,
+            None,
+        ));
+        let b = s.build();
+        assert_eq!(b.snapshot.groups.len(), 2);
+        let plan = tessera_sched::schedule(&b.snapshot, &tessera_sched::Config::default());
+        assert_eq!(plan.bindings.len(), 1);
+        let bd = &plan.bindings[0];
+        assert_eq!(
+            b.pod_of(&bd.task.group, &bd.task.task),
+            Some(("ns".into(), "mine".into()))
+        );
+        // A second pod of ours does not fit beside the two.
+        s.assume(("ns".into(), "mine".into()), "n1".into(), vec![]);
+        s.apply_pod(&pod("ns", "mine2", "tessera", None, None));
+        let b = s.build();
+        let plan = tessera_sched::schedule(&b.snapshot, &tessera_sched::Config::default());
+        assert!(plan.bindings.is_empty(), "{plan}");
+        assert_eq!(plan.pending.len(), 1);
+    }
+
+    #[test]
+    fn missing_pod_group_waits() {
+        let mut s = State::new("tessera");
+        s.apply_node(&node("n1", "4"));
+        s.apply_pod(&pod("ns", "a", "tessera", None, Some("job")));
+        let b = s.build();
+        assert!(b.snapshot.groups.is_empty());
+        assert_eq!(b.waiting[0].1, "waiting for PodGroup ns/job");
+    }
+
+    #[test]
+    fn affinity_becomes_a_label() {
+        let mut s = State::new("tessera");
+        s.apply_node(&node("n1", "4"));
+        s.apply_node(&node("n2", "4"));
+        let p: core::Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"schedulerName": "tessera", "containers": [{"name": "c"}],
+                "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                    {"nodeSelectorTerms": [{"matchExpressions": [
+                        {"key": "zone", "operator": "In", "values": ["b"]}]}]}}}}
+        }))
+        .unwrap();
+        s.apply_pod(&p);
+        let b = s.build();
+        let plan = tessera_sched::schedule(&b.snapshot, &tessera_sched::Config::default());
+        assert_eq!(plan.bindings[0].node, "n2");
+    }
+
+    #[test]
+    fn pdb_allowed() {
+        let p = Pdb {
+            namespace: "ns".into(),
+            name: "p".into(),
+            selector: Default::default(),
+            min_available: Some(IntOrString::Int(2)),
+            max_unavailable: None,
+        };
+        assert_eq!(p.allowed(3), 1);
+        assert_eq!(p.allowed(2), 0);
+        let p = Pdb {
+            min_available: None,
+            max_unavailable: Some(IntOrString::String("50%".into())),
+            ..p
+        };
+        assert_eq!(p.allowed(3), 2);
+    }
+}

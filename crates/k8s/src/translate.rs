@@ -1,0 +1,972 @@
+//! Pure translation of Kubernetes objects into the model's vocabulary: nodes
+//! (allocatable, taints, GPU Feature Discovery labels), pods (requests, GPUs,
+//! selectors, tolerations, node affinity), queues and pod groups. No I/O: an
+//! object in, a model value or an error that names the object, field and value
+//! out.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use k8s_openapi::api::core::v1 as core;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use serde::{Deserialize, Serialize};
+use tessera_model::{
+    GpuDevice, GpuRequest, GroupKind, Queue, Resources, Taint, TaintEffect, Task, Toleration,
+    TolerationOperator, parse_bytes, parse_count, parse_cpu_milli,
+};
+
+use crate::crd;
+
+/// Annotations and labels Tessera reads and writes.
+pub mod keys {
+    /// Volcano's pod annotation naming the pod's PodGroup.
+    pub const VOLCANO_GROUP: &str = "scheduling.k8s.io/group-name";
+    /// scheduler-plugins' pod label naming the pod's PodGroup.
+    pub const X_K8S_GROUP: &str = "scheduling.x-k8s.io/pod-group";
+    /// Tessera's pod label naming the pod's PodGroup.
+    pub const TESSERA_GROUP: &str = "scheduling.tessera.dev/pod-group";
+    /// Queue of a pod without a PodGroup (Volcano's annotation, and Tessera's).
+    pub const VOLCANO_QUEUE: &str = "scheduling.volcano.sh/queue-name";
+    pub const TESSERA_QUEUE: &str = "scheduling.tessera.dev/queue";
+    /// `training`, `inference`, `batch` or `agent` (pod annotation or label).
+    pub const KIND: &str = "scheduling.tessera.dev/kind";
+    /// A fraction of one GPU: compute share in milli-GPU (1..999) and memory.
+    pub const GPU_MILLI: &str = "scheduling.tessera.dev/gpu-milli";
+    pub const GPU_MEMORY: &str = "scheduling.tessera.dev/gpu-memory";
+    /// Allowed GPU models, comma-separated.
+    pub const GPU_MODELS: &str = "scheduling.tessera.dev/gpu-models";
+    /// Written by Tessera at binding: the GPU indices the pod holds on its node.
+    pub const GPU_INDICES: &str = "scheduling.tessera.dev/gpu-indices";
+    /// Volcano's annotation: `"false"` keeps the pod from being preempted.
+    pub const PREEMPTABLE: &str = "volcano.sh/preemptable";
+    /// The extended resource of whole NVIDIA GPUs.
+    pub const NVIDIA_GPU: &str = "nvidia.com/gpu";
+    /// GPU Feature Discovery labels.
+    pub const GFD_PRODUCT: &str = "nvidia.com/gpu.product";
+    pub const GFD_COUNT: &str = "nvidia.com/gpu.count";
+    pub const GFD_MEMORY: &str = "nvidia.com/gpu.memory";
+    pub const GFD_CLIQUE: &str = "nvidia.com/gpu.clique";
+    /// Prefix of the synthetic node labels that carry required node affinity
+    /// into the model's node selectors (snapshot only; never written).
+    pub const AFFINITY_PREFIX: &str = "affinity.scheduling.tessera.dev/";
+}
+
+/// A Kubernetes object that could not be translated.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct TranslateError {
+    /// `pod ns/name`, `node n1`, …
+    pub object: String,
+    /// The field path, e.g. `spec.containers[0].resources.requests.cpu`.
+    pub field: String,
+    pub value: String,
+    pub problem: String,
+}
+
+impl fmt::Display for TranslateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: {} = {:?}: {}",
+            self.object, self.field, self.value, self.problem
+        )
+    }
+}
+
+fn err(object: &str, field: &str, value: &str, problem: impl Into<String>) -> TranslateError {
+    TranslateError {
+        object: object.to_string(),
+        field: field.to_string(),
+        value: value.to_string(),
+        problem: problem.into(),
+    }
+}
+
+/// Adds a resource list (`cpu`, `memory`, `pods`, extended names) into `r`.
+/// `nvidia.com/gpu` is returned separately (whole GPUs), not added.
+fn add_list(
+    object: &str,
+    field: &str,
+    list: &BTreeMap<String, Quantity>,
+    r: &mut Resources,
+) -> Result<u64, TranslateError> {
+    let mut gpus = 0;
+    for (k, Quantity(v)) in list {
+        let f = || format!("{field}.{k}");
+        let bad = |e: tessera_model::QuantityError| err(object, &f(), v, e.to_string());
+        match k.as_str() {
+            "cpu" => r.cpu_milli = r.cpu_milli.saturating_add(parse_cpu_milli(v).map_err(bad)?),
+            "memory" => r.memory = r.memory.saturating_add(parse_bytes(v).map_err(bad)?),
+            "pods" => r.pods = r.pods.saturating_add(parse_count(v).map_err(bad)?),
+            keys::NVIDIA_GPU => gpus += parse_count(v).map_err(bad)?,
+            // Not scheduled on by Tessera.
+            "ephemeral-storage" | "storage" => {}
+            k if k.starts_with("hugepages-") => {}
+            k if k.contains('/') => {
+                let n = parse_count(v).map_err(bad)?;
+                let e = r.extended.entry(k.to_string()).or_insert(0);
+                *e = e.saturating_add(n);
+            }
+            _ => {}
+        }
+    }
+    Ok(gpus)
+}
+
+/// A resource list as the model's [`Resources`] (GPUs as milli-GPU).
+pub fn resources(
+    object: &str,
+    field: &str,
+    list: &BTreeMap<String, Quantity>,
+) -> Result<Resources, TranslateError> {
+    let mut r = Resources::default();
+    let gpus = add_list(object, field, list, &mut r)?;
+    r.gpu_milli = gpus.saturating_mul(1000);
+    Ok(r)
+}
+
+fn taint_effect(object: &str, field: &str, e: &str) -> Result<TaintEffect, TranslateError> {
+    match e {
+        "NoSchedule" => Ok(TaintEffect::NoSchedule),
+        "PreferNoSchedule" => Ok(TaintEffect::PreferNoSchedule),
+        "NoExecute" => Ok(TaintEffect::NoExecute),
+        _ => Err(err(
+            object,
+            field,
+            e,
+            "not a taint effect (NoSchedule, PreferNoSchedule, NoExecute)",
+        )),
+    }
+}
+
+/// The GPU model name from a GFD product label: `NVIDIA-H100-80GB-HBM3` ->
+/// `H100-80GB-HBM3`, `Tesla-T4` -> `T4`.
+pub fn gpu_model(product: &str) -> String {
+    let p = product.trim();
+    for prefix in ["NVIDIA-", "NVIDIA ", "Tesla-", "Tesla "] {
+        if let Some(rest) = p.strip_prefix(prefix) {
+            return rest.replace(' ', "-");
+        }
+    }
+    p.replace(' ', "-")
+}
+
+/// Translates a Node: allocatable (status.allocatable, else capacity), labels,
+/// taints, cordon, and its GPUs from `nvidia.com/gpu` plus GPU Feature
+/// Discovery labels (product, memory in MiB, NVLink clique).
+pub fn node(n: &core::Node) -> Result<tessera_model::Node, TranslateError> {
+    let name = n.metadata.name.clone().unwrap_or_default();
+    let object = format!("node {name}");
+    let status = n.status.as_ref();
+    let empty = BTreeMap::new();
+    let (field, list) = match status.and_then(|s| s.allocatable.as_ref()) {
+        Some(a) => ("status.allocatable", a),
+        None => (
+            "status.capacity",
+            status.and_then(|s| s.capacity.as_ref()).unwrap_or(&empty),
+        ),
+    };
+    let mut alloc = Resources::default();
+    let gpus = add_list(&object, field, list, &mut alloc)?;
+    if alloc.pods == 0 && !list.contains_key("pods") {
+        alloc.pods = 110;
+    }
+    let labels = n.metadata.labels.clone().unwrap_or_default();
+    let mut node = tessera_model::Node::new(name, alloc);
+    if gpus > 0 {
+        let product = labels
+            .get(keys::GFD_PRODUCT)
+            .map(|p| gpu_model(p))
+            .unwrap_or_else(|| "nvidia-gpu".to_string());
+        let memory = match labels.get(keys::GFD_MEMORY) {
+            Some(m) => {
+                let mib = m.parse::<u64>().map_err(|_| {
+                    err(
+                        &object,
+                        &format!("metadata.labels[{}]", keys::GFD_MEMORY),
+                        m,
+                        "not a whole number of MiB",
+                    )
+                })?;
+                mib.saturating_mul(1 << 20)
+            }
+            None => 0,
+        };
+        // A clique (NVLink fabric) label: the node's GPUs share one NVLink domain.
+        let domain = labels.get(keys::GFD_CLIQUE).map(|_| 0);
+        for i in 0..gpus.min(1024) as u32 {
+            let mut d = GpuDevice::new(i, product.clone(), memory);
+            d.nvlink_domain = domain;
+            node.gpus.push(d);
+        }
+        node.allocatable.gpu_milli = gpus * 1000;
+        node.allocatable.gpu_memory = memory.saturating_mul(gpus);
+    }
+    node.labels = labels;
+    if let Some(spec) = &n.spec {
+        node.unschedulable = spec.unschedulable.unwrap_or(false);
+        for (i, t) in spec.taints.iter().flatten().enumerate() {
+            node.taints.push(Taint {
+                key: t.key.clone(),
+                value: t.value.clone().unwrap_or_default(),
+                effect: taint_effect(&object, &format!("spec.taints[{i}].effect"), &t.effect)?,
+            });
+        }
+    }
+    Ok(node)
+}
+
+/// Which PodGroup a pod belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum GroupRef {
+    /// No PodGroup: the pod is a gang of one.
+    None,
+    /// A PodGroup of that name in the pod's namespace (whichever API serves it).
+    Named(String),
+}
+
+/// What Tessera needs of a pod.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PodInfo {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub scheduler: String,
+    pub group: GroupRef,
+    /// Queue from the pod's annotations (used when it has no PodGroup).
+    pub queue: Option<String>,
+    pub kind: Option<GroupKind>,
+    pub priority_class: Option<String>,
+    /// `spec.priority`, as the Priority admission plugin resolved it.
+    pub priority: Option<i32>,
+    /// The task; `node` is `spec.nodeName`, `gpu_indices` from Tessera's annotation.
+    pub task: Task,
+    /// Required node affinity (`requiredDuringSchedulingIgnoredDuringExecution`).
+    pub affinity: Option<core::NodeSelector>,
+    /// ResourceClaims the pod uses (names of ResourceClaim objects).
+    pub claims: Vec<String>,
+    /// Claims still to be created from templates (the pod waits for them).
+    pub claims_missing: Vec<String>,
+    pub labels: BTreeMap<String, String>,
+    /// `metadata.deletionTimestamp` is set.
+    pub terminating: bool,
+    /// Creation time, milliseconds since the epoch.
+    pub created_ms: u64,
+    pub preemptable: bool,
+    /// Whether `PodScheduled=False` is already set with this message.
+    pub scheduled_message: Option<String>,
+}
+
+impl PodInfo {
+    pub fn key(&self) -> (String, String) {
+        (self.namespace.clone(), self.name.clone())
+    }
+}
+
+fn parse_kind(object: &str, field: &str, v: &str) -> Result<GroupKind, TranslateError> {
+    match v {
+        "training" => Ok(GroupKind::Training),
+        "inference" => Ok(GroupKind::Inference),
+        "batch" => Ok(GroupKind::Batch),
+        "agent" => Ok(GroupKind::Agent),
+        _ => Err(err(
+            object,
+            field,
+            v,
+            "not a kind (training, inference, batch, agent)",
+        )),
+    }
+}
+
+/// Parses a group kind named in a PodGroup spec.
+pub fn group_kind(object: &str, v: Option<&str>) -> Result<Option<GroupKind>, TranslateError> {
+    v.map(|v| parse_kind(object, "spec.kind", v)).transpose()
+}
+
+fn toleration(object: &str, i: usize, t: &core::Toleration) -> Result<Toleration, TranslateError> {
+    let field = format!("spec.tolerations[{i}]");
+    let operator = match t.operator.as_deref().unwrap_or("Equal") {
+        "Equal" => TolerationOperator::Equal,
+        "Exists" => TolerationOperator::Exists,
+        o => {
+            return Err(err(
+                object,
+                &format!("{field}.operator"),
+                o,
+                "not Equal or Exists",
+            ));
+        }
+    };
+    let effect = match t.effect.as_deref() {
+        None | Some("") => None,
+        Some(e) => Some(taint_effect(object, &format!("{field}.effect"), e)?),
+    };
+    Ok(Toleration {
+        key: t.key.clone().unwrap_or_default(),
+        operator,
+        value: t.value.clone().unwrap_or_default(),
+        effect,
+    })
+}
+
+/// Translates a pod. `scheduler` is copied from `spec.schedulerName`; the caller
+/// decides whether the pod is Tessera's to place.
+pub fn pod(p: &core::Pod) -> Result<PodInfo, TranslateError> {
+    let namespace = p.metadata.namespace.clone().unwrap_or_default();
+    let name = p.metadata.name.clone().unwrap_or_default();
+    let object = format!("pod {namespace}/{name}");
+    let spec = p.spec.as_ref();
+    let ann = p.metadata.annotations.clone().unwrap_or_default();
+    let labels = p.metadata.labels.clone().unwrap_or_default();
+
+    // Requests: the sum over containers, at least the largest init container,
+    // plus the pod overhead (kube-scheduler's rule).
+    let mut req = Resources::default();
+    let mut gpus = 0u64;
+    if let Some(spec) = spec {
+        for (i, c) in spec.containers.iter().enumerate() {
+            if let Some(r) = c.resources.as_ref().and_then(|r| r.requests.as_ref()) {
+                let f = format!("spec.containers[{i}].resources.requests");
+                gpus += add_list(&object, &f, r, &mut req)?;
+            }
+        }
+        for (i, c) in spec.init_containers.iter().flatten().enumerate() {
+            if let Some(r) = c.resources.as_ref().and_then(|r| r.requests.as_ref()) {
+                let f = format!("spec.initContainers[{i}].resources.requests");
+                let mut ir = Resources::default();
+                let ig = add_list(&object, &f, r, &mut ir)?;
+                if c.restart_policy.as_deref() == Some("Always") {
+                    // A sidecar runs beside the containers.
+                    req.add_assign_saturating(&ir);
+                    gpus += ig;
+                } else {
+                    req = req.max(&ir);
+                    gpus = gpus.max(ig);
+                }
+            }
+        }
+        if let Some(o) = &spec.overhead {
+            gpus += add_list(&object, "spec.overhead", o, &mut req)?;
+        }
+    }
+    req.pods = 0;
+    let models: Vec<String> = ann
+        .get(keys::GPU_MODELS)
+        .map(|m| {
+            m.split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    let gpu = match (gpus, ann.get(keys::GPU_MILLI)) {
+        (0, None) => GpuRequest::None,
+        (n, None) => GpuRequest::Whole {
+            count: u32::try_from(n).map_err(|_| {
+                err(
+                    &object,
+                    "resources.requests[nvidia.com/gpu]",
+                    &n.to_string(),
+                    "too many GPUs",
+                )
+            })?,
+            models,
+        },
+        (0, Some(m)) => {
+            let field = format!("metadata.annotations[{}]", keys::GPU_MILLI);
+            let milli: u32 = m.trim().parse().map_err(|_| {
+                err(
+                    &object,
+                    &field,
+                    m,
+                    "not a whole number of milli-GPU (1..999 for a fraction)",
+                )
+            })?;
+            let memory = match ann.get(keys::GPU_MEMORY) {
+                Some(v) => parse_bytes(v).map_err(|e| {
+                    err(
+                        &object,
+                        &format!("metadata.annotations[{}]", keys::GPU_MEMORY),
+                        v,
+                        e.to_string(),
+                    )
+                })?,
+                None => 0,
+            };
+            match milli {
+                0 => GpuRequest::None,
+                1..=999 => GpuRequest::Shared {
+                    milli,
+                    memory,
+                    models,
+                },
+                m if m % 1000 == 0 => GpuRequest::Whole {
+                    count: m / 1000,
+                    models,
+                },
+                _ => {
+                    return Err(err(
+                        &object,
+                        &field,
+                        &milli.to_string(),
+                        "above 1000 only whole GPUs (multiples of 1000) can be asked for",
+                    ));
+                }
+            }
+        }
+        (_, Some(m)) => {
+            return Err(err(
+                &object,
+                &format!("metadata.annotations[{}]", keys::GPU_MILLI),
+                m,
+                "a pod asks either for nvidia.com/gpu or for a GPU fraction, not both",
+            ));
+        }
+    };
+
+    let mut task = Task::new(name.clone(), req).with_gpu(gpu);
+    let mut affinity = None;
+    let mut claims = Vec::new();
+    let mut claims_missing = Vec::new();
+    if let Some(spec) = spec {
+        task.node_selector = spec.node_selector.clone().unwrap_or_default();
+        for (i, t) in spec.tolerations.iter().flatten().enumerate() {
+            task.tolerations.push(toleration(&object, i, t)?);
+        }
+        task.node = spec.node_name.clone().filter(|n| !n.is_empty());
+        affinity = spec
+            .affinity
+            .as_ref()
+            .and_then(|a| a.node_affinity.as_ref())
+            .and_then(|a| {
+                a.required_during_scheduling_ignored_during_execution
+                    .clone()
+            })
+            .filter(|s| !s.node_selector_terms.is_empty());
+        let statuses = p
+            .status
+            .as_ref()
+            .and_then(|s| s.resource_claim_statuses.as_ref());
+        for c in spec.resource_claims.iter().flatten() {
+            if let Some(n) = &c.resource_claim_name {
+                claims.push(n.clone());
+            } else if c.resource_claim_template_name.is_some() {
+                match statuses
+                    .into_iter()
+                    .flatten()
+                    .find(|s| s.name == c.name)
+                    .and_then(|s| s.resource_claim_name.clone())
+                {
+                    Some(n) => claims.push(n),
+                    None => claims_missing.push(c.name.clone()),
+                }
+            }
+        }
+    }
+    if task.node.is_some()
+        && let Some(g) = ann.get(keys::GPU_INDICES)
+    {
+        task.gpu_indices = g.split(',').filter_map(|s| s.trim().parse().ok()).collect();
+    }
+    let kind = match ann.get(keys::KIND).or_else(|| labels.get(keys::KIND)) {
+        Some(k) => Some(parse_kind(
+            &object,
+            &format!("metadata.annotations[{}]", keys::KIND),
+            k,
+        )?),
+        None => None,
+    };
+    let group = ann
+        .get(keys::VOLCANO_GROUP)
+        .or_else(|| labels.get(keys::TESSERA_GROUP))
+        .or_else(|| labels.get(keys::X_K8S_GROUP))
+        .filter(|g| !g.is_empty())
+        .map(|g| GroupRef::Named(g.clone()))
+        .unwrap_or(GroupRef::None);
+    let queue = ann
+        .get(keys::TESSERA_QUEUE)
+        .or_else(|| ann.get(keys::VOLCANO_QUEUE))
+        .cloned();
+    let scheduled_message = p
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "PodScheduled"))
+        .filter(|c| c.status == "False")
+        .and_then(|c| c.message.clone());
+    Ok(PodInfo {
+        uid: p.metadata.uid.clone().unwrap_or_default(),
+        scheduler: spec
+            .and_then(|s| s.scheduler_name.clone())
+            .unwrap_or_else(|| "default-scheduler".into()),
+        group,
+        queue,
+        kind,
+        priority_class: spec.and_then(|s| s.priority_class_name.clone()),
+        priority: spec.and_then(|s| s.priority),
+        task,
+        affinity,
+        claims,
+        claims_missing,
+        labels,
+        terminating: p.metadata.deletion_timestamp.is_some(),
+        created_ms: p
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| t.0.as_millisecond().max(0) as u64)
+            .unwrap_or(0),
+        preemptable: ann.get(keys::PREEMPTABLE).map(String::as_str) != Some("false"),
+        scheduled_message,
+        namespace,
+        name,
+    })
+}
+
+/// Whether a pod has finished (its resources are free).
+pub fn pod_finished(p: &core::Pod) -> bool {
+    matches!(
+        p.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+/// A PodGroup from any of the three APIs, in one shape.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupSpec {
+    /// `tessera`, `volcano` or `x-k8s`: which API the object came from.
+    pub api: &'static str,
+    pub namespace: String,
+    pub name: String,
+    pub min_member: u32,
+    pub min_resources: Option<Resources>,
+    pub queue: Option<String>,
+    pub priority_class: Option<String>,
+    pub kind: Option<GroupKind>,
+    pub created_ms: u64,
+    /// The status Tessera last saw on the object (to write only changes).
+    pub status_phase: Option<String>,
+    pub status_running: Option<i32>,
+}
+
+fn meta_ms(m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> u64 {
+    m.creation_timestamp
+        .as_ref()
+        .map(|t| t.0.as_millisecond().max(0) as u64)
+        .unwrap_or(0)
+}
+
+fn min_member(object: &str, v: Option<i32>) -> Result<u32, TranslateError> {
+    match v {
+        None => Ok(1),
+        Some(n) if n >= 0 => Ok(n as u32),
+        Some(n) => Err(err(
+            object,
+            "spec.minMember",
+            &n.to_string(),
+            "must be 0 or more",
+        )),
+    }
+}
+
+fn min_res(
+    object: &str,
+    r: Option<&crd::ResourceList>,
+) -> Result<Option<Resources>, TranslateError> {
+    r.map(|r| resources(object, "spec.minResources", r))
+        .transpose()
+}
+
+/// A Tessera PodGroup.
+pub fn tessera_group(g: &crd::PodGroup) -> Result<GroupSpec, TranslateError> {
+    let (ns, name) = (
+        g.metadata.namespace.clone().unwrap_or_default(),
+        g.metadata.name.clone().unwrap_or_default(),
+    );
+    let object = format!("podgroup.scheduling.tessera.dev {ns}/{name}");
+    Ok(GroupSpec {
+        api: "tessera",
+        min_member: min_member(&object, g.spec.min_member)?,
+        min_resources: min_res(&object, g.spec.min_resources.as_ref())?,
+        queue: g.spec.queue.clone(),
+        priority_class: g.spec.priority_class_name.clone(),
+        kind: group_kind(&object, g.spec.kind.as_deref())?,
+        created_ms: meta_ms(&g.metadata),
+        status_phase: g.status.as_ref().and_then(|s| s.phase.clone()),
+        status_running: g.status.as_ref().and_then(|s| s.running),
+        namespace: ns,
+        name,
+    })
+}
+
+/// A Volcano PodGroup.
+pub fn volcano_group(g: &crd::volcano::PodGroup) -> Result<GroupSpec, TranslateError> {
+    let (ns, name) = (
+        g.metadata.namespace.clone().unwrap_or_default(),
+        g.metadata.name.clone().unwrap_or_default(),
+    );
+    let object = format!("podgroup.scheduling.volcano.sh {ns}/{name}");
+    Ok(GroupSpec {
+        api: "volcano",
+        min_member: min_member(&object, g.spec.min_member)?,
+        min_resources: min_res(&object, g.spec.min_resources.as_ref())?,
+        queue: g.spec.queue.clone(),
+        priority_class: g.spec.priority_class_name.clone(),
+        kind: None,
+        created_ms: meta_ms(&g.metadata),
+        status_phase: g.status.as_ref().and_then(|s| s.phase.clone()),
+        status_running: g.status.as_ref().and_then(|s| s.running),
+        namespace: ns,
+        name,
+    })
+}
+
+/// A scheduler-plugins PodGroup.
+pub fn x_k8s_group(g: &crd::x_k8s::PodGroup) -> Result<GroupSpec, TranslateError> {
+    let (ns, name) = (
+        g.metadata.namespace.clone().unwrap_or_default(),
+        g.metadata.name.clone().unwrap_or_default(),
+    );
+    let object = format!("podgroup.scheduling.x-k8s.io {ns}/{name}");
+    Ok(GroupSpec {
+        api: "x-k8s",
+        min_member: min_member(&object, g.spec.min_member)?,
+        min_resources: min_res(&object, g.spec.min_resources.as_ref())?,
+        queue: None,
+        priority_class: None,
+        kind: None,
+        created_ms: meta_ms(&g.metadata),
+        status_phase: g.status.as_ref().and_then(|s| s.phase.clone()),
+        status_running: g.status.as_ref().and_then(|s| s.running),
+        namespace: ns,
+        name,
+    })
+}
+
+fn queue_from(object: &str, name: String, s: &crd::QueueSpec) -> Result<Queue, TranslateError> {
+    let mut q = Queue::new(name);
+    q.parent = s.parent.clone().filter(|p| !p.is_empty() && p != "root");
+    if let Some(w) = s.weight {
+        if w < 1 {
+            return Err(err(
+                object,
+                "spec.weight",
+                &w.to_string(),
+                "must be 1 or more",
+            ));
+        }
+        q.weight = w as u32;
+    }
+    if let Some(c) = &s.capability {
+        q.capability = Some(resources(object, "spec.capability", c)?);
+    }
+    if let Some(g) = s.guarantee.as_ref().and_then(|g| g.resource.as_ref()) {
+        q.guarantee = resources(object, "spec.guarantee.resource", g)?;
+    }
+    q.reclaimable = s.reclaimable.unwrap_or(true);
+    Ok(q)
+}
+
+/// A Tessera Queue.
+pub fn tessera_queue(q: &crd::Queue) -> Result<Queue, TranslateError> {
+    let name = q.metadata.name.clone().unwrap_or_default();
+    queue_from(
+        &format!("queue.scheduling.tessera.dev {name}"),
+        name,
+        &q.spec,
+    )
+}
+
+/// A Volcano Queue (same fields).
+pub fn volcano_queue(q: &crd::volcano::Queue) -> Result<Queue, TranslateError> {
+    let name = q.metadata.name.clone().unwrap_or_default();
+    let s = &q.spec;
+    let spec = crd::QueueSpec {
+        weight: s.weight,
+        capability: s.capability.clone(),
+        guarantee: s.guarantee.clone(),
+        deserved: s.deserved.clone(),
+        reclaimable: s.reclaimable,
+        parent: s.parent.clone(),
+    };
+    queue_from(&format!("queue.scheduling.volcano.sh {name}"), name, &spec)
+}
+
+/// Whether `labels` match a label selector (matchLabels and matchExpressions
+/// with In, NotIn, Exists, DoesNotExist). An empty selector matches everything.
+pub fn selector_matches(sel: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    for (k, v) in sel.match_labels.iter().flatten() {
+        if labels.get(k) != Some(v) {
+            return false;
+        }
+    }
+    for e in sel.match_expressions.iter().flatten() {
+        let have = labels.get(&e.key);
+        let values = e.values.as_deref().unwrap_or(&[]);
+        let ok = match e.operator.as_str() {
+            "In" => have.is_some_and(|v| values.contains(v)),
+            "NotIn" => have.is_none_or(|v| !values.contains(v)),
+            "Exists" => have.is_some(),
+            "DoesNotExist" => have.is_none(),
+            _ => false,
+        };
+        if !ok {
+            return false;
+        }
+    }
+    true
+}
+
+fn requirement_matches(r: &core::NodeSelectorRequirement, have: Option<&String>) -> bool {
+    let values = r.values.as_deref().unwrap_or(&[]);
+    match r.operator.as_str() {
+        "In" => have.is_some_and(|v| values.contains(v)),
+        "NotIn" => have.is_none_or(|v| !values.contains(v)),
+        "Exists" => have.is_some(),
+        "DoesNotExist" => have.is_none(),
+        "Gt" | "Lt" => {
+            let (Some(h), Some(v)) = (
+                have.and_then(|h| h.parse::<i64>().ok()),
+                values.first().and_then(|v| v.parse::<i64>().ok()),
+            ) else {
+                return false;
+            };
+            if r.operator == "Gt" { h > v } else { h < v }
+        }
+        _ => false,
+    }
+}
+
+/// Whether a node matches a required node affinity: any term matches when all
+/// its expressions (on labels) and fields (`metadata.name`) match.
+pub fn node_selector_matches(
+    sel: &core::NodeSelector,
+    node_name: &str,
+    labels: &BTreeMap<String, String>,
+) -> bool {
+    let name = node_name.to_string();
+    sel.node_selector_terms.iter().any(|t| {
+        let exprs = t.match_expressions.as_deref().unwrap_or(&[]);
+        let fields = t.match_fields.as_deref().unwrap_or(&[]);
+        if exprs.is_empty() && fields.is_empty() {
+            return false;
+        }
+        exprs
+            .iter()
+            .all(|r| requirement_matches(r, labels.get(&r.key)))
+            && fields
+                .iter()
+                .all(|r| r.key == "metadata.name" && requirement_matches(r, Some(&name)))
+    })
+}
+
+/// The synthetic label key for one node affinity (stable: a hash of its JSON).
+pub fn affinity_key(sel: &core::NodeSelector) -> String {
+    let json = serde_json::to_string(sel).unwrap_or_default();
+    // FNV-1a: stable across runs and platforms.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in json.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{}{h:016x}", keys::AFFINITY_PREFIX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(s: &str) -> Quantity {
+        Quantity(s.into())
+    }
+
+    fn gpu_node() -> core::Node {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "g1", "labels": {
+                "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+                "nvidia.com/gpu.count": "8",
+                "nvidia.com/gpu.memory": "81559",
+                "nvidia.com/gpu.clique": "abc.1"
+            }},
+            "spec": {"taints": [{"key": "gpu", "value": "h100", "effect": "NoSchedule"}]},
+            "status": {"allocatable": {"cpu": "96", "memory": "1Ti", "pods": "110",
+                "nvidia.com/gpu": "8", "nvidia.com/mig-1g.10gb": "0", "ephemeral-storage": "1Ti"}}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn node_with_gfd_labels() {
+        let n = node(&gpu_node()).unwrap();
+        assert_eq!(n.allocatable.cpu_milli, 96_000);
+        assert_eq!(n.allocatable.memory, 1 << 40);
+        assert_eq!(n.allocatable.gpu_milli, 8000);
+        assert_eq!(n.allocatable.pods, 110);
+        assert_eq!(n.gpus.len(), 8);
+        assert_eq!(n.gpus[3].model, "H100-80GB-HBM3");
+        assert_eq!(n.gpus[3].memory, 81559 << 20);
+        assert_eq!(n.gpus[3].nvlink_domain, Some(0));
+        assert_eq!(n.allocatable.gpu_memory, 8 * (81559 << 20));
+        assert_eq!(n.taints[0].effect, TaintEffect::NoSchedule);
+        assert_eq!(
+            n.allocatable.extended.get("nvidia.com/mig-1g.10gb"),
+            Some(&0)
+        );
+    }
+
+    #[test]
+    fn bad_quantity_names_field_and_value() {
+        let mut n = gpu_node();
+        n.status
+            .as_mut()
+            .unwrap()
+            .allocatable
+            .as_mut()
+            .unwrap()
+            .insert("cpu".into(), q("lots"));
+        let e = node(&n).unwrap_err();
+        assert_eq!(e.field, "status.allocatable.cpu");
+        assert_eq!(e.value, "lots");
+        assert!(
+            e.to_string()
+                .starts_with("node g1: status.allocatable.cpu = \"lots\"")
+        );
+    }
+
+    fn pod_json(v: serde_json::Value) -> core::Pod {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn pod_requests_init_and_gpus() {
+        let p = pod_json(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns",
+                "annotations": {"scheduling.k8s.io/group-name": "job1"}},
+            "spec": {"schedulerName": "tessera", "priority": 7,
+                "containers": [
+                    {"name": "a", "resources": {"requests": {"cpu": "500m", "memory": "1Gi", "nvidia.com/gpu": "2"}}},
+                    {"name": "b", "resources": {"requests": {"cpu": "1", "example.com/fpga": "1"}}}],
+                "initContainers": [{"name": "i", "resources": {"requests": {"cpu": "4"}}}],
+                "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                "nodeSelector": {"zone": "a"}}
+        }));
+        let i = pod(&p).unwrap();
+        assert_eq!(i.task.resources.cpu_milli, 4000);
+        assert_eq!(i.task.resources.memory, 1 << 30);
+        assert_eq!(i.task.resources.extended.get("example.com/fpga"), Some(&1));
+        assert_eq!(
+            i.task.gpu,
+            GpuRequest::Whole {
+                count: 2,
+                models: vec![]
+            }
+        );
+        assert_eq!(i.group, GroupRef::Named("job1".into()));
+        assert_eq!(i.priority, Some(7));
+        assert_eq!(i.task.tolerations[0].operator, TolerationOperator::Exists);
+        assert_eq!(
+            i.task.node_selector.get("zone").map(String::as_str),
+            Some("a")
+        );
+        assert_eq!(i.scheduler, "tessera");
+    }
+
+    #[test]
+    fn gpu_fraction_annotation() {
+        let p = pod_json(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "annotations": {
+                "scheduling.tessera.dev/gpu-milli": "250",
+                "scheduling.tessera.dev/gpu-memory": "10Gi",
+                "scheduling.tessera.dev/gpu-models": "H100-80GB-HBM3, A100"}},
+            "spec": {"containers": [{"name": "a"}]}
+        }));
+        let i = pod(&p).unwrap();
+        assert_eq!(
+            i.task.gpu,
+            GpuRequest::Shared {
+                milli: 250,
+                memory: 10 << 30,
+                models: vec!["H100-80GB-HBM3".into(), "A100".into()]
+            }
+        );
+        let bad = pod_json(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "annotations": {
+                "scheduling.tessera.dev/gpu-milli": "1500"}},
+            "spec": {"containers": [{"name": "a"}]}
+        }));
+        let e = pod(&bad).unwrap_err();
+        assert!(e.to_string().contains("gpu-milli"), "{e}");
+    }
+
+    #[test]
+    fn node_affinity_operators() {
+        let sel: core::NodeSelector = serde_json::from_value(serde_json::json!({
+            "nodeSelectorTerms": [
+                {"matchExpressions": [
+                    {"key": "zone", "operator": "In", "values": ["a", "b"]},
+                    {"key": "gen", "operator": "Gt", "values": ["3"]},
+                    {"key": "bad", "operator": "DoesNotExist"}]},
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["special"]}]}
+            ]
+        }))
+        .unwrap();
+        let l = |v: &[(&str, &str)]| {
+            v.iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect::<BTreeMap<_, _>>()
+        };
+        assert!(node_selector_matches(
+            &sel,
+            "n",
+            &l(&[("zone", "a"), ("gen", "4")])
+        ));
+        assert!(!node_selector_matches(
+            &sel,
+            "n",
+            &l(&[("zone", "a"), ("gen", "3")])
+        ));
+        assert!(!node_selector_matches(
+            &sel,
+            "n",
+            &l(&[("zone", "a"), ("gen", "4"), ("bad", "")])
+        ));
+        assert!(!node_selector_matches(
+            &sel,
+            "n",
+            &l(&[("zone", "c"), ("gen", "9")])
+        ));
+        assert!(node_selector_matches(&sel, "special", &l(&[])));
+        assert_eq!(affinity_key(&sel), affinity_key(&sel.clone()));
+    }
+
+    #[test]
+    fn label_selector() {
+        let sel: LabelSelector = serde_json::from_value(serde_json::json!({
+            "matchLabels": {"app": "db"},
+            "matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["test"]}]
+        }))
+        .unwrap();
+        let mut l = BTreeMap::from([("app".to_string(), "db".to_string())]);
+        assert!(selector_matches(&sel, &l));
+        l.insert("tier".into(), "test".into());
+        assert!(!selector_matches(&sel, &l));
+        assert!(selector_matches(&LabelSelector::default(), &l));
+    }
+
+    #[test]
+    fn queue_fields() {
+        let qu: crd::Queue = serde_json::from_value(serde_json::json!({
+            "apiVersion": "scheduling.tessera.dev/v1alpha1", "kind": "Queue",
+            "metadata": {"name": "team-a"},
+            "spec": {"weight": 3, "capability": {"cpu": "10", "nvidia.com/gpu": "4"},
+                "guarantee": {"resource": {"cpu": "2"}}, "reclaimable": false, "parent": "root"}
+        }))
+        .unwrap();
+        let m = tessera_queue(&qu).unwrap();
+        assert_eq!(m.weight, 3);
+        assert_eq!(m.capability.as_ref().unwrap().gpu_milli, 4000);
+        assert_eq!(m.guarantee.cpu_milli, 2000);
+        assert!(!m.reclaimable);
+        assert_eq!(m.parent, None);
+    }
+}

@@ -3,9 +3,8 @@
 //! `TESSERA_ETCD` (`.ci/k8s-apiserver.sh` builds and installs them).
 //!
 //! Nodes only, as KWOK does: no kubelet, no controller manager. The apiserver
-//! serves plain HTTP on a loopback port (`--insecure-port`, still present in
-//! v1.20) with every request allowed; its HTTPS port uses a self-signed
-//! certificate in the temporary folder.
+//! serves HTTPS on a loopback port with a self-signed certificate it makes in
+//! the temporary folder, and a static bearer token; every request is allowed.
 
 use std::io::Read;
 use std::net::TcpListener;
@@ -16,6 +15,9 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1 as core;
 use kube::api::{Api, DeleteParams, ListParams};
 use kube::{Client, Config};
+
+/// The bearer token of the test apiserver (loopback only, a throwaway server).
+const TOKEN: &str = "tessera-test-token";
 
 /// Where the binaries are, from the environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,8 +97,7 @@ impl TestEnv {
         }
         .map_err(|e| format!("temporary folder: {e}"))?;
         let d = dir.path();
-        let (client_port, peer_port, insecure, secure) =
-            (free_port()?, free_port()?, free_port()?, free_port()?);
+        let (client_port, peer_port, secure) = (free_port()?, free_port()?, free_port()?);
         let etcd = Command::new(&b.etcd)
             .args([
                 "--name=default".to_string(),
@@ -131,12 +132,19 @@ impl TestEnv {
                 String::from_utf8_lossy(&out.stderr)
             ));
         }
+        // A static bearer token in system:masters; every request is allowed anyway.
+        let tokens = d.join("tokens.csv");
+        std::fs::write(
+            &tokens,
+            format!("{TOKEN},tessera-test,1,\"system:masters\"\n"),
+        )
+        .map_err(|e| format!("{}: {e}", tokens.display()))?;
         let apiserver = Command::new(&b.apiserver)
             .args([
                 format!("--etcd-servers=http://127.0.0.1:{client_port}"),
-                format!("--insecure-port={insecure}"),
-                "--insecure-bind-address=127.0.0.1".into(),
+                "--insecure-port=0".into(),
                 format!("--secure-port={secure}"),
+                format!("--token-auth-file={}", tokens.display()),
                 "--bind-address=127.0.0.1".into(),
                 format!("--cert-dir={}", d.join("certs").display()),
                 "--service-account-issuer=https://kubernetes.default.svc".into(),
@@ -159,7 +167,7 @@ impl TestEnv {
         let mut env = TestEnv {
             etcd,
             apiserver,
-            url: format!("http://127.0.0.1:{insecure}"),
+            url: format!("https://127.0.0.1:{secure}"),
             dir,
         };
         env.wait_ready(Duration::from_secs(120)).await?;
@@ -171,6 +179,12 @@ impl TestEnv {
         let uri = self.url.parse().map_err(|e| format!("{}: {e}", self.url))?;
         let mut cfg = Config::new(uri);
         cfg.read_timeout = Some(Duration::from_secs(60));
+        // The serving certificate is self-signed, made by the apiserver at start.
+        cfg.accept_invalid_certs = true;
+        cfg.headers.push((
+            http::header::AUTHORIZATION,
+            http::HeaderValue::from_str(&format!("Bearer {TOKEN}")).map_err(|e| e.to_string())?,
+        ));
         Client::try_from(cfg).map_err(|e| e.to_string())
     }
 

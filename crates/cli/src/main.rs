@@ -43,6 +43,10 @@ enum Command {
     /// Isolated Linux sandboxes.
     #[command(subcommand)]
     Sandbox(cmd::sandbox::SandboxCommand),
+    /// Sandbox templates: build a root file system from an OCI image layout or with
+    /// debootstrap.
+    #[command(subcommand)]
+    Template(cmd::sandbox::TemplateCommand),
     /// Start the control plane on this machine: store, API, scheduler loop.
     Up(cmd::up::UpArgs),
     /// Queues of your tenant (server and key from `tessera login`, or TESSERA_URL
@@ -101,6 +105,7 @@ fn main() {
         Command::Bench(c) => bench::run(c),
         Command::Guard(c) => cmd::guard::run(c),
         Command::Sandbox(c) => cmd::sandbox::run(c),
+        Command::Template(c) => cmd::sandbox::template(c),
         Command::Up(a) => cmd::up::run(a),
         Command::Queue(c) => cmd::client::queue(c),
         Command::Job(c) => cmd::client::job(c),

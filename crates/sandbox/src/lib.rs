@@ -30,6 +30,7 @@ pub mod proxy;
 pub mod sandbox;
 pub mod seccomp;
 pub mod spec;
+pub mod template;
 
 pub use cgroup::{CgroupManager, SandboxCgroup};
 pub use error::{CgroupError, ExecError, FileError, SpawnError, StepError};

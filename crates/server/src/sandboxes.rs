@@ -1,42 +1,892 @@
-//! Sandboxes: create, exec, files, pause/resume, destroy (issue 6).
+//! Sandboxes: create, commands, files, timeout, pause/resume, kill (issue 6), with
+//! names familiar to E2B users (`POST /v1/sandboxes` is `Sandbox.create`, `commands`
+//! is `commands.run`, `files` is `files.read/write/list/remove`, `timeout` is
+//! `setTimeout`, `DELETE` is `kill`).
 //!
 //! This module owns its state ([`SandboxesState`]), its configuration
 //! ([`SandboxesConfig`], a field of [`crate::ServerConfig`]), its routes and its
-//! OpenAPI schemas; handlers only translate between HTTP and the crate that
-//! owns the behaviour.
+//! OpenAPI schemas; handlers only translate between HTTP and `tessera-sandbox`, whose
+//! calls block and so run on tokio's blocking threads.
+//!
+//! Every sandbox belongs to the tenant that made it: another tenant gets 404 for it,
+//! as for any object. Creating, running and file operations need the developer role;
+//! listing and reading a sandbox's record need viewer. Off unless the server is
+//! started with sandboxes enabled (`tessera up --sandboxes`): a sandbox runs code on
+//! the server's own machine, and needs root (or unprivileged user namespaces).
 
-use serde_json::Value;
+use std::collections::{BTreeMap, HashMap};
+use std::convert::Infallible;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures_util::stream;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tessera_sandbox::{
+    CommandCheck, EgressPolicy, ExecError, ExecOutput, ExecRequest, ExitStatus, FileError,
+    InitProgram, Network, PoolConfig, Runtime, RuntimeConfig, Sandbox, SandboxSpec, Template,
+    WarmPool,
+};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::StartError;
-use crate::plane::ControlPlane;
+use crate::api::{App, Body, Q};
+use crate::auth::Role;
+use crate::plane::{Caller, ControlPlane};
+use crate::problem::{ApiError, Code};
+
+/// Lifetime of a sandbox when the create call names none (E2B's default too).
+pub const DEFAULT_TIMEOUT_S: u64 = 300;
+/// Longest lifetime a sandbox may be given.
+pub const MAX_TIMEOUT_S: u64 = 24 * 3600;
+/// Sandboxes one tenant may hold at once, unless configured.
+pub const DEFAULT_MAX_PER_TENANT: usize = 32;
+/// Default and longest command timeouts, in seconds.
+pub const DEFAULT_COMMAND_TIMEOUT_S: f64 = 60.0;
+pub const MAX_COMMAND_TIMEOUT_S: f64 = 3600.0;
 
 /// Settings for this module, from `tessera up` flags.
-#[derive(Clone, Debug, Default)]
-pub struct SandboxesConfig {}
+#[derive(Clone, Default)]
+pub struct SandboxesConfig {
+    /// Serve `/v1/sandboxes` (off by default: see the module docs).
+    pub enabled: bool,
+    /// Checks every command and file operation (the runtime guard); `None` allows all.
+    pub guard: Option<Arc<dyn CommandCheck>>,
+    /// The sandboxes' init program; `None`: `tessera-sandbox-init` next to this program.
+    pub init: Option<InitProgram>,
+    /// Folder of named templates: `template: "NAME"` is `DIR/NAME` (from `tessera
+    /// template build`). `None`: only the host template (`base`).
+    pub templates_dir: Option<PathBuf>,
+    /// Sandboxes one tenant may hold; 0 means [`DEFAULT_MAX_PER_TENANT`].
+    pub max_per_tenant: usize,
+    /// Sandboxes of the base template kept ready (a warm pool); 0 for none.
+    pub warm: usize,
+}
+
+impl std::fmt::Debug for SandboxesConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SandboxesConfig")
+            .field("enabled", &self.enabled)
+            .field("guard", &self.guard.is_some())
+            .field("init", &self.init)
+            .field("templates_dir", &self.templates_dir)
+            .field("max_per_tenant", &self.max_per_tenant)
+            .field("warm", &self.warm)
+            .finish()
+    }
+}
+
+struct Entry {
+    id: String,
+    tenant: String,
+    template: String,
+    sandbox: Arc<Sandbox>,
+    started: SystemTime,
+    /// When the sandbox is killed unless its timeout is changed.
+    end_at: Mutex<(Instant, SystemTime)>,
+    metadata: BTreeMap<String, String>,
+}
+
+struct Inner {
+    rt: Arc<Runtime>,
+    pool: Option<WarmPool>,
+    base: SandboxSpec,
+    templates_dir: Option<PathBuf>,
+    max_per_tenant: usize,
+    all: Mutex<HashMap<String, Arc<Entry>>>,
+}
 
 /// What the handlers of this module share.
-#[derive(Clone, Debug, Default)]
-pub struct SandboxesState {}
+#[derive(Clone, Default)]
+pub struct SandboxesState {
+    /// `None`: sandboxes are off on this server.
+    inner: Option<Arc<Inner>>,
+}
+
+impl std::fmt::Debug for SandboxesState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SandboxesState")
+            .field("enabled", &self.inner.is_some())
+            .finish()
+    }
+}
 
 impl SandboxesState {
     /// Starts this module: its state and any background tasks, which end when
     /// `stop` turns true.
     pub(crate) async fn start(
         _plane: &ControlPlane,
-        _cfg: &SandboxesConfig,
-        _stop: &watch::Receiver<bool>,
+        cfg: &SandboxesConfig,
+        stop: &watch::Receiver<bool>,
     ) -> Result<(Self, Vec<JoinHandle<()>>), StartError> {
-        Ok((Self::default(), Vec::new()))
+        if !cfg.enabled {
+            return Ok((Self::default(), Vec::new()));
+        }
+        let fail = |message: String| StartError::Component {
+            what: "sandboxes",
+            message,
+        };
+        let rt = Runtime::new(RuntimeConfig {
+            init: cfg.init.clone(),
+            cgroups: true,
+            guard: cfg.guard.clone(),
+            tenant: None,
+        })
+        .map_err(|e| fail(e.to_string()))?;
+        let base = SandboxSpec::default();
+        // One sandbox up front: a host that cannot make sandboxes says so at start.
+        let probe = rt.spawn(&base).map_err(|e| {
+            fail(format!(
+                "cannot create a sandbox on this machine ({e}); run as root, or start without --sandboxes"
+            ))
+        })?;
+        let _ = probe.destroy();
+        let pool = (cfg.warm > 0).then(|| {
+            WarmPool::new(
+                rt.clone(),
+                base.clone(),
+                PoolConfig {
+                    min: cfg.warm,
+                    max: cfg.warm.max(64),
+                    ..PoolConfig::default()
+                },
+            )
+        });
+        let inner = Arc::new(Inner {
+            rt,
+            pool,
+            base,
+            templates_dir: cfg.templates_dir.clone(),
+            max_per_tenant: if cfg.max_per_tenant == 0 {
+                DEFAULT_MAX_PER_TENANT
+            } else {
+                cfg.max_per_tenant
+            },
+            all: Mutex::new(HashMap::new()),
+        });
+        let task = tokio::spawn(reap_expired(inner.clone(), stop.clone()));
+        Ok((Self { inner: Some(inner) }, vec![task]))
     }
+}
+
+impl Inner {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Entry>>> {
+        self.all.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The caller's sandbox `id`; another tenant's is "not found", like a missing one.
+    fn get(&self, c: &Caller, id: &str) -> Result<Arc<Entry>, ApiError> {
+        match self.lock().get(id) {
+            Some(e) if e.tenant == c.tenant => Ok(e.clone()),
+            _ => Err(ApiError::not_found(format!("sandbox {id:?}"))),
+        }
+    }
+}
+
+/// Kills sandboxes whose time is up, once a second; kills all of them at shutdown.
+async fn reap_expired(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = stop.wait_for(|s| *s) => break,
+        }
+        let now = Instant::now();
+        let due: Vec<Arc<Entry>> = {
+            let mut all = inner.lock();
+            let ids: Vec<String> = all
+                .values()
+                .filter(|e| e.end_at.lock().unwrap_or_else(|p| p.into_inner()).0 <= now)
+                .map(|e| e.id.clone())
+                .collect();
+            ids.iter().filter_map(|id| all.remove(id)).collect()
+        };
+        if !due.is_empty() {
+            let _ = tokio::task::spawn_blocking(move || {
+                for e in due {
+                    let _ = e.sandbox.destroy();
+                }
+            })
+            .await;
+        }
+    }
+    let rest: Vec<Arc<Entry>> = inner.lock().drain().map(|(_, e)| e).collect();
+    let _ = tokio::task::spawn_blocking(move || {
+        for e in rest {
+            let _ = e.sandbox.destroy();
+        }
+    })
+    .await;
+}
+
+fn enabled(a: &App) -> Result<Arc<Inner>, ApiError> {
+    a.sandboxes.inner.clone().ok_or_else(|| {
+        ApiError::new(
+            Code::NotFound,
+            "sandboxes are off on this server; start it with `tessera up --sandboxes`",
+        )
+    })
+}
+
+/// Runs blocking sandbox work off the async threads.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::internal(format!("sandbox task: {e}")))
+}
+
+fn unix(t: SystemTime) -> f64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+fn info(e: &Entry) -> Value {
+    let end = e.end_at.lock().unwrap_or_else(|p| p.into_inner()).1;
+    let spec = e.sandbox.spec();
+    json!({
+        "sandbox_id": e.id,
+        "template": e.template,
+        "state": if e.sandbox.is_paused() { "paused" } else { "running" },
+        "started_at": unix(e.started),
+        "end_at": unix(end),
+        "metadata": e.metadata,
+        "limits": {
+            "memory_bytes": spec.limits.memory_bytes,
+            "cpu_millis": spec.limits.cpu_millis,
+            "pids": spec.limits.pids,
+            "disk_bytes": spec.limits.disk_bytes,
+        },
+        "network": match &spec.network {
+            Network::None => json!({"mode": "none"}),
+            Network::Proxy(p) => json!({"mode": "proxy", "allow_domains": p.allow_domains}),
+        },
+    })
+}
+
+// ------------------------------------------------------------------ bodies
+
+/// `POST /v1/sandboxes`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewSandbox {
+    /// `base` (the default: the host's /usr, read-only) or a template name.
+    #[serde(default)]
+    pub template: Option<String>,
+    /// Seconds the sandbox lives before it is killed (default 300).
+    #[serde(default)]
+    pub timeout: Option<u64>,
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+    /// Environment of every command.
+    #[serde(default)]
+    pub env_vars: BTreeMap<String, String>,
+    #[serde(default)]
+    pub memory_mb: Option<u64>,
+    #[serde(default)]
+    pub cpus: Option<f64>,
+    #[serde(default)]
+    pub pids: Option<u32>,
+    #[serde(default)]
+    pub disk_mb: Option<u64>,
+    /// Egress through the sandbox's proxy to these domains (and subdomains) only.
+    #[serde(default)]
+    pub allow_domains: Vec<String>,
+}
+
+/// `POST /v1/sandboxes/{id}/timeout`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxTimeout {
+    /// Seconds from now.
+    pub timeout: u64,
+}
+
+/// `POST /v1/sandboxes/{id}/commands`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxCommand {
+    /// A shell command line (`/bin/sh -c`); give this or `argv`.
+    #[serde(default)]
+    pub cmd: Option<String>,
+    /// A program and its arguments; give this or `cmd`.
+    #[serde(default)]
+    pub argv: Option<Vec<String>>,
+    #[serde(default)]
+    pub envs: BTreeMap<String, String>,
+    #[serde(default)]
+    pub cwd: Option<String>,
+    #[serde(default)]
+    pub stdin: Option<String>,
+    /// Seconds before the command's whole process tree is killed (default 60).
+    #[serde(default)]
+    pub timeout: Option<f64>,
+    /// Answer with server-sent events (`stdout`, `stderr`, then `end`) as output
+    /// arrives (also chosen by `Accept: text/event-stream`).
+    #[serde(default)]
+    pub stream: bool,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct PathQuery {
+    pub path: String,
+    #[serde(default)]
+    pub recursive: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct CommandResult {
+    exit_code: i32,
+    signal: Option<i32>,
+    stdout: String,
+    stderr: String,
+    stdout_truncated: bool,
+    stderr_truncated: bool,
+    timed_out: bool,
+    oom_killed: bool,
+    alerts: Vec<String>,
+    redacted: bool,
+}
+
+impl CommandResult {
+    fn new(o: &ExecOutput, with_output: bool) -> Self {
+        let text = |b: &[u8]| {
+            if with_output {
+                String::from_utf8_lossy(b).into_owned()
+            } else {
+                String::new()
+            }
+        };
+        CommandResult {
+            exit_code: o.status.code(),
+            signal: match o.status {
+                ExitStatus::Signaled(s) => Some(s),
+                ExitStatus::Exited(_) => None,
+            },
+            stdout: text(&o.stdout),
+            stderr: text(&o.stderr),
+            stdout_truncated: o.stdout_truncated,
+            stderr_truncated: o.stderr_truncated,
+            timed_out: o.timed_out,
+            oom_killed: o.oom_killed,
+            alerts: o.alerts.clone(),
+            redacted: o.redacted,
+        }
+    }
+}
+
+fn exec_error(id: &str, e: ExecError) -> ApiError {
+    match e {
+        ExecError::Blocked(why) => {
+            ApiError::new(Code::Forbidden, format!("blocked by the guard: {why}"))
+        }
+        ExecError::EmptyCommand => ApiError::invalid("cmd", "the command is empty"),
+        ExecError::Destroyed(_) => ApiError::not_found(format!("sandbox {id:?}")),
+        ExecError::Start(s) => ApiError::invalid("argv", format!("the command did not start: {s}")),
+        other if other.to_string().contains("paused") => ApiError::new(
+            Code::Conflict,
+            format!("sandbox {id:?} is paused; resume it first"),
+        ),
+        other => ApiError::internal(format!("sandbox {id:?}: {other}")),
+    }
+}
+
+fn file_error(id: &str, path: &str, e: FileError) -> ApiError {
+    match e {
+        FileError::BadPath(p) => ApiError::invalid(
+            "path",
+            format!("{p:?}: give an absolute path inside the sandbox"),
+        ),
+        FileError::Exec(x) => exec_error(id, x),
+        FileError::Op { source, .. } if source.errno == ENOENT => {
+            ApiError::not_found(format!("{path:?} in sandbox {id:?}"))
+        }
+        FileError::Op { source, .. } => {
+            ApiError::invalid("path", format!("{path:?} in sandbox {id:?}: {source}"))
+        }
+    }
+}
+
+/// `ENOENT` (the same number on every Linux architecture).
+const ENOENT: i32 = 2;
+
+// ------------------------------------------------------------------ handlers
+
+fn spec_for(inner: &Inner, b: &NewSandbox) -> Result<(SandboxSpec, String), ApiError> {
+    let mut spec = inner.base.clone();
+    let name = b.template.clone().unwrap_or_else(|| "base".into());
+    if name != "base" && name != "host" {
+        let ok = !name.is_empty()
+            && name.len() <= 64
+            && name
+                .bytes()
+                .all(|c| c.is_ascii_alphanumeric() || b"-_.".contains(&c))
+            && !name.starts_with('.');
+        if !ok {
+            return Err(ApiError::invalid(
+                "template",
+                format!("{name:?}: a template name is letters, digits, `-`, `_`, `.`"),
+            ));
+        }
+        let Some(dir) = &inner.templates_dir else {
+            return Err(ApiError::invalid(
+                "template",
+                format!(
+                    "{name:?}: this server has only the `base` template (no --sandbox-templates DIR)"
+                ),
+            ));
+        };
+        let p = dir.join(&name);
+        if !p.is_dir() {
+            return Err(ApiError::invalid(
+                "template",
+                format!("no template {name:?}; build one with `tessera template build`"),
+            ));
+        }
+        spec.template = Template::Dir(p);
+    }
+    if let Some(m) = b.memory_mb {
+        if m == 0 || m > 1 << 20 {
+            return Err(ApiError::invalid("memory_mb", "between 1 and 1048576"));
+        }
+        spec.limits.memory_bytes = Some(m << 20);
+    }
+    if let Some(c) = b.cpus {
+        if !(c.is_finite() && c > 0.0 && c <= 1024.0) {
+            return Err(ApiError::invalid("cpus", "between 0 and 1024"));
+        }
+        spec.limits.cpu_millis = Some((c * 1000.0).round().max(1.0) as u32);
+    }
+    if let Some(p) = b.pids {
+        if p == 0 {
+            return Err(ApiError::invalid("pids", "at least 1"));
+        }
+        spec.limits.pids = Some(p);
+    }
+    if let Some(d) = b.disk_mb {
+        if d == 0 || d > 1 << 20 {
+            return Err(ApiError::invalid("disk_mb", "between 1 and 1048576"));
+        }
+        spec.limits.disk_bytes = d << 20;
+    }
+    for (k, v) in &b.env_vars {
+        if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+            return Err(ApiError::invalid(
+                format!("env_vars.{k}"),
+                "a name without `=` or NUL",
+            ));
+        }
+        spec.env.push((k.clone(), v.clone()));
+    }
+    if !b.allow_domains.is_empty() {
+        spec.network = Network::Proxy(EgressPolicy {
+            allow_domains: b.allow_domains.clone(),
+            allow_private: false,
+        });
+    }
+    Ok((spec, name))
+}
+
+fn new_id() -> String {
+    let mut b = [0u8; 12];
+    let _ = getrandom::fill(&mut b);
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!("sbx_{hex}")
+}
+
+async fn create(
+    State(a): State<App>,
+    c: Caller,
+    Body(b): Body<NewSandbox>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    c.require(Role::Developer)?;
+    let inner = enabled(&a)?;
+    let timeout = b.timeout.unwrap_or(DEFAULT_TIMEOUT_S);
+    if timeout == 0 || timeout > MAX_TIMEOUT_S {
+        return Err(ApiError::invalid(
+            "timeout",
+            format!("seconds between 1 and {MAX_TIMEOUT_S}"),
+        ));
+    }
+    let (spec, template) = spec_for(&inner, &b)?;
+    let held = inner
+        .lock()
+        .values()
+        .filter(|e| e.tenant == c.tenant)
+        .count();
+    if held >= inner.max_per_tenant {
+        return Err(ApiError::new(
+            Code::Conflict,
+            format!(
+                "tenant {:?} has {held} sandboxes, the most this server allows; kill one first",
+                c.tenant
+            ),
+        ));
+    }
+    let i2 = inner.clone();
+    let tenant = c.tenant.clone();
+    let mut sb = blocking(move || match &i2.pool {
+        Some(p) if spec == i2.base => p.claim(),
+        _ => i2.rt.spawn(&spec),
+    })
+    .await?
+    .map_err(|e| ApiError::internal(format!("creating the sandbox: {e}")))?;
+    sb.set_tenant(Some(tenant.clone()));
+    let now = SystemTime::now();
+    let t = Duration::from_secs(timeout);
+    let e = Arc::new(Entry {
+        id: new_id(),
+        tenant,
+        template,
+        sandbox: Arc::new(sb),
+        started: now,
+        end_at: Mutex::new((Instant::now() + t, now + t)),
+        metadata: b.metadata,
+    });
+    inner.lock().insert(e.id.clone(), e.clone());
+    Ok((StatusCode::CREATED, Json(info(&e))))
+}
+
+async fn list(State(a): State<App>, c: Caller) -> Result<Json<Value>, ApiError> {
+    c.require(Role::Viewer)?;
+    let inner = enabled(&a)?;
+    let mut items: Vec<(f64, Value)> = inner
+        .lock()
+        .values()
+        .filter(|e| e.tenant == c.tenant)
+        .map(|e| (unix(e.started), info(e)))
+        .collect();
+    items.sort_by(|x, y| x.0.total_cmp(&y.0));
+    Ok(Json(
+        json!({"items": items.into_iter().map(|x| x.1).collect::<Vec<_>>()}),
+    ))
+}
+
+async fn get_one(
+    State(a): State<App>,
+    c: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    c.require(Role::Viewer)?;
+    let inner = enabled(&a)?;
+    let e = inner.get(&c, &id)?;
+    Ok(Json(info(&e)))
+}
+
+async fn kill(
+    State(a): State<App>,
+    c: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    c.require(Role::Developer)?;
+    let inner = enabled(&a)?;
+    let e = inner.get(&c, &id)?;
+    inner.lock().remove(&id);
+    blocking(move || e.sandbox.destroy())
+        .await?
+        .map_err(|err| ApiError::internal(format!("destroying sandbox {id:?}: {err}")))?;
+    Ok(Json(json!({"sandbox_id": id, "killed": true})))
+}
+
+async fn set_timeout(
+    State(a): State<App>,
+    c: Caller,
+    Path(id): Path<String>,
+    Body(b): Body<SandboxTimeout>,
+) -> Result<Json<Value>, ApiError> {
+    c.require(Role::Developer)?;
+    let inner = enabled(&a)?;
+    if b.timeout == 0 || b.timeout > MAX_TIMEOUT_S {
+        return Err(ApiError::invalid(
+            "timeout",
+            format!("seconds between 1 and {MAX_TIMEOUT_S}"),
+        ));
+    }
+    let e = inner.get(&c, &id)?;
+    let t = Duration::from_secs(b.timeout);
+    *e.end_at.lock().unwrap_or_else(|p| p.into_inner()) =
+        (Instant::now() + t, SystemTime::now() + t);
+    Ok(Json(info(&e)))
+}
+
+async fn pause_or_resume(
+    a: App,
+    c: Caller,
+    id: String,
+    pause: bool,
+) -> Result<Json<Value>, ApiError> {
+    c.require(Role::Developer)?;
+    let inner = enabled(&a)?;
+    let e = inner.get(&c, &id)?;
+    let e2 = e.clone();
+    blocking(move || {
+        if pause {
+            e2.sandbox.pause()
+        } else {
+            e2.sandbox.resume()
+        }
+    })
+    .await?
+    .map_err(|err| match err {
+        tessera_sandbox::CgroupError::NoController(_) => ApiError::new(
+            Code::Conflict,
+            "pause needs the cgroup freezer, which this server does not have (run it as root)",
+        ),
+        other => ApiError::internal(format!("sandbox {id:?}: {other}")),
+    })?;
+    Ok(Json(info(&e)))
+}
+
+async fn pause(
+    State(a): State<App>,
+    c: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    pause_or_resume(a, c, id, true).await
+}
+
+async fn resume(
+    State(a): State<App>,
+    c: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    pause_or_resume(a, c, id, false).await
+}
+
+fn request_from(b: &SandboxCommand) -> Result<ExecRequest, ApiError> {
+    let mut req = match (&b.cmd, &b.argv) {
+        (Some(s), None) => ExecRequest::shell(s.clone()),
+        (None, Some(v)) => ExecRequest::argv(v.clone()),
+        _ => {
+            return Err(ApiError::invalid(
+                "cmd",
+                "give exactly one of `cmd` (a shell line) and `argv` (a list)",
+            ));
+        }
+    };
+    let t = b.timeout.unwrap_or(DEFAULT_COMMAND_TIMEOUT_S);
+    if !(t.is_finite() && t > 0.0 && t <= MAX_COMMAND_TIMEOUT_S) {
+        return Err(ApiError::invalid(
+            "timeout",
+            format!("seconds between 0 and {MAX_COMMAND_TIMEOUT_S}"),
+        ));
+    }
+    req = req.timeout(Duration::from_secs_f64(t));
+    if let Some(cwd) = &b.cwd {
+        if !cwd.starts_with('/') {
+            return Err(ApiError::invalid(
+                "cwd",
+                "an absolute path inside the sandbox",
+            ));
+        }
+        req = req.cwd(cwd.clone());
+    }
+    if let Some(s) = &b.stdin {
+        req = req.stdin(s.as_bytes().to_vec());
+    }
+    for (k, v) in &b.envs {
+        if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+            return Err(ApiError::invalid(
+                format!("envs.{k}"),
+                "a name without `=` or NUL",
+            ));
+        }
+        req = req.env(k.clone(), v.clone());
+    }
+    req.max_output = 8 << 20;
+    Ok(req)
+}
+
+async fn run_command(
+    State(a): State<App>,
+    c: Caller,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    Body(b): Body<SandboxCommand>,
+) -> Result<Response, ApiError> {
+    c.require(Role::Developer)?;
+    let inner = enabled(&a)?;
+    let e = inner.get(&c, &id)?;
+    let req = request_from(&b)?;
+    let sse = b.stream
+        || headers
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.contains("text/event-stream"));
+    if !sse {
+        let out = blocking(move || e.sandbox.exec(&req))
+            .await?
+            .map_err(|err| exec_error(&id, err))?;
+        return Ok(Json(CommandResult::new(&out, true)).into_response());
+    }
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
+    tokio::task::spawn_blocking(move || {
+        let send = |ev: Event| {
+            let _ = tx.send(ev);
+        };
+        let r = e.sandbox.exec_streaming(&req, |stream, data| {
+            let name = match stream {
+                tessera_sandbox::Stream::Stdout => "stdout",
+                tessera_sandbox::Stream::Stderr => "stderr",
+            };
+            let text = String::from_utf8_lossy(data);
+            send(
+                Event::default()
+                    .event(name)
+                    .data(json!({"data": text}).to_string()),
+            );
+        });
+        match r {
+            Ok(out) => send(
+                Event::default()
+                    .event("end")
+                    .data(json!(CommandResult::new(&out, false)).to_string()),
+            ),
+            Err(err) => send(
+                Event::default()
+                    .event("error")
+                    .data(crate::problem::problem_json(&exec_error(&id, err)).to_string()),
+            ),
+        }
+    });
+    let s = stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|ev| (Ok::<Event, Infallible>(ev), rx))
+    });
+    Ok(Sse::new(s).keep_alive(KeepAlive::default()).into_response())
+}
+
+async fn read_file(
+    State(a): State<App>,
+    c: Caller,
+    Path(id): Path<String>,
+    Q(q): Q<PathQuery>,
+) -> Result<Response, ApiError> {
+    c.require(Role::Developer)?;
+    let inner = enabled(&a)?;
+    let e = inner.get(&c, &id)?;
+    let p = q.path.clone();
+    let data = blocking(move || e.sandbox.read_file(&p))
+        .await?
+        .map_err(|err| file_error(&id, &q.path, err))?;
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], data).into_response())
+}
+
+async fn write_file(
+    State(a): State<App>,
+    c: Caller,
+    Path(id): Path<String>,
+    Q(q): Q<PathQuery>,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    c.require(Role::Developer)?;
+    let inner = enabled(&a)?;
+    let e = inner.get(&c, &id)?;
+    let p = q.path.clone();
+    let n = body.len();
+    blocking(move || e.sandbox.write_file(&p, &body))
+        .await?
+        .map_err(|err| file_error(&id, &q.path, err))?;
+    Ok(Json(json!({"path": q.path, "bytes": n})))
+}
+
+async fn remove_file(
+    State(a): State<App>,
+    c: Caller,
+    Path(id): Path<String>,
+    Q(q): Q<PathQuery>,
+) -> Result<Json<Value>, ApiError> {
+    c.require(Role::Developer)?;
+    let inner = enabled(&a)?;
+    let e = inner.get(&c, &id)?;
+    let p = q.path.clone();
+    let rec = q.recursive;
+    blocking(move || e.sandbox.remove(&p, rec))
+        .await?
+        .map_err(|err| file_error(&id, &q.path, err))?;
+    Ok(Json(json!({"path": q.path, "removed": true})))
+}
+
+async fn list_files(
+    State(a): State<App>,
+    c: Caller,
+    Path(id): Path<String>,
+    Q(q): Q<PathQuery>,
+) -> Result<Json<Value>, ApiError> {
+    c.require(Role::Developer)?;
+    let inner = enabled(&a)?;
+    let e = inner.get(&c, &id)?;
+    let p = q.path.clone();
+    let entries = blocking(move || e.sandbox.list(&p))
+        .await?
+        .map_err(|err| file_error(&id, &q.path, err))?;
+    let items: Vec<Value> = entries
+        .into_iter()
+        .map(|d| {
+            json!({
+                "name": d.name,
+                "type": match d.kind {
+                    tessera_sandbox::FileKind::File => "file",
+                    tessera_sandbox::FileKind::Dir => "dir",
+                    tessera_sandbox::FileKind::Symlink => "symlink",
+                    tessera_sandbox::FileKind::Other => "other",
+                },
+                "size": d.size,
+            })
+        })
+        .collect();
+    Ok(Json(json!({"path": q.path, "items": items})))
 }
 
 crate::api::routes! {
     ROUTES, routes;
+    post "/v1/sandboxes" create "Create a sandbox (E2B Sandbox.create); it is killed after `timeout` seconds" Some("NewSandbox"), 201;
+    get "/v1/sandboxes" list "List the tenant's sandboxes" None, 200;
+    get "/v1/sandboxes/{id}" get_one "Get a sandbox" None, 200;
+    delete "/v1/sandboxes/{id}" kill "Kill a sandbox and everything in it (E2B kill)" None, 200;
+    post "/v1/sandboxes/{id}/timeout" set_timeout "Kill the sandbox this many seconds from now (E2B setTimeout)" Some("SandboxTimeout"), 200;
+    post "/v1/sandboxes/{id}/pause" pause "Freeze every process of a sandbox" None, 200;
+    post "/v1/sandboxes/{id}/resume" resume "Thaw a paused sandbox" None, 200;
+    post "/v1/sandboxes/{id}/commands" run_command "Run a command (E2B commands.run): JSON result, or server-sent events stdout/stderr/end with `stream` or Accept: text/event-stream" Some("SandboxCommand"), 200;
+    get "/v1/sandboxes/{id}/files" read_file "Read a file (?path=), as raw bytes (E2B files.read)" None, 200;
+    put "/v1/sandboxes/{id}/files" write_file "Write a file (?path=) with the raw body, making parent folders (E2B files.write)" None, 200;
+    delete "/v1/sandboxes/{id}/files" remove_file "Remove a file, or a folder with ?recursive=true (E2B files.remove)" None, 200;
+    get "/v1/sandboxes/{id}/files/list" list_files "List a folder (?path=) (E2B files.list)" None, 200;
 }
 
 /// Request-body schemas this module's routes name, for the OpenAPI document.
 pub fn schemas() -> Vec<(&'static str, Value)> {
-    Vec::new()
+    let map = json!({"type": "object", "additionalProperties": {"type": "string"}});
+    vec![
+        (
+            "NewSandbox",
+            json!({"type": "object", "additionalProperties": false, "properties": {
+                "template": {"type": "string", "description": "`base` (default) or a template name"},
+                "timeout": {"type": "integer", "description": "seconds the sandbox lives (default 300)"},
+                "metadata": map, "env_vars": map,
+                "memory_mb": {"type": "integer"}, "cpus": {"type": "number"},
+                "pids": {"type": "integer"}, "disk_mb": {"type": "integer"},
+                "allow_domains": {"type": "array", "items": {"type": "string"}}}}),
+        ),
+        (
+            "SandboxTimeout",
+            json!({"type": "object", "additionalProperties": false, "required": ["timeout"],
+                "properties": {"timeout": {"type": "integer", "description": "seconds from now"}}}),
+        ),
+        (
+            "SandboxCommand",
+            json!({"type": "object", "additionalProperties": false, "properties": {
+                "cmd": {"type": "string"}, "argv": {"type": "array", "items": {"type": "string"}},
+                "envs": map, "cwd": {"type": "string"}, "stdin": {"type": "string"},
+                "timeout": {"type": "number"}, "stream": {"type": "boolean"}}}),
+        ),
+    ]
 }

@@ -74,6 +74,117 @@ pub struct LimitArgs {
     /// Size of each writable layer (/tmp, /home/user, /workspace), e.g. `256M`.
     #[arg(long, default_value = "256M")]
     pub disk: String,
+    /// Root file system: `host` (the host's /usr, read-only) or a template directory
+    /// (from `tessera template build`).
+    #[arg(long, value_name = "host|DIR", default_value = "host")]
+    pub template: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TemplateCommand {
+    /// Build a template directory: unpack an OCI image layout, or run debootstrap.
+    Build(TemplateBuildArgs),
+    /// Check that a directory can serve as a template (a folder with bin/sh).
+    Check {
+        /// The template directory.
+        dir: std::path::PathBuf,
+    },
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["oci", "debootstrap"])))]
+pub struct TemplateBuildArgs {
+    /// An OCI image layout directory (index.json, blobs/), e.g. from
+    /// `skopeo copy docker://debian:stable oci:DIR:stable` or `docker buildx --output type=oci`.
+    #[arg(long, value_name = "LAYOUT")]
+    pub oci: Option<std::path::PathBuf>,
+    /// With --oci: the image's name in the layout (its `org.opencontainers.image.ref.name`,
+    /// e.g. `stable`); needed when the layout holds several.
+    #[arg(long = "ref", value_name = "NAME", requires = "oci")]
+    pub reference: Option<String>,
+    /// Build a Debian-family root with `debootstrap --variant=minbase SUITE` (root and
+    /// the debootstrap tool needed).
+    #[arg(long, value_name = "SUITE")]
+    pub debootstrap: Option<String>,
+    /// With --debootstrap: the mirror to use (default: debootstrap's).
+    #[arg(long, value_name = "URL", requires = "debootstrap")]
+    pub mirror: Option<String>,
+    /// Print one JSON document.
+    #[arg(long)]
+    pub json: bool,
+    /// The new template directory (must not exist, or be empty).
+    pub dir: std::path::PathBuf,
+}
+
+/// `tessera template …`.
+pub fn template(c: TemplateCommand) -> i32 {
+    use tessera_sandbox::template as t;
+    match c {
+        TemplateCommand::Check { dir } => match t::check_dir(&dir) {
+            Ok(()) => {
+                println!("{}: usable as a template", dir.display());
+                0
+            }
+            Err(e) => fail(EXIT_BAD_INPUT, e),
+        },
+        TemplateCommand::Build(a) => {
+            #[derive(Serialize)]
+            struct Out {
+                dir: String,
+                source: String,
+                manifest_digest: Option<String>,
+                layers: Option<usize>,
+                bytes: Option<u64>,
+                env: Vec<String>,
+            }
+            let dir = a.dir.display().to_string();
+            let out = if let Some(layout) = &a.oci {
+                let opts = t::OciOptions {
+                    reference: a.reference.clone(),
+                    ..Default::default()
+                };
+                eprintln!("unpacking {} into {dir}", layout.display());
+                match t::unpack_oci_layout(layout, &a.dir, &opts) {
+                    Ok(img) => Out {
+                        dir,
+                        source: format!("oci:{}", layout.display()),
+                        manifest_digest: Some(img.manifest_digest),
+                        layers: Some(img.layers),
+                        bytes: Some(img.bytes),
+                        env: img.env,
+                    },
+                    Err(e) => return fail(EXIT_FAILURE, e),
+                }
+            } else if let Some(suite) = &a.debootstrap {
+                eprintln!("debootstrap --variant=minbase {suite} {dir} (this downloads packages)");
+                match t::debootstrap(suite, &a.dir, a.mirror.as_deref()) {
+                    Ok(()) => Out {
+                        dir,
+                        source: format!("debootstrap:{suite}"),
+                        manifest_digest: None,
+                        layers: None,
+                        bytes: None,
+                        env: Vec::new(),
+                    },
+                    Err(e) => return fail(EXIT_FAILURE, e),
+                }
+            } else {
+                return fail(EXIT_BAD_INPUT, "give --oci LAYOUT or --debootstrap SUITE");
+            };
+            if a.json {
+                return print_json(&out);
+            }
+            println!("template ready: {}", out.dir);
+            println!(
+                "use it with: tessera sandbox run --template {} -- CMD",
+                out.dir
+            );
+            if let Err(e) = t::check_dir(&a.dir) {
+                eprintln!("note: {e}");
+            }
+            0
+        }
+    }
 }
 
 /// What to run and how.
@@ -285,6 +396,18 @@ pub fn spec_from(l: &LimitArgs) -> Result<SandboxSpec, String> {
             disk_bytes: disk,
         },
         extra_rules: guard_landlock_rules(),
+        template: match l.template.as_str() {
+            "host" => tessera_sandbox::Template::Host,
+            dir => {
+                let p = std::path::PathBuf::from(dir);
+                if !p.is_dir() {
+                    return Err(format!(
+                        "--template {dir:?} is not a directory; give `host` or a folder made by `tessera template build`"
+                    ));
+                }
+                tessera_sandbox::Template::Dir(std::fs::canonicalize(&p).unwrap_or(p))
+            }
+        },
         ..SandboxSpec::default()
     })
 }
@@ -698,6 +821,8 @@ mod long {
                 &l.disk,
                 "--pids",
                 &l.pids.to_string(),
+                "--template",
+                &l.template,
             ])
             .arg("--state")
             .arg(state)

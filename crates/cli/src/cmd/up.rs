@@ -61,6 +61,22 @@ pub struct UpArgs {
     /// Agent platform: settings of runtimes, sessions and their sandboxes.
     #[command(flatten)]
     pub agents: crate::cmd::agents::AgentUpArgs,
+    /// Serve /v1/sandboxes: isolated sandboxes on this machine, every command checked
+    /// by the runtime guard. Off by default: sandboxes run tenants' code on the server's
+    /// own machine and need root (or unprivileged user namespaces; without root there
+    /// are no cgroup limits).
+    #[arg(long)]
+    pub sandboxes: bool,
+    /// With --sandboxes: folder of named templates (`tessera template build`), so a
+    /// create may ask for `"template": "NAME"`.
+    #[arg(long, value_name = "DIR", requires = "sandboxes")]
+    pub sandbox_templates: Option<PathBuf>,
+    /// With --sandboxes: sandboxes of the base template kept ready (a warm pool).
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub sandbox_warm: usize,
+    /// With --sandboxes: sandboxes one tenant may hold at once.
+    #[arg(long, value_name = "N", default_value_t = 32)]
+    pub sandbox_max_per_tenant: usize,
 }
 
 /// The default data folder.
@@ -149,6 +165,14 @@ async fn serve(a: UpArgs, listen: SocketAddr) -> i32 {
             speedup: a.speedup,
         }),
         agents: a.agents.config(),
+        sandboxes: tessera_server::sandboxes::SandboxesConfig {
+            enabled: a.sandboxes,
+            guard: Some(std::sync::Arc::new(crate::cmd::sandbox::GuardCheck::new())),
+            init: crate::cmd::sandbox::init_program(),
+            templates_dir: a.sandbox_templates.clone(),
+            max_per_tenant: a.sandbox_max_per_tenant,
+            warm: a.sandbox_warm,
+        },
         ..ServerConfig::default()
     };
     let running = match tessera_server::start(store, cfg).await {

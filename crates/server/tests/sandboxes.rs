@@ -1,0 +1,401 @@
+//! `/v1/sandboxes` through HTTP: create, commands (JSON and server-sent events), files,
+//! pause/resume, timeout, kill, tenant scoping, roles, the guard, and a server with
+//! sandboxes off. Real sandboxes need root (CI runs as root) and the
+//! `tessera-sandbox-init` program, which `cargo test --workspace` builds.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+mod common;
+
+use common::{Client, Method, Server, StatusCode, Value, code, json};
+use tessera_sandbox::{CheckDecision, Command, CommandCheck, InitProgram};
+use tessera_server::sandboxes::SandboxesConfig;
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|v| v.split_whitespace().nth(1).map(|u| u == "0"))
+        .unwrap_or(false)
+}
+
+/// The init program, or `None` (and why) when this test cannot make sandboxes here.
+fn ready(test: &str) -> Option<InitProgram> {
+    if !is_root() {
+        eprintln!(
+            "SKIPPED {test}: needs root (user-namespace id ranges, cgroups); CI runs as root"
+        );
+        return None;
+    }
+    match InitProgram::locate() {
+        Some(p) => Some(p),
+        None if std::env::var_os("CI").is_some() => {
+            panic!("{test}: tessera-sandbox-init is not built next to the test binary")
+        }
+        None => {
+            eprintln!(
+                "SKIPPED {test}: tessera-sandbox-init not built (cargo build -p tessera-sandbox)"
+            );
+            None
+        }
+    }
+}
+
+/// Blocks any command that mentions `forbidden-word`.
+struct TestGuard;
+
+impl CommandCheck for TestGuard {
+    fn check(&self, _t: Option<&str>, c: &Command) -> CheckDecision {
+        if c.display().contains("forbidden-word") {
+            CheckDecision::Block(vec!["test rule".into()])
+        } else {
+            CheckDecision::Allow
+        }
+    }
+}
+
+async fn server(init: InitProgram) -> Server {
+    Server::start_with(|c| {
+        c.register_local_node = false;
+        c.sandboxes = SandboxesConfig {
+            enabled: true,
+            guard: Some(Arc::new(TestGuard)),
+            init: Some(init),
+            warm: 1,
+            max_per_tenant: 3,
+            ..Default::default()
+        };
+    })
+    .await
+}
+
+async fn create(c: &Client, body: Value) -> String {
+    let (st, v) = c.post("/v1/sandboxes", body).await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    v["sandbox_id"].as_str().unwrap().to_string()
+}
+
+async fn raw_get(c: &Client, path: &str) -> (StatusCode, Vec<u8>) {
+    let r = c.request(Method::GET, path).send().await.unwrap();
+    (r.status(), r.bytes().await.unwrap().to_vec())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_run_files_pause_timeout_kill() {
+    let Some(init) = ready("create_run_files_pause_timeout_kill") else {
+        return;
+    };
+    let s = server(init).await;
+    let t = s.tenant("acme").await;
+    let id = create(
+        &t,
+        json!({"timeout": 120, "metadata": {"owner": "test"}, "env_vars": {"GREETING": "hello"}, "memory_mb": 256}),
+    )
+    .await;
+    assert!(id.starts_with("sbx_"));
+    let (st, v) = t.get(&format!("/v1/sandboxes/{id}")).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(v["state"], "running");
+    assert_eq!(v["metadata"]["owner"], "test");
+    assert_eq!(v["limits"]["memory_bytes"], 256 << 20);
+
+    // Commands: shell line with env and stdin, argv form, exit codes.
+    let (st, v) = t
+        .post(
+            &format!("/v1/sandboxes/{id}/commands"),
+            json!({"cmd": "echo \"$GREETING $X\"; cat; exit 3", "envs": {"X": "world"}, "stdin": "in\n"}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(v["stdout"], "hello world\nin\n");
+    assert_eq!(v["exit_code"], 3);
+    let (_, v) = t
+        .post(
+            &format!("/v1/sandboxes/{id}/commands"),
+            json!({"argv": ["python3", "-c", "print(6*7)"], "cwd": "/tmp"}),
+        )
+        .await;
+    assert_eq!(v["stdout"], "42\n", "{v}");
+    // A command timeout kills the tree and says so.
+    let (_, v) = t
+        .post(
+            &format!("/v1/sandboxes/{id}/commands"),
+            json!({"cmd": "sleep 30", "timeout": 0.5}),
+        )
+        .await;
+    assert_eq!(v["timed_out"], true, "{v}");
+    // Both or neither of cmd/argv: 400 naming the field.
+    let (st, v) = t
+        .post(&format!("/v1/sandboxes/{id}/commands"), json!({}))
+        .await;
+    assert_eq!((st, code(&v)), (StatusCode::BAD_REQUEST, "invalid_request"));
+    assert_eq!(v["field"], "cmd");
+    // The guard.
+    let (st, v) = t
+        .post(
+            &format!("/v1/sandboxes/{id}/commands"),
+            json!({"cmd": "echo forbidden-word"}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::FORBIDDEN, "{v}");
+    assert!(v["detail"].as_str().unwrap().contains("guard"), "{v}");
+
+    // Files.
+    let r = t
+        .request(
+            Method::PUT,
+            &format!("/v1/sandboxes/{id}/files?path=/workspace/d/a.txt"),
+        )
+        .body(b"alpha\x00beta".to_vec())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let (st, body) = raw_get(
+        &t,
+        &format!("/v1/sandboxes/{id}/files?path=/workspace/d/a.txt"),
+    )
+    .await;
+    assert_eq!(
+        (st, body.as_slice()),
+        (StatusCode::OK, &b"alpha\x00beta"[..])
+    );
+    let (st, v) = t
+        .get(&format!("/v1/sandboxes/{id}/files/list?path=/workspace/d"))
+        .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(v["items"][0]["name"], "a.txt");
+    assert_eq!(v["items"][0]["type"], "file");
+    assert_eq!(v["items"][0]["size"], 10);
+    let (st, v) = t
+        .get(&format!("/v1/sandboxes/{id}/files?path=/workspace/nope"))
+        .await;
+    assert_eq!((st, code(&v)), (StatusCode::NOT_FOUND, "not_found"), "{v}");
+    let (st, v) = t
+        .get(&format!("/v1/sandboxes/{id}/files?path=relative"))
+        .await;
+    assert_eq!(
+        (st, code(&v)),
+        (StatusCode::BAD_REQUEST, "invalid_request"),
+        "{v}"
+    );
+    let (st, _) = t
+        .delete(&format!(
+            "/v1/sandboxes/{id}/files?path=/workspace/d&recursive=true"
+        ))
+        .await;
+    assert_eq!(st, StatusCode::OK);
+    let (st, _) = t
+        .get(&format!("/v1/sandboxes/{id}/files/list?path=/workspace/d"))
+        .await;
+    assert_eq!(st, StatusCode::NOT_FOUND);
+    // The base is read-only.
+    let r = t
+        .request(
+            Method::PUT,
+            &format!("/v1/sandboxes/{id}/files?path=/usr/evil"),
+        )
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+
+    // Pause: commands wait for resume (409 meanwhile).
+    let (st, v) = t.post_empty(&format!("/v1/sandboxes/{id}/pause")).await;
+    assert_eq!(
+        (st, v["state"].as_str()),
+        (StatusCode::OK, Some("paused")),
+        "{v}"
+    );
+    let (st, v) = t
+        .post(
+            &format!("/v1/sandboxes/{id}/commands"),
+            json!({"cmd": "true"}),
+        )
+        .await;
+    assert_eq!((st, code(&v)), (StatusCode::CONFLICT, "conflict"), "{v}");
+    let (st, v) = t.post_empty(&format!("/v1/sandboxes/{id}/resume")).await;
+    assert_eq!(
+        (st, v["state"].as_str()),
+        (StatusCode::OK, Some("running")),
+        "{v}"
+    );
+
+    // Timeout: a new end, then expiry kills it.
+    let (st, v) = t
+        .post(
+            &format!("/v1/sandboxes/{id}/timeout"),
+            json!({"timeout": 1}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    let mut gone = false;
+    for _ in 0..150 {
+        if t.get(&format!("/v1/sandboxes/{id}")).await.0 == StatusCode::NOT_FOUND {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(gone, "the sandbox outlived its timeout");
+
+    // Kill.
+    let id2 = create(&t, json!({})).await;
+    let (st, _) = t.delete(&format!("/v1/sandboxes/{id2}")).await;
+    assert_eq!(st, StatusCode::OK);
+    let (st, _) = t.get(&format!("/v1/sandboxes/{id2}")).await;
+    assert_eq!(st, StatusCode::NOT_FOUND);
+    let (st, _) = t
+        .post(
+            &format!("/v1/sandboxes/{id2}/commands"),
+            json!({"cmd": "true"}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::NOT_FOUND);
+    s.running.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandboxes_are_tenant_scoped_and_role_checked() {
+    let Some(init) = ready("sandboxes_are_tenant_scoped_and_role_checked") else {
+        return;
+    };
+    let s = server(init).await;
+    let a = s.tenant("a").await;
+    let b = s.tenant("b").await;
+    let id = create(&a, json!({})).await;
+    for (m, path) in [
+        (Method::GET, format!("/v1/sandboxes/{id}")),
+        (Method::DELETE, format!("/v1/sandboxes/{id}")),
+        (
+            Method::GET,
+            format!("/v1/sandboxes/{id}/files?path=/etc/hostname"),
+        ),
+        (Method::POST, format!("/v1/sandboxes/{id}/pause")),
+    ] {
+        let (st, v) = b.call(m.clone(), &path, None).await;
+        assert_eq!(
+            (st, code(&v)),
+            (StatusCode::NOT_FOUND, "not_found"),
+            "{m} {path}"
+        );
+    }
+    let (st, v) = b
+        .post(
+            &format!("/v1/sandboxes/{id}/commands"),
+            json!({"cmd": "true"}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::NOT_FOUND, "{v}");
+    let (_, v) = b.get("/v1/sandboxes").await;
+    assert_eq!(v["items"].as_array().unwrap().len(), 0);
+    let (_, v) = a.get("/v1/sandboxes").await;
+    assert_eq!(v["items"].as_array().unwrap().len(), 1);
+    // A viewer sees, but cannot run or create.
+    let viewer = a.with_role("vic", "viewer").await;
+    assert_eq!(
+        viewer.get(&format!("/v1/sandboxes/{id}")).await.0,
+        StatusCode::OK
+    );
+    let (st, _) = viewer
+        .post(
+            &format!("/v1/sandboxes/{id}/commands"),
+            json!({"cmd": "true"}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::FORBIDDEN);
+    assert_eq!(
+        viewer.post("/v1/sandboxes", json!({})).await.0,
+        StatusCode::FORBIDDEN
+    );
+    // Per-tenant cap (3 in this server).
+    create(&a, json!({})).await;
+    create(&a, json!({})).await;
+    let (st, v) = a.post("/v1/sandboxes", json!({})).await;
+    assert_eq!((st, code(&v)), (StatusCode::CONFLICT, "conflict"), "{v}");
+    // Bad bodies name the field.
+    let (st, v) = b.post("/v1/sandboxes", json!({"timeout": 0})).await;
+    assert_eq!(
+        (st, v["field"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("timeout"))
+    );
+    let (st, v) = b.post("/v1/sandboxes", json!({"templat": "x"})).await;
+    assert_eq!(st, StatusCode::BAD_REQUEST, "{v}");
+    let (st, v) = b.post("/v1/sandboxes", json!({"template": "../etc"})).await;
+    assert_eq!(
+        (st, v["field"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("template"))
+    );
+    s.running.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_stream_output_as_server_sent_events() {
+    let Some(init) = ready("commands_stream_output_as_server_sent_events") else {
+        return;
+    };
+    let s = server(init).await;
+    let t = s.tenant("acme").await;
+    let id = create(&t, json!({})).await;
+    let mut r = t
+        .request(Method::POST, &format!("/v1/sandboxes/{id}/commands"))
+        .json(&json!({"cmd": "echo one; sleep 0.3; echo two >&2; echo three; exit 4", "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert!(
+        r.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let mut text = String::new();
+    let mut chunks = 0;
+    while let Some(c) = r.chunk().await.unwrap() {
+        chunks += 1;
+        text.push_str(&String::from_utf8_lossy(&c));
+        if text.contains("event: end") && text.ends_with("\n\n") {
+            break;
+        }
+    }
+    assert!(chunks >= 2, "output arrived in one piece: {text}");
+    let mut out = String::new();
+    let mut err = String::new();
+    let mut end = Value::Null;
+    let mut ev = "";
+    for line in text.lines() {
+        if let Some(e) = line.strip_prefix("event: ") {
+            ev = e;
+        } else if let Some(d) = line.strip_prefix("data: ") {
+            let v: Value = serde_json::from_str(d).unwrap();
+            match ev {
+                "stdout" => out.push_str(v["data"].as_str().unwrap()),
+                "stderr" => err.push_str(v["data"].as_str().unwrap()),
+                "end" => end = v,
+                other => panic!("unexpected event {other}: {d}"),
+            }
+        }
+    }
+    assert_eq!(out, "one\nthree\n");
+    assert_eq!(err, "two\n");
+    assert_eq!(end["exit_code"], 4, "{text}");
+    s.running.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandboxes_are_off_unless_enabled() {
+    let s = Server::start_with(|c| c.register_local_node = false).await;
+    let t = s.tenant("acme").await;
+    let (st, v) = t.post("/v1/sandboxes", json!({})).await;
+    assert_eq!((st, code(&v)), (StatusCode::NOT_FOUND, "not_found"));
+    assert!(v["detail"].as_str().unwrap().contains("--sandboxes"), "{v}");
+    // The routes are in the OpenAPI document either way.
+    let (_, doc) = t.get("/v1/openapi.json").await;
+    assert!(doc["paths"]["/v1/sandboxes/{id}/commands"]["post"].is_object());
+    assert!(doc["components"]["schemas"]["NewSandbox"].is_object());
+    s.running.shutdown().await;
+}

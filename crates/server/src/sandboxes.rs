@@ -525,7 +525,7 @@ async fn create(
         .count();
     if held >= inner.max_per_tenant {
         return Err(ApiError::new(
-            Code::Conflict,
+            Code::QuotaExceeded,
             format!(
                 "tenant {:?} has {held} sandboxes, the most this server allows; kill one first",
                 c.tenant

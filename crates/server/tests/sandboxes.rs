@@ -315,7 +315,11 @@ async fn sandboxes_are_tenant_scoped_and_role_checked() {
     create(&a, json!({})).await;
     create(&a, json!({})).await;
     let (st, v) = a.post("/v1/sandboxes", json!({})).await;
-    assert_eq!((st, code(&v)), (StatusCode::CONFLICT, "conflict"), "{v}");
+    assert_eq!(
+        (st, code(&v)),
+        (StatusCode::TOO_MANY_REQUESTS, "quota_exceeded"),
+        "{v}"
+    );
     // Bad bodies name the field.
     let (st, v) = b.post("/v1/sandboxes", json!({"timeout": 0})).await;
     assert_eq!(

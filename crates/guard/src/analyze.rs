@@ -519,6 +519,16 @@ impl<'a> Analyzer<'a> {
             );
             return Out::Unknown;
         }
+        // brush-parser backtracks exponentially over runs of `(` (subshell
+        // or arithmetic?): 24 of them took 16 s. Real commands nest a few.
+        if paren_nesting(text) > MAX_PAREN_DEPTH {
+            self.emit(
+                "cmd.too_complex",
+                whole,
+                format!("parentheses nested more than {MAX_PAREN_DEPTH} deep"),
+            );
+            return Out::Unknown;
+        }
         let cx = Cx {
             map,
             chars: if text.is_ascii() {
@@ -3348,6 +3358,25 @@ pub(crate) fn is_block_device(p: &str) -> bool {
 }
 
 /// Maximum bracket nesting, counted naively (quotes ignored): an over-estimate.
+/// Deepest `(` nesting allowed before the text is parsed at all.
+const MAX_PAREN_DEPTH: usize = 12;
+
+/// How deep `(` nest in `text`, ignoring other brackets.
+fn paren_nesting(text: &str) -> usize {
+    let (mut d, mut m) = (0usize, 0usize);
+    for b in text.bytes() {
+        match b {
+            b'(' => {
+                d += 1;
+                m = m.max(d);
+            }
+            b')' => d = d.saturating_sub(1),
+            _ => {}
+        }
+    }
+    m
+}
+
 fn nesting(text: &str) -> usize {
     let (mut d, mut m) = (0usize, 0usize);
     for b in text.bytes() {

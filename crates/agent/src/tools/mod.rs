@@ -223,6 +223,27 @@ fn random_hex(n: usize) -> String {
 }
 
 type FlightKey = (String, String);
+type ToolAndGrants = (Option<Object>, Option<Object>);
+
+/// How long a call trusts a tool, its grants and its session's runtime without
+/// reading them again. Registry changes made through this process apply at
+/// once; those made through another replica (or a session ending) within this.
+pub const CACHE_TTL: Duration = Duration::from_secs(1);
+
+fn fresh<V: Clone>(
+    m: &Mutex<HashMap<(String, String), (Instant, V)>>,
+    k: &(String, String),
+) -> Option<V> {
+    let mut m = m.lock().unwrap();
+    match m.get(k) {
+        Some((at, v)) if at.elapsed() < CACHE_TTL => Some(v.clone()),
+        Some(_) => {
+            m.remove(k);
+            None
+        }
+        None => None,
+    }
+}
 
 /// The tool gateway over a store. Cheap to clone.
 #[derive(Clone)]
@@ -244,6 +265,10 @@ struct Inner<S: Store> {
     written: Notify,
     compiled: Mutex<HashMap<(String, String), CompiledTool>>,
     ledger_writes: AtomicUsize,
+    /// Tools with their grants, and sessions' runtimes, as read at most
+    /// [`CACHE_TTL`] ago (cleared at once by this process's registry writes).
+    tool_cache: Mutex<HashMap<(String, String), (Instant, ToolAndGrants)>>,
+    session_cache: Mutex<HashMap<(String, String), (Instant, Option<String>)>>,
     /// A one-shot crash point for tests ([`Fault`] as u8; 0 = none).
     fault: std::sync::atomic::AtomicU8,
 }
@@ -299,6 +324,8 @@ impl<S: Store> Gateway<S> {
                 compiled: Mutex::new(HashMap::new()),
                 ledger_writes: AtomicUsize::new(0),
                 fault: std::sync::atomic::AtomicU8::new(0),
+                tool_cache: Mutex::new(HashMap::new()),
+                session_cache: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -338,10 +365,15 @@ impl<S: Store> Gateway<S> {
 
     // ---- registry ----
 
+    fn forget_tools(&self) {
+        self.inner.tool_cache.lock().unwrap().clear();
+    }
+
     /// Checks and registers a new tool.
     pub async fn register(&self, tenant: &str, spec: ToolSpec) -> Result<Object, AdminError> {
         let c = CompiledTool::compile(spec, 0)?;
         let key = Key::new(kind::TOOL, tenant, &c.spec.name);
+        self.forget_tools();
         match self.inner.store.create(key, to_value(&*c.spec)).await {
             Ok(o) => Ok(o),
             Err(StoreError::AlreadyExists(_)) => Err(AdminError::Conflict(format!(
@@ -369,6 +401,7 @@ impl<S: Store> Gateway<S> {
         }
         let c = CompiledTool::compile(spec, 0)?;
         let key = Key::new(kind::TOOL, tenant, name);
+        self.forget_tools();
         let exists = self.inner.store.get(&key).await?.is_some();
         let r = if exists || expected.is_some() {
             self.inner
@@ -417,7 +450,9 @@ impl<S: Store> Gateway<S> {
                 expected: None,
             });
         }
-        match self.inner.store.commit(ops).await {
+        let r = self.inner.store.commit(ops).await;
+        self.forget_tools();
+        match r {
             Ok(mut v) => Ok(v.remove(0)),
             Err(StoreError::NotFound(_)) => Err(AdminError::NotFound(format!("tool {name:?}"))),
             Err(e) => Err(e.into()),
@@ -470,6 +505,7 @@ impl<S: Store> Gateway<S> {
                 }
                 None => self.inner.store.create(key.clone(), to_value(&g)).await,
             };
+            self.forget_tools();
             match r {
                 Ok(_) => return Ok(g),
                 Err(StoreError::Conflict { .. } | StoreError::AlreadyExists(_)) => continue,
@@ -590,14 +626,45 @@ impl<S: Store> Gateway<S> {
         let store = &self.inner.store;
         let tkey = Key::new(kind::TOOL, tenant, tool_name);
         let gkey = Key::new(kind::GRANT, tenant, tool_name);
-        let (tool, grants, runtime) = tokio::join!(
-            store.get(&tkey),
-            store.get(&gkey),
-            self.session_runtime(tenant, &req.session_id)
+        let tck = (tenant.to_string(), tool_name.to_string());
+        let sck = (tenant.to_string(), req.session_id.clone());
+        let cached_tool = fresh(&self.inner.tool_cache, &tck);
+        let cached_session = fresh(&self.inner.session_cache, &sck);
+        let (tool_grants, runtime) = tokio::join!(
+            async {
+                match cached_tool {
+                    Some(tg) => Ok::<_, StoreError>(tg),
+                    None => {
+                        let (t, g) = tokio::join!(store.get(&tkey), store.get(&gkey));
+                        let tg = (t?, g?);
+                        self.inner
+                            .tool_cache
+                            .lock()
+                            .unwrap()
+                            .insert(tck.clone(), (Instant::now(), tg.clone()));
+                        Ok(tg)
+                    }
+                }
+            },
+            async {
+                match cached_session {
+                    Some(r) => Ok::<_, CallError>(r),
+                    None => {
+                        let r = self.session_runtime(tenant, &req.session_id).await?;
+                        self.inner
+                            .session_cache
+                            .lock()
+                            .unwrap()
+                            .insert(sck.clone(), (Instant::now(), r.clone()));
+                        Ok(r)
+                    }
+                }
+            }
         );
-        let tool = tool?.ok_or_else(|| CallError::ToolNotFound(tool_name.into()))?;
+        let (tool, grants) = tool_grants?;
+        let tool = tool.ok_or_else(|| CallError::ToolNotFound(tool_name.into()))?;
         let runtime = runtime?;
-        let grants: Grants = grants?
+        let grants: Grants = grants
             .and_then(|o| serde_json::from_value(o.body).ok())
             .unwrap_or_default();
         if !grants.admits(runtime.as_deref(), &caller.role) {
@@ -631,6 +698,7 @@ impl<S: Store> Gateway<S> {
             resend_safe: call.tool.resend_safe(),
             needs_approval: call.tool.spec.approval.is_some(),
         };
+        let mut optimistic = !traits.resend_safe && !traits.needs_approval;
         for _round in 0..64 {
             // A send of the same key in this process: wait for its outcome.
             let follow = self.inner.inflight.lock().unwrap().get(&fk).cloned();
@@ -650,8 +718,14 @@ impl<S: Store> Gateway<S> {
                 }
             }
             let recent = self.inner.recent.lock().unwrap().get(&fk).cloned();
+            // A call that must be written before it is sent skips the read on
+            // its first round: creating the entry fails if one exists (then
+            // the next round reads it), so the read would only cost time.
+            let skip_read = optimistic && recent.is_none();
+            optimistic = false;
             let (entry, version) = match recent {
                 Some(e) => (Some(e), None),
+                None if skip_read => (None, None),
                 None => match self
                     .inner
                     .store

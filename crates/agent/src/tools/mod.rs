@@ -224,16 +224,15 @@ fn random_hex(n: usize) -> String {
 
 type FlightKey = (String, String);
 type ToolAndGrants = (Option<Object>, Option<Object>);
+/// Values read from the store at an instant, by (tenant, name).
+type TtlCache<V> = Mutex<HashMap<(String, String), (Instant, V)>>;
 
 /// How long a call trusts a tool, its grants and its session's runtime without
 /// reading them again. Registry changes made through this process apply at
 /// once; those made through another replica (or a session ending) within this.
 pub const CACHE_TTL: Duration = Duration::from_secs(1);
 
-fn fresh<V: Clone>(
-    m: &Mutex<HashMap<(String, String), (Instant, V)>>,
-    k: &(String, String),
-) -> Option<V> {
+fn fresh<V: Clone>(m: &TtlCache<V>, k: &(String, String)) -> Option<V> {
     let mut m = m.lock().unwrap();
     match m.get(k) {
         Some((at, v)) if at.elapsed() < CACHE_TTL => Some(v.clone()),
@@ -267,8 +266,8 @@ struct Inner<S: Store> {
     ledger_writes: AtomicUsize,
     /// Tools with their grants, and sessions' runtimes, as read at most
     /// [`CACHE_TTL`] ago (cleared at once by this process's registry writes).
-    tool_cache: Mutex<HashMap<(String, String), (Instant, ToolAndGrants)>>,
-    session_cache: Mutex<HashMap<(String, String), (Instant, Option<String>)>>,
+    tool_cache: TtlCache<ToolAndGrants>,
+    session_cache: TtlCache<Option<String>>,
     /// A one-shot crash point for tests ([`Fault`] as u8; 0 = none).
     fault: std::sync::atomic::AtomicU8,
 }

@@ -6,4 +6,11 @@
 //! [`route`] is the pure routing core (no I/O, no clock), shared with the
 //! simulator; everything else needs the `http` feature.
 
+#[cfg(feature = "http")]
+pub mod http;
 pub mod route;
+
+#[cfg(feature = "http")]
+pub use http::{Caller, Gateway, GatewayConfig, PoolSpec, PoolStatus, Refusal, Usage, UsageSink};
+#[cfg(feature = "http")]
+pub mod mock;

@@ -1,0 +1,254 @@
+//! The gateway against mock engines (small OpenAI-compatible HTTP servers with
+//! vLLM-style metrics): plain and streaming calls, usage metering, an engine
+//! dying mid-stream, retries before the first byte, overload and budgets.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::http::HeaderMap;
+use axum::routing::post;
+use serde_json::{Value, json};
+use tessera_gateway::http::{Caller, EndpointSpec, Gateway, GatewayConfig, MemorySink, PoolSpec};
+use tessera_gateway::mock;
+
+struct Harness {
+    url: String,
+    gw: Gateway,
+    sink: Arc<MemorySink>,
+}
+
+async fn harness(engines: &[&mock::MockEngine], max_in_flight: u32, max_queue: usize) -> Harness {
+    let sink = Arc::new(MemorySink::default());
+    let gw = Gateway::new(
+        sink.clone(),
+        GatewayConfig {
+            down_for: Duration::from_secs(60),
+            ..GatewayConfig::default()
+        },
+    );
+    gw.upsert_pool(PoolSpec {
+        name: "p".into(),
+        model: "m".into(),
+        endpoints: engines
+            .iter()
+            .map(|e| EndpointSpec {
+                url: e.url.clone(),
+                weight: 1,
+            })
+            .collect(),
+        max_in_flight,
+        max_queue,
+        queue_timeout_ms: 300,
+    })
+    .unwrap();
+    let g2 = gw.clone();
+    let app = Router::new().route(
+        "/v1/chat/completions",
+        post(move |h: HeaderMap, body: Bytes| {
+            let g = g2.clone();
+            async move {
+                let who = Caller {
+                    tenant: h
+                        .get("x-tenant")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("t1")
+                        .into(),
+                    session: Some("s1".into()),
+                    ..Caller::default()
+                };
+                g.forward(who, "/v1/chat/completions", body).await
+            }
+        }),
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(l, app).await;
+    });
+    Harness {
+        url: format!("http://{addr}/v1/chat/completions"),
+        gw,
+        sink,
+    }
+}
+
+fn chat(stream: bool) -> Value {
+    json!({"model": "m", "stream": stream, "messages": [{"role": "system", "content": "you are terse"}, {"role": "user", "content": "hi"}]})
+}
+
+#[tokio::test]
+async fn plain_and_streaming_calls_are_forwarded_and_metered() {
+    let e = mock::start().await.unwrap();
+    let h = harness(&[&e], 8, 8).await;
+    let c = reqwest::Client::new();
+    let r = c.post(&h.url).json(&chat(false)).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    let r = c.post(&h.url).json(&chat(true)).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-type"], "text/event-stream");
+    let text = r.text().await.unwrap();
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    assert_eq!(text.matches("\"delta\"").count(), 4);
+    // The gateway asked the engine for usage, but the client did not: no usage chunk.
+    assert!(!text.contains("\"usage\""), "{text}");
+    let mut body = chat(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let text = c
+        .post(&h.url)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(text.contains("\"usage\""), "{text}");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let recs = h.sink.records.lock().unwrap().clone();
+    assert_eq!(recs.len(), 3);
+    for (tenant, session, u) in &recs {
+        assert_eq!(tenant, "t1");
+        assert_eq!(session.as_deref(), Some("s1"));
+        assert_eq!(u.completion_tokens, 4);
+        assert!(u.prompt_tokens > 0 && u.cached_tokens > 0);
+    }
+}
+
+#[tokio::test]
+async fn engine_dying_mid_stream_ends_with_an_error_event_and_leaves_rotation() {
+    let a = mock::start().await.unwrap();
+    let b = mock::start().await.unwrap();
+    a.knobs.die_after.store(2, Ordering::Relaxed);
+    b.knobs.die_after.store(2, Ordering::Relaxed);
+    let h = harness(&[&a, &b], 8, 8).await;
+    let c = reqwest::Client::new();
+    let text = c
+        .post(&h.url)
+        .json(&chat(true))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(text.contains("engine_failed"), "{text}");
+    assert!(!text.contains("[DONE]"), "{text}");
+    let st = h.gw.pool_status("p").unwrap();
+    let down: Vec<_> = st.endpoints.iter().filter(|e| !e.healthy).collect();
+    assert_eq!(down.len(), 1, "{st:?}");
+    // The next call goes to the other engine.
+    let dead = down[0].url.clone();
+    let (live, dead_knobs) = if dead == a.url { (&b, &a) } else { (&a, &b) };
+    let before = dead_knobs.knobs.requests.load(Ordering::Relaxed);
+    live.knobs.die_after.store(0, Ordering::Relaxed);
+    let r = c.post(&h.url).json(&chat(false)).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(dead_knobs.knobs.requests.load(Ordering::Relaxed), before);
+}
+
+#[tokio::test]
+async fn a_failing_engine_is_retried_elsewhere_before_the_first_byte() {
+    let a = mock::start().await.unwrap();
+    let b = mock::start().await.unwrap();
+    a.knobs.down.store(true, Ordering::Relaxed);
+    let h = harness(&[&a, &b], 8, 8).await;
+    let c = reqwest::Client::new();
+    for _ in 0..4 {
+        let r = c.post(&h.url).json(&chat(false)).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    assert_eq!(b.knobs.requests.load(Ordering::Relaxed), 4);
+}
+
+#[tokio::test]
+async fn an_overloaded_pool_queues_then_sheds_with_429_and_retry_after() {
+    let e = mock::start().await.unwrap();
+    e.knobs.delay_ms.store(400, Ordering::Relaxed);
+    e.knobs.tokens.store(1, Ordering::Relaxed);
+    let h = harness(&[&e], 1, 2).await;
+    let c = reqwest::Client::new();
+    let mut hs = Vec::new();
+    for _ in 0..6 {
+        let (c, u) = (c.clone(), h.url.clone());
+        hs.push(tokio::spawn(async move {
+            let r = c.post(&u).json(&chat(false)).send().await.unwrap();
+            (
+                r.status().as_u16(),
+                r.headers().get("retry-after").is_some(),
+            )
+        }));
+    }
+    let mut ok = 0;
+    let mut shed = 0;
+    for h in hs {
+        let (s, retry_after) = h.await.unwrap();
+        match s {
+            200 => ok += 1,
+            429 => {
+                assert!(retry_after);
+                shed += 1;
+            }
+            other => panic!("unexpected status {other}"),
+        }
+    }
+    assert!(ok >= 1 && shed >= 3, "ok {ok} shed {shed}");
+}
+
+#[tokio::test]
+async fn a_tenant_over_budget_gets_402_with_the_reason() {
+    let e = mock::start().await.unwrap();
+    let h = harness(&[&e], 8, 8).await;
+    h.sink
+        .over_budget
+        .lock()
+        .unwrap()
+        .insert("t1".into(), "tenant t1 spent 10.00 of 10.00 USD".into());
+    let r = reqwest::Client::new()
+        .post(&h.url)
+        .json(&chat(false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 402);
+    let v: Value = r.json().await.unwrap();
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("spent 10.00")
+    );
+    assert_eq!(e.knobs.requests.load(Ordering::Relaxed), 0);
+}
+
+#[tokio::test]
+async fn pool_update_in_place_keeps_endpoints_and_adds_new_ones() {
+    let a = mock::start().await.unwrap();
+    let b = mock::start().await.unwrap();
+    let h = harness(&[&a], 8, 8).await;
+    let mut spec = h.gw.pool_status("p").unwrap().spec;
+    spec.endpoints.push(EndpointSpec {
+        url: b.url.clone(),
+        weight: 2,
+    });
+    assert!(!h.gw.upsert_pool(spec.clone()).unwrap());
+    let st = h.gw.pool_status("p").unwrap();
+    assert_eq!(st.endpoints.len(), 2);
+    spec.endpoints.remove(0);
+    h.gw.upsert_pool(spec).unwrap();
+    let st = h.gw.pool_status("p").unwrap();
+    assert_eq!(st.endpoints.len(), 1);
+    assert_eq!(st.endpoints[0].url, b.url);
+    let r = reqwest::Client::new()
+        .post(&h.url)
+        .json(&chat(false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(a.knobs.requests.load(Ordering::Relaxed), 0);
+}

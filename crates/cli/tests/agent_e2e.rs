@@ -150,6 +150,7 @@ async fn call(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "not yet verified with the tool gateway on main; run with `cargo test -p tessera --test agent_e2e -- --ignored` (TESSERA_PYTHON, TESSERA_E2E_SESSIONS)"]
 async fn langgraph_sessions_survive_sandbox_and_server_kills() {
     let Some(py) = python() else { return };
     let sessions: usize = std::env::var("TESSERA_E2E_SESSIONS")

@@ -12,6 +12,7 @@ use serde_json::{Value, json};
 use tessera_agent::host::HostConfig;
 use tessera_agent::runtimes::Quotas;
 
+use super::client::{Failure, server_and_key};
 use crate::output::{EXIT_BAD_INPUT, EXIT_FAILURE, fail, print_json, print_text};
 
 /// `tessera up` flags of the agent platform.
@@ -206,8 +207,6 @@ pub enum EventsCommand {
     },
 }
 
-struct Failure(i32, String);
-
 struct Client {
     url: String,
     key: String,
@@ -216,16 +215,9 @@ struct Client {
 
 impl Client {
     fn from_env() -> Result<Client, Failure> {
-        let url = std::env::var("TESSERA_URL").unwrap_or_else(|_| "http://127.0.0.1:7700".into());
-        let key = std::env::var("TESSERA_API_KEY").map_err(|_| {
-            Failure(
-                EXIT_BAD_INPUT,
-                "TESSERA_API_KEY is not set: export the key `tessera up` printed on first start"
-                    .into(),
-            )
-        })?;
+        let (url, key) = server_and_key()?;
         Ok(Client {
-            url: url.trim_end_matches('/').to_string(),
+            url,
             key,
             http: reqwest::Client::new(),
         })

@@ -95,6 +95,22 @@ pub enum NodeCommand {
 /// A failed call: the exit status and the message.
 pub(crate) struct Failure(pub(crate) i32, pub(crate) String);
 
+/// The server URL and API key every client command uses: from the
+/// environment, else the config file `tessera login` wrote (see
+/// [`super::config`]).
+pub(crate) fn server_and_key() -> Result<(String, String), Failure> {
+    let s = super::config::resolve(&super::config::ProcessEnv)
+        .map_err(|e| Failure(EXIT_BAD_INPUT, e))?;
+    let key = s.key.ok_or_else(|| {
+        Failure(
+            EXIT_BAD_INPUT,
+            "no API key: run `tessera login` (it saves the server and key), or export TESSERA_API_KEY with the key `tessera up` printed on first start"
+                .into(),
+        )
+    })?;
+    Ok((s.url, key))
+}
+
 pub(crate) struct Client {
     pub(crate) url: String,
     key: String,
@@ -105,16 +121,8 @@ impl Client {
     /// The server and key from the environment or the config file (see
     /// [`super::config`]).
     pub(crate) fn from_env() -> Result<Client, Failure> {
-        let s = super::config::resolve(&super::config::ProcessEnv)
-            .map_err(|e| Failure(EXIT_BAD_INPUT, e))?;
-        let key = s.key.ok_or_else(|| {
-            Failure(
-                EXIT_BAD_INPUT,
-                "no API key: run `tessera login` (it saves the server and key), or export TESSERA_API_KEY with the key `tessera up` printed on first start"
-                    .into(),
-            )
-        })?;
-        Ok(Client::new(&s.url, &key))
+        let (url, key) = server_and_key()?;
+        Ok(Client::new(&url, &key))
     }
 
     pub(crate) fn new(url: &str, key: &str) -> Client {

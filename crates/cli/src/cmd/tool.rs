@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use clap::{Args, Subcommand, ValueEnum};
 use serde_json::{Value, json};
 
+use super::client::{Failure, server_and_key};
 use crate::output::{EXIT_BAD_INPUT, EXIT_FAILURE, fail};
 
 #[derive(Debug, Clone, Copy, Default, ValueEnum)]
@@ -126,8 +127,6 @@ pub enum ToolCommand {
     Deny { id: String },
 }
 
-struct Failure(i32, String);
-
 fn bad(msg: impl Into<String>) -> Failure {
     Failure(EXIT_BAD_INPUT, msg.into())
 }
@@ -140,12 +139,9 @@ struct Client {
 
 impl Client {
     fn from_env() -> Result<Client, Failure> {
-        let url = std::env::var("TESSERA_URL").unwrap_or_else(|_| "http://127.0.0.1:7700".into());
-        let key = std::env::var("TESSERA_API_KEY").map_err(|_| {
-            bad("TESSERA_API_KEY is not set: export the key `tessera up` printed on first start")
-        })?;
+        let (url, key) = server_and_key()?;
         Ok(Client {
-            url: url.trim_end_matches('/').to_string(),
+            url,
             key,
             http: reqwest::Client::new(),
         })

@@ -12,12 +12,11 @@
 
 use std::convert::Infallible;
 
-use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::IntoResponse;
 use axum::response::sse::{Event, KeepAlive, Sse};
-use axum::response::{IntoResponse, Response};
 use futures_util::stream;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -139,17 +138,8 @@ impl From<AgentError> for ApiError {
     }
 }
 
-type R = Result<Response, ApiError>;
+use crate::api::{R, created, items, ok};
 
-fn ok(v: Value) -> R {
-    Ok(Json(v).into_response())
-}
-fn created(v: Value) -> R {
-    Ok((StatusCode::CREATED, Json(v)).into_response())
-}
-fn items(v: Vec<Value>) -> R {
-    Ok(Json(json!({ "items": v })).into_response())
-}
 fn to_v<T: serde::Serialize>(v: &T) -> Result<Value, ApiError> {
     serde_json::to_value(v).map_err(ApiError::internal)
 }

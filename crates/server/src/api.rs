@@ -119,15 +119,17 @@ impl<T: DeserializeOwned + Send> FromRequestParts<App> for Q<T> {
     }
 }
 
-type R = Result<Response, ApiError>;
+/// A handler's reply: JSON on success, a problem document on failure. The
+/// helpers below are shared by every module's handlers.
+pub(crate) type R = Result<Response, ApiError>;
 
-fn ok(v: Value) -> R {
+pub(crate) fn ok(v: Value) -> R {
     Ok(Json(v).into_response())
 }
-fn created(v: Value) -> R {
+pub(crate) fn created(v: Value) -> R {
     Ok((StatusCode::CREATED, Json(v)).into_response())
 }
-fn items(v: Vec<Value>) -> R {
+pub(crate) fn items(v: Vec<Value>) -> R {
     Ok(Json(json!({ "items": v })).into_response())
 }
 

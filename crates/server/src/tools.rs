@@ -208,11 +208,7 @@ pub(crate) async fn call_tool(
     }
 }
 
-type R = Result<Response, ApiError>;
-
-fn ok(v: Value) -> R {
-    Ok(Json(v).into_response())
-}
+use crate::api::{R, ok};
 
 fn tool_view(o: &Object, grants: &gw::Grants) -> Value {
     let mut v = render(o);

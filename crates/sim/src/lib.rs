@@ -3,6 +3,7 @@
 
 pub mod mixed;
 pub mod replay;
+pub mod rng;
 pub mod routing;
 pub mod scenario;
 pub mod trace;

@@ -24,6 +24,7 @@ use std::collections::{BTreeMap, BinaryHeap};
 use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
+use crate::rng::SplitMix64;
 use tessera_model::{GpuRequest, GroupKind, Node, PodGroup, Queue, Resources, Snapshot, Task};
 use tessera_sched::agent::{
     AgentConfig, AgentScheduler, AgentTask, ControllerState, Demand, FixedClock, NodePhase,
@@ -206,26 +207,10 @@ enum Ev {
     Sample,
 }
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    /// Exponential gap with mean `1/rate` seconds, in ns.
-    fn exp_ns(&mut self, rate: f64) -> u64 {
-        let u = self.unit().max(1e-12);
-        (-u.ln() / rate.max(1e-9) * 1e9) as u64
-    }
-    fn between(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi.saturating_sub(lo) + 1)
-    }
+/// Exponential gap with mean `1/rate` seconds, in ns.
+fn exp_ns(rng: &mut SplitMix64, rate: f64) -> u64 {
+    let u = rng.unit().max(1e-12);
+    (-u.ln() / rate.max(1e-9) * 1e9) as u64
 }
 
 #[derive(Debug, Clone)]
@@ -244,7 +229,7 @@ pub fn run(cfg: &MixedConfig) -> MixedReport {
 
 struct Sim<'c> {
     cfg: &'c MixedConfig,
-    rng: Rng,
+    rng: SplitMix64,
     events: BinaryHeap<Reverse<(u64, u64, Ev)>>,
     seq: u64,
     end_ns: u64,
@@ -282,7 +267,7 @@ impl<'c> Sim<'c> {
         };
         Sim {
             cfg,
-            rng: Rng(cfg.seed),
+            rng: SplitMix64::new(cfg.seed),
             events: BinaryHeap::new(),
             seq: 0,
             end_ns: (cfg.duration_s.max(0.0) * 1e9) as u64,
@@ -358,10 +343,10 @@ impl<'c> Sim<'c> {
         let mut bound = Vec::new();
         let bcfg = tessera_sched::Config::default();
 
-        let first = self.rng.exp_ns(self.agent_rate(0).max(1e-9));
+        let first = exp_ns(&mut self.rng, self.agent_rate(0).max(1e-9));
         self.at(first, Ev::AgentArrival);
         if cfg.training_per_min > 0.0 {
-            let g = self.rng.exp_ns(cfg.training_per_min / 60.0);
+            let g = exp_ns(&mut self.rng, cfg.training_per_min / 60.0);
             self.at(g, Ev::GangArrival);
         }
         self.at(0, Ev::BatchSession);
@@ -376,7 +361,7 @@ impl<'c> Sim<'c> {
                 Ev::AgentArrival => {
                     let mut t = AgentTask::new(
                         self.next_id,
-                        TenantId((self.rng.next() % u64::from(cfg.agent_tenants.max(1))) as u32),
+                        TenantId((self.rng.next_u64() % u64::from(cfg.agent_tenants.max(1))) as u32),
                         Demand::new(cfg.agent_cpu_milli, cfg.agent_memory),
                     );
                     self.next_id += 1;
@@ -391,7 +376,7 @@ impl<'c> Sim<'c> {
                     self.arrivals_period += 1;
                     self.wake(now);
                     let r = self.agent_rate(now);
-                    let gap = self.rng.exp_ns(r);
+                    let gap = exp_ns(&mut self.rng, r);
                     self.at(now + gap.max(1), Ev::AgentArrival);
                 }
                 Ev::AgentEnd { node, cpu, mem } => {
@@ -467,7 +452,7 @@ impl<'c> Sim<'c> {
                     }
                 }
                 Ev::GangArrival => {
-                    let size = cfg.training_sizes[(self.rng.next()
+                    let size = cfg.training_sizes[(self.rng.next_u64()
                         % cfg.training_sizes.len().max(1) as u64)
                         as usize
                         % cfg.training_sizes.len().max(1)];
@@ -481,7 +466,7 @@ impl<'c> Sim<'c> {
                         started_ns: None,
                         nodes: Vec::new(),
                     });
-                    let g = self.rng.exp_ns(cfg.training_per_min / 60.0);
+                    let g = exp_ns(&mut self.rng, cfg.training_per_min / 60.0);
                     self.at(now + g.max(1), Ev::GangArrival);
                 }
                 Ev::GangEnd { gang } => {

@@ -25,34 +25,7 @@ use tessera_sched::gpu::{
 
 use crate::trace::{NodeRow, PodRow};
 
-/// SplitMix64: small, fast, good enough for shuffling and tie-breaking.
-#[derive(Debug, Clone)]
-pub struct SplitMix64(u64);
-
-impl SplitMix64 {
-    pub fn new(seed: u64) -> Self {
-        SplitMix64(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (Lemire's multiply-shift, unbiased enough for n < 2^32).
-    pub fn below_usize(&mut self, n: usize) -> usize {
-        ((u128::from(self.next_u64()) * n as u128) >> 64) as usize
-    }
-}
-
-impl RandomSource for SplitMix64 {
-    fn below(&mut self, n: u32) -> u32 {
-        self.below_usize(n as usize) as u32
-    }
-}
+pub use crate::rng::SplitMix64;
 
 /// Replay settings.
 #[derive(Debug, Clone)]

@@ -13,6 +13,7 @@ use std::time::Instant;
 use serde::Serialize;
 use tessera_model::{GpuDevice, GpuRequest, Node, PodGroup, Queue, Resources, Snapshot, Task};
 use tessera_sched::{Config, Observer};
+use tessera_sim::rng::SplitMix64;
 
 use crate::output::{EXIT_BAD_INPUT, fail, print_json, print_text};
 
@@ -70,26 +71,11 @@ impl Observer for Timer {
     }
 }
 
-/// SplitMix64: a small deterministic generator for the synthetic workload.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 const MODELS: [(&str, u64); 3] = [("H100-80GB", 80), ("A100-80GB", 80), ("L40S", 48)];
 
 /// Builds the synthetic cluster and workload.
 pub fn synthetic(nodes: usize, tasks: usize, seed: u64) -> Snapshot {
-    let mut rng = Rng(seed);
+    let mut rng = SplitMix64::new(seed);
     let mut snap = Snapshot::default();
     for i in 0..nodes {
         let (model, mem_gb) = MODELS[[0, 0, 1, 1, 2][i % 5]];
@@ -122,10 +108,10 @@ pub fn synthetic(nodes: usize, tasks: usize, seed: u64) -> Snapshot {
     let mut made = 0usize;
     let mut g = 0usize;
     while made < tasks {
-        let queue = queues[rng.below(4) as usize];
-        let roll = rng.below(100);
+        let queue = queues[rng.modulo(4) as usize];
+        let roll = rng.modulo(100);
         let mut group = PodGroup::new(format!("job-{g:06}"), queue, 1);
-        group.priority = rng.below(3) as i32;
+        group.priority = rng.modulo(3) as i32;
         group.creation = g as u64;
         if roll < 10 && tasks - made >= 8 {
             // An 8-way gang of 1-GPU workers.
@@ -160,15 +146,15 @@ pub fn synthetic(nodes: usize, tasks: usize, seed: u64) -> Snapshot {
             };
             let mut t = Task::new("t", Resources::new(cpu, mem)).with_gpu(gpu);
             // A fifth of the tasks carry a constraint: a GPU model or a zone.
-            match rng.below(10) {
+            match rng.modulo(10) {
                 0 => {
                     if let GpuRequest::Whole { models, .. } = &mut t.gpu {
-                        models.push(MODELS[rng.below(3) as usize].0.to_string());
+                        models.push(MODELS[rng.modulo(3) as usize].0.to_string());
                     }
                 }
                 1 => {
                     t.node_selector
-                        .insert("zone".into(), format!("zone-{}", rng.below(4)));
+                        .insert("zone".into(), format!("zone-{}", rng.modulo(4)));
                 }
                 _ => {}
             }

@@ -28,6 +28,8 @@ use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap, HashMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
+
+use crate::rng::SplitMix64;
 use tessera_gateway::route::{
     BlockHash, Decision, EndpointLoad, Policy, RouteRequest, Router, mix,
 };
@@ -179,25 +181,27 @@ pub struct RouterResult {
     pub prefill_tokens: u64,
 }
 
-/// Small deterministic generator (splitmix64).
+/// The workload's draws: [`SplitMix64`] with routing's own seeding.
 #[derive(Debug, Clone)]
-pub struct Rng(u64);
+pub struct Rng(SplitMix64);
 
 impl Rng {
     pub fn new(seed: u64) -> Self {
-        Rng(mix(seed ^ 0x5EED))
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        mix(self.0)
+        // Routing's recorded workloads were drawn from `mix(state)` after each
+        // step, and `mix` adds the step itself: starting SplitMix64 one step
+        // ahead yields the same sequence, so the published tables still hold.
+        Rng(SplitMix64::new(
+            mix(seed ^ 0x5EED).wrapping_add(0x9E37_79B9_7F4A_7C15),
+        ))
     }
     /// Uniform in [0, 1).
     pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+        self.0.unit()
     }
+    /// Uniform in `lo..=hi`, bounds in either order.
     pub fn range(&mut self, (lo, hi): (u32, u32)) -> u32 {
         let (lo, hi) = (lo.min(hi), lo.max(hi));
-        lo + (self.next_u64() % u64::from(hi - lo + 1)) as u32
+        self.0.between(u64::from(lo), u64::from(hi)) as u32
     }
     pub fn exp(&mut self, mean: f64) -> f64 {
         -mean * (1.0 - self.unit()).ln()

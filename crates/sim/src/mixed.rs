@@ -23,8 +23,8 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::fmt::Write as _;
 
-use serde::{Deserialize, Serialize};
 use crate::rng::SplitMix64;
+use serde::{Deserialize, Serialize};
 use tessera_model::{GpuRequest, GroupKind, Node, PodGroup, Queue, Resources, Snapshot, Task};
 use tessera_sched::agent::{
     AgentConfig, AgentScheduler, AgentTask, ControllerState, Demand, FixedClock, NodePhase,
@@ -343,7 +343,8 @@ impl<'c> Sim<'c> {
         let mut bound = Vec::new();
         let bcfg = tessera_sched::Config::default();
 
-        let first = exp_ns(&mut self.rng, self.agent_rate(0).max(1e-9));
+        let rate = self.agent_rate(0).max(1e-9);
+        let first = exp_ns(&mut self.rng, rate);
         self.at(first, Ev::AgentArrival);
         if cfg.training_per_min > 0.0 {
             let g = exp_ns(&mut self.rng, cfg.training_per_min / 60.0);
@@ -361,7 +362,9 @@ impl<'c> Sim<'c> {
                 Ev::AgentArrival => {
                     let mut t = AgentTask::new(
                         self.next_id,
-                        TenantId((self.rng.next_u64() % u64::from(cfg.agent_tenants.max(1))) as u32),
+                        TenantId(
+                            (self.rng.next_u64() % u64::from(cfg.agent_tenants.max(1))) as u32,
+                        ),
                         Demand::new(cfg.agent_cpu_milli, cfg.agent_memory),
                     );
                     self.next_id += 1;

@@ -20,7 +20,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tessera_sched::gpu::{
-    GpuCluster, NodeState, Placement, PodShape, Policy, RandomSource, TypicalPod, Workload,
+    GpuCluster, NodeState, Placement, PodShape, Policy, TypicalPod, Workload,
 };
 
 use crate::trace::{NodeRow, PodRow};

@@ -413,11 +413,24 @@ pub fn spec_from(l: &LimitArgs) -> Result<SandboxSpec, String> {
 }
 
 /// The init program: `tessera-sandbox-init` next to this binary when installed (small
-/// and fast to start), else this binary's hidden `sandbox __init`.
+/// and fast to start), else this binary's hidden `sandbox __init`, with a warning
+/// printed once: every sandbox then starts this whole binary, which costs about
+/// half the creation rate and 3-4x the idle memory (measured in BENCHMARKS.md).
 pub fn init_program() -> Option<InitProgram> {
     InitProgram::locate().or_else(|| {
+        let exe = std::env::current_exe().ok()?;
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| {
+            eprintln!(
+                "warning: tessera-sandbox-init was not found next to {}; sandboxes will run \
+                 `tessera sandbox __init` instead, which starts slower and uses more memory. \
+                 Build it with `cargo build --release -p tessera-sandbox` (it lands next to \
+                 `tessera`) or point TESSERA_SANDBOX_INIT at it.",
+                exe.display()
+            );
+        });
         Some(InitProgram {
-            path: std::env::current_exe().ok()?,
+            path: exe,
             args: vec!["sandbox".into(), "__init".into()],
         })
     })

@@ -328,11 +328,9 @@ impl SandboxCgroup for V1Cgroup {
     }
 
     fn oom_kills(&self) -> u64 {
-        let s = fs::read_to_string(self.memory.join("memory.oom_control")).unwrap_or_default();
-        s.lines()
-            .find_map(|l| l.strip_prefix("oom_kill "))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0)
+        parse_oom_kills(
+            &fs::read_to_string(self.memory.join("memory.oom_control")).unwrap_or_default(),
+        )
     }
 
     fn memory_current(&self) -> Option<u64> {
@@ -386,7 +384,61 @@ pub struct CgroupV2 {
     base: PathBuf,
 }
 
+/// What the v2 backend writes into a new cgroup for `limits`, in order: `(file, value)`.
+/// `swap`: the kernel has `memory.swap.max` (then swap is off, so the memory limit
+/// covers everything); `cpu`: the cpu controller is enabled (`cpu.max`). Pure, so that
+/// what v2 does can be checked on a v1 host.
+pub fn v2_settings(limits: &Limits, swap: bool, cpu: bool) -> Vec<(&'static str, String)> {
+    let mut out = Vec::new();
+    if let Some(m) = limits.memory_bytes {
+        out.push(("memory.max", m.to_string()));
+        if swap {
+            out.push(("memory.swap.max", "0".to_string()));
+        }
+    }
+    if let Some(p) = limits.pids {
+        out.push(("pids.max", p.to_string()));
+    }
+    if let (Some(c), true) = (limits.cpu_millis, cpu) {
+        out.push(("cpu.max", format!("{} 100000", u64::from(c.max(1)) * 100)));
+    }
+    out
+}
+
+/// Reads the `oom_kill` count from the text of a v2 `memory.events` (or a v1
+/// `memory.oom_control`, which has the same line).
+pub fn parse_oom_kills(text: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix("oom_kill "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 impl CgroupV2 {
+    /// A v2 backend whose sandbox cgroups are made in `base` (made if missing), a
+    /// folder of a cgroup2 hierarchy, enabling there whichever of the memory, pids and
+    /// cpu controllers its parent offers. For hierarchies mounted somewhere else than
+    /// where [`detect`] looks, and for tests. Limits whose controller is missing fail
+    /// at create (they are never silently dropped).
+    pub fn at(base: PathBuf) -> Result<Self, CgroupError> {
+        fs::create_dir_all(&base).map_err(io_err("mkdir", &base))?;
+        let offered = fs::read_to_string(base.join("cgroup.controllers")).unwrap_or_default();
+        let want: Vec<String> = ["memory", "pids", "cpu"]
+            .iter()
+            .filter(|c| offered.split_whitespace().any(|o| o == **c))
+            .map(|c| format!("+{c}"))
+            .collect();
+        if !want.is_empty() {
+            write(&base.join("cgroup.subtree_control"), &want.join(" "))?;
+        }
+        Ok(CgroupV2 { base })
+    }
+
+    /// The folder sandbox cgroups are made in.
+    pub fn base(&self) -> &Path {
+        &self.base
+    }
+
     fn detect(mountinfo: &str) -> Option<Self> {
         let mounts = cgroup_mounts(mountinfo);
         let (_, _, root) = mounts.iter().find(|(t, _, _)| t == "cgroup2")?;
@@ -418,25 +470,11 @@ impl CgroupManager for CgroupV2 {
         let dir = self.base.join(id);
         fs::create_dir(&dir).map_err(io_err("mkdir", &dir))?;
         let cg = V2Cgroup { dir };
-        let r = (|| {
-            if let Some(m) = limits.memory_bytes {
-                write(&cg.dir.join("memory.max"), &m.to_string())?;
-                let sw = cg.dir.join("memory.swap.max");
-                if sw.exists() {
-                    write(&sw, "0")?;
-                }
-            }
-            if let Some(p) = limits.pids {
-                write(&cg.dir.join("pids.max"), &p.to_string())?;
-            }
-            if let Some(c) = limits.cpu_millis {
-                let f = cg.dir.join("cpu.max");
-                if f.exists() {
-                    write(&f, &format!("{} 100000", u64::from(c.max(1)) * 100))?;
-                }
-            }
-            Ok(())
-        })();
+        let swap = cg.dir.join("memory.swap.max").exists();
+        let cpu = cg.dir.join("cpu.max").exists();
+        let r = v2_settings(limits, swap, cpu)
+            .into_iter()
+            .try_for_each(|(file, value)| write(&cg.dir.join(file), &value));
         if let Err(e) = r {
             let _ = cg.destroy();
             return Err(e);
@@ -469,11 +507,7 @@ impl SandboxCgroup for V2Cgroup {
     }
 
     fn oom_kills(&self) -> u64 {
-        let s = fs::read_to_string(self.dir.join("memory.events")).unwrap_or_default();
-        s.lines()
-            .find_map(|l| l.strip_prefix("oom_kill "))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0)
+        parse_oom_kills(&fs::read_to_string(self.dir.join("memory.events")).unwrap_or_default())
     }
 
     fn memory_current(&self) -> Option<u64> {
@@ -525,5 +559,136 @@ mod tests {
         assert_eq!(m.len(), 2);
         assert_eq!(m[0].2, PathBuf::from("/sys/fs/cgroup/memory"));
         assert_eq!(m[1].0, "cgroup2");
+    }
+
+    /// What the v2 backend writes, for each kind of limit (the v1 host here cannot show
+    /// it on a real hierarchy: its memory, cpu and pids controllers are bound to v1).
+    #[test]
+    fn v2_writes_memory_swap_pids_and_cpu() {
+        let all = Limits {
+            memory_bytes: Some(256 << 20),
+            cpu_millis: Some(500),
+            pids: Some(64),
+            disk_bytes: 0,
+        };
+        let show = |v: Vec<(&str, String)>| {
+            v.iter()
+                .map(|(f, x)| format!("{f}={x}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        assert_eq!(
+            show(v2_settings(&all, true, true)),
+            "memory.max=268435456 memory.swap.max=0 pids.max=64 cpu.max=50000 100000"
+        );
+        // No swap accounting: only memory.max; no cpu controller: no cpu.max.
+        assert_eq!(
+            show(v2_settings(&all, false, false)),
+            "memory.max=268435456 pids.max=64"
+        );
+        // A tiny CPU share is at least 0.1 % of a period, never 0 (which would be
+        // refused by the kernel).
+        let tiny = Limits {
+            cpu_millis: Some(0),
+            ..all
+        };
+        assert!(show(v2_settings(&tiny, false, true)).ends_with("cpu.max=100 100000"));
+        let none = Limits {
+            memory_bytes: None,
+            cpu_millis: None,
+            pids: None,
+            disk_bytes: 0,
+        };
+        assert!(v2_settings(&none, true, true).is_empty());
+    }
+
+    #[test]
+    fn oom_kills_are_read_from_memory_events() {
+        let events = "low 0\nhigh 0\nmax 12\noom 3\noom_kill 2\noom_group_kill 0\n";
+        assert_eq!(parse_oom_kills(events), 2);
+        assert_eq!(parse_oom_kills("oom_group_kill 5\n"), 0);
+        assert_eq!(parse_oom_kills(""), 0);
+        // v1's memory.oom_control has the same line.
+        assert_eq!(
+            parse_oom_kills("oom_kill_disable 0\nunder_oom 0\noom_kill 7\n"),
+            7
+        );
+    }
+
+    /// The v2 backend against a fake cgroupfs (a plain folder): the files it writes and
+    /// reads, end to end through the trait.
+    #[test]
+    fn v2_backend_on_a_fake_cgroupfs() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("cgroup");
+        fs::create_dir(&root).unwrap();
+        // detect: v2 only when memory and pids are offered.
+        let mi = format!(
+            "41 31 0:38 / {} rw,relatime - cgroup2 cgroup2 rw\n",
+            root.display()
+        );
+        fs::write(root.join("cgroup.controllers"), "hugetlb\n").unwrap();
+        assert!(CgroupV2::detect(&mi).is_none());
+        fs::write(
+            root.join("cgroup.controllers"),
+            "cpuset cpu io memory pids\n",
+        )
+        .unwrap();
+        let m = CgroupV2::detect(&mi).expect("v2 with memory and pids");
+        assert_eq!(m.base(), root.join("tessera"));
+        for dir in [&root, &root.join("tessera")] {
+            assert_eq!(
+                fs::read_to_string(dir.join("cgroup.subtree_control")).unwrap(),
+                "+memory +pids +cpu"
+            );
+        }
+        // at: enables what the parent offers, nothing when it offers nothing.
+        let base = root.join("other");
+        fs::create_dir(&base).unwrap();
+        fs::write(base.join("cgroup.controllers"), "pids\n").unwrap();
+        CgroupV2::at(base.clone()).unwrap();
+        assert_eq!(
+            fs::read_to_string(base.join("cgroup.subtree_control")).unwrap(),
+            "+pids"
+        );
+
+        let cg = m.create("sb-1-0", &Limits::default()).unwrap();
+        let dir = root.join("tessera/sb-1-0");
+        let read = |f: &str| fs::read_to_string(dir.join(f)).unwrap();
+        assert_eq!(read("memory.max"), (512u64 << 20).to_string());
+        assert_eq!(read("pids.max"), "256");
+        // A plain folder has no cpu.max or memory.swap.max: neither is written.
+        assert!(!dir.join("cpu.max").exists() && !dir.join("memory.swap.max").exists());
+        assert_eq!(m.list(), [dir.display().to_string()]);
+
+        cg.attach(4242).unwrap();
+        assert_eq!(read("cgroup.procs"), "4242");
+        assert_eq!(cg.procs(), [4242]);
+
+        fs::write(dir.join("memory.events"), "oom 1\noom_kill 1\n").unwrap();
+        assert_eq!(cg.oom_kills(), 1);
+        fs::write(dir.join("memory.current"), "1048576\n").unwrap();
+        assert_eq!(cg.memory_current(), Some(1 << 20));
+
+        // Freezing writes cgroup.freeze and waits for cgroup.events to confirm.
+        fs::write(dir.join("cgroup.events"), "populated 1\nfrozen 1\n").unwrap();
+        cg.set_frozen(true).unwrap();
+        assert_eq!(read("cgroup.freeze"), "1");
+        let e = cg.set_frozen(false).unwrap_err();
+        assert!(matches!(e, CgroupError::Busy { .. }), "{e}");
+        assert_eq!(read("cgroup.freeze"), "0");
+        fs::write(dir.join("cgroup.events"), "populated 0\nfrozen 0\n").unwrap();
+        cg.set_frozen(false).unwrap();
+
+        // Kill writes cgroup.kill; remove (rmdir) fails on a plain folder with files in
+        // it, and works once it is empty, as on cgroupfs once the processes are gone.
+        kill_and_thaw(&dir);
+        assert_eq!(read("cgroup.kill"), "1");
+        assert!(cg.destroy().is_err());
+        for e in fs::read_dir(&dir).unwrap().flatten() {
+            fs::remove_file(e.path()).unwrap();
+        }
+        cg.destroy().unwrap();
+        assert!(m.list().is_empty());
     }
 }

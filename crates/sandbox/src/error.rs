@@ -135,4 +135,10 @@ pub enum FileError {
     BadPath(String),
     #[error(transparent)]
     Exec(#[from] ExecError),
+    /// A tar archive was refused (hostile or too large) or could not be made.
+    #[error("{path}: {source}")]
+    Archive {
+        path: String,
+        source: crate::tarball::TarError,
+    },
 }

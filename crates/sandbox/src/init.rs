@@ -1145,6 +1145,18 @@ fn file_op(kind: &JobKind) -> Result<(), StepError> {
         JobKind::Mkdir { path } => {
             fs::create_dir_all(path).map_err(se("mkdir", path))?;
         }
+        JobKind::Unpack { path, limits } => {
+            let tar_err =
+                |e: crate::tarball::TarError| StepError::new("untar", path, e.to_string());
+            let archive =
+                crate::tarball::read_capped(std::io::stdin().lock(), limits.max_archive_bytes)
+                    .map_err(tar_err)?;
+            crate::tarball::unpack(&archive, Path::new(path), limits).map_err(tar_err)?;
+        }
+        JobKind::Pack { path, limits } => {
+            crate::tarball::pack(Path::new(path), &mut out, limits)
+                .map_err(|e| StepError::new("tar", path, e.to_string()))?;
+        }
     }
     out.flush().map_err(se("write", "stdout"))?;
     Ok(())

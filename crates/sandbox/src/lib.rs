@@ -30,6 +30,7 @@ pub mod proxy;
 pub mod sandbox;
 pub mod seccomp;
 pub mod spec;
+pub mod tarball;
 pub mod template;
 
 pub use cgroup::{CgroupManager, SandboxCgroup};
@@ -42,3 +43,4 @@ pub use spec::{
     Command, DirEntry, EgressPolicy, ExecOutput, ExecRequest, ExitStatus, FileKind, Limits,
     Network, PROXY_ADDR, PathAccess, Rlimits, SandboxSpec, Template,
 };
+pub use tarball::{TarError, TarLimits, TarSummary};

@@ -56,12 +56,36 @@ pub struct ExecVerdict {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum JobKind {
-    Exec { argv: Vec<String> },
-    ReadFile { path: String },
-    WriteFile { path: String, mode: u32 },
-    List { path: String },
-    Remove { path: String, recursive: bool },
-    Mkdir { path: String },
+    Exec {
+        argv: Vec<String>,
+    },
+    ReadFile {
+        path: String,
+    },
+    WriteFile {
+        path: String,
+        mode: u32,
+    },
+    List {
+        path: String,
+    },
+    Remove {
+        path: String,
+        recursive: bool,
+    },
+    Mkdir {
+        path: String,
+    },
+    /// Unpacks the tar archive on stdin into `path` (see [`crate::tarball::unpack`]).
+    Unpack {
+        path: String,
+        limits: crate::tarball::TarLimits,
+    },
+    /// Packs `path` into a tar archive on stdout (see [`crate::tarball::pack`]).
+    Pack {
+        path: String,
+        limits: crate::tarball::TarLimits,
+    },
 }
 
 /// Init -> supervisor.

@@ -6,6 +6,7 @@ use crate::error::{ExecError, FileError, SpawnError, StepError};
 use crate::guard::{CheckDecision, CommandCheck, FileAccess};
 use crate::proto::{self, Job, JobKind, JobStatus, Reply, Request};
 use crate::spec::{DirEntry, ExecOutput, ExecRequest, ExitStatus, Network, SandboxSpec};
+use crate::tarball::{TarLimits, TarSummary};
 use nix::errno::Errno;
 use nix::fcntl::{OFlag, open};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
@@ -67,6 +68,10 @@ pub struct RuntimeConfig {
     pub guard: Option<Arc<dyn CommandCheck>>,
     /// Tenant passed to the guard.
     pub tenant: Option<String>,
+    /// Use this cgroup backend instead of the detected one (with `cgroups`), for
+    /// instance a [`crate::cgroup::CgroupV2::at`] hierarchy mounted elsewhere. Its
+    /// sandboxes are not reaped if this process dies (the reaper detects its own).
+    pub cgroup_backend: Option<Arc<dyn CgroupManager>>,
 }
 
 impl std::fmt::Debug for RuntimeConfig {
@@ -76,6 +81,10 @@ impl std::fmt::Debug for RuntimeConfig {
             .field("cgroups", &self.cgroups)
             .field("guard", &self.guard.is_some())
             .field("tenant", &self.tenant)
+            .field(
+                "cgroup_backend",
+                &self.cgroup_backend.as_ref().map(|c| c.version()),
+            )
             .finish()
     }
 }
@@ -87,7 +96,7 @@ pub struct Runtime {
     init_path: PathBuf,
     argv: Vec<CString>,
     devnull: OwnedFd,
-    cgroups: Option<Box<dyn CgroupManager>>,
+    cgroups: Option<Arc<dyn CgroupManager>>,
     guard: Option<Arc<dyn CommandCheck>>,
     tenant: Option<String>,
     /// uid/gid the sandbox's commands run as (inside), and the id maps.
@@ -199,10 +208,11 @@ impl Runtime {
         } else {
             (format!("0 {euid} 1\n"), format!("0 {egid} 1\n"), 0)
         };
-        let cgroups = if config.cgroups && root {
-            cgroup::detect()
-        } else {
-            None
+        let cgroups: Option<Arc<dyn CgroupManager>> = match (config.cgroups, config.cgroup_backend)
+        {
+            (true, Some(b)) => Some(b),
+            (true, None) if root => cgroup::detect().map(Arc::from),
+            _ => None,
         };
         if let Some(c) = &cgroups {
             // Crash recovery: cgroups of supervisors that died without destroying.
@@ -1082,10 +1092,13 @@ impl Sandbox {
         self.check_alive()?;
         if let Some(g) = &self.rt.guard {
             let op = match &kind {
-                JobKind::ReadFile { .. } | JobKind::List { .. } | JobKind::Exec { .. } => {
-                    FileAccess::Read
+                JobKind::ReadFile { .. }
+                | JobKind::List { .. }
+                | JobKind::Exec { .. }
+                | JobKind::Pack { .. } => FileAccess::Read,
+                JobKind::WriteFile { .. } | JobKind::Mkdir { .. } | JobKind::Unpack { .. } => {
+                    FileAccess::Write
                 }
-                JobKind::WriteFile { .. } | JobKind::Mkdir { .. } => FileAccess::Write,
                 JobKind::Remove { .. } => FileAccess::Delete,
             };
             if let CheckDecision::Block(r) = g.check_file(self.tenant(), op, path) {
@@ -1160,53 +1173,72 @@ impl Sandbox {
             .map(drop)
     }
 
-    /// Unpacks a tar archive (as made by `tar -c`) into `dir` inside the sandbox (made
-    /// if missing), with the same confinement as any command (it runs the template's
-    /// `tar`, which the guard checks like any command).
-    pub fn upload_tar(&self, dir: &str, archive: &[u8]) -> Result<(), FileError> {
-        self.mkdir(dir)?;
-        self.tar_job(
-            dir,
-            vec!["tar", "-x", "--no-same-owner", "-f", "-", "-C", dir],
-            Some(archive),
-        )
-        .map(drop)
+    /// Unpacks a tar archive into `dir` inside the sandbox (made if missing), with
+    /// [`TarLimits::default`]. See [`Sandbox::upload_tar_with`].
+    pub fn upload_tar(&self, dir: &str, archive: &[u8]) -> Result<TarSummary, FileError> {
+        self.upload_tar_with(dir, archive, &TarLimits::default())
     }
 
-    /// Packs `dir` inside the sandbox into a tar archive.
-    pub fn download_tar(&self, dir: &str) -> Result<Vec<u8>, FileError> {
-        self.tar_job(dir, vec!["tar", "-c", "-f", "-", "-C", dir, "."], None)
-    }
-
-    fn tar_job(
+    /// Unpacks a tar archive into `dir` inside the sandbox (made if missing). The archive
+    /// is hostile input: it is checked here first ([`crate::tarball::check`]: no absolute
+    /// paths, no `..`, no links out of `dir`, no device nodes, within `limits`), the guard
+    /// checks a write of `dir` and of every entry, and then the sandbox's own job unpacks
+    /// it (with the `tar` crate, checking again) under the same confinement as any
+    /// command. Nothing is unpacked unless the whole archive passes.
+    pub fn upload_tar_with(
         &self,
         dir: &str,
-        argv: Vec<&str>,
-        input: Option<&[u8]>,
-    ) -> Result<Vec<u8>, FileError> {
+        archive: &[u8],
+        limits: &TarLimits,
+    ) -> Result<TarSummary, FileError> {
         if !dir.starts_with('/') || dir.contains('\0') {
             return Err(FileError::BadPath(dir.to_string()));
         }
-        let mut req = ExecRequest::argv(argv).timeout(Duration::from_secs(300));
-        req.stdin = input.map(<[u8]>::to_vec);
-        req.max_output = 1 << 30;
-        let out = self.exec(&req)?;
-        if out.status.success() && !out.stdout_truncated {
-            Ok(out.stdout)
-        } else {
-            Err(FileError::Op {
-                path: dir.into(),
-                source: StepError::new(
-                    "tar",
-                    dir,
-                    format!(
-                        "{:?}: {}",
-                        out.status,
-                        String::from_utf8_lossy(&out.stderr).trim()
-                    ),
-                ),
-            })
+        let sum = crate::tarball::check(archive, limits).map_err(|source| FileError::Archive {
+            path: dir.to_string(),
+            source,
+        })?;
+        if let Some(g) = &self.rt.guard {
+            for p in &sum.paths {
+                let full = Path::new(dir).join(p);
+                let full = full.to_string_lossy();
+                if let CheckDecision::Block(r) =
+                    g.check_file(self.tenant(), FileAccess::Write, &full)
+                {
+                    return Err(FileError::Exec(ExecError::Blocked(r.join("; "))));
+                }
+            }
         }
+        self.file_job(
+            JobKind::Unpack {
+                path: dir.into(),
+                limits: *limits,
+            },
+            dir,
+            Some(archive),
+        )?;
+        Ok(sum)
+    }
+
+    /// Packs `dir` inside the sandbox (its contents; or a single file under its own
+    /// name) into a tar archive, with [`TarLimits::default`].
+    pub fn download_tar(&self, dir: &str) -> Result<Vec<u8>, FileError> {
+        self.download_tar_with(dir, &TarLimits::default())
+    }
+
+    /// Packs `dir` inside the sandbox into a tar archive of at most
+    /// `limits.max_archive_bytes`. The sandbox's own job makes it, so the archive is as
+    /// hostile as anything else from inside: unpack it with [`crate::tarball::unpack`],
+    /// which refuses links that leave the destination.
+    pub fn download_tar_with(&self, dir: &str, limits: &TarLimits) -> Result<Vec<u8>, FileError> {
+        self.file_job(
+            JobKind::Pack {
+                path: dir.into(),
+                limits: *limits,
+            },
+            dir,
+            None,
+        )
     }
 
     /// Freezes every process of the sandbox (cgroup freezer).

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tessera_sandbox::{
     CheckDecision, Command, CommandCheck, ExecError, ExecRequest, ExitStatus, FileKind,
-    InitProgram, Runtime, RuntimeConfig, SandboxSpec,
+    InitProgram, Runtime, RuntimeConfig, SandboxSpec, TarLimits,
 };
 
 const T: Duration = Duration::from_secs(20);
@@ -174,6 +174,7 @@ fn guard_checks_every_command_and_redacts_output() {
         cgroups: true,
         guard: Some(Arc::new(TestGuard)),
         tenant: Some("t1".into()),
+        cgroup_backend: None,
     })
     .unwrap();
     let sb = rt.spawn(&SandboxSpec::default()).unwrap();
@@ -406,6 +407,7 @@ fn guard_checks_file_operations() {
         cgroups: false,
         guard: Some(Arc::new(NoEtc)),
         tenant: None,
+        cgroup_backend: None,
     })
     .unwrap();
     let sb = rt.spawn(&SandboxSpec::default()).unwrap();
@@ -548,15 +550,7 @@ fn tar_upload_and_download_round_trip() {
     sb.write_file("/workspace/proj/c.txt", b"sea").unwrap();
     let back = sb.download_tar("/workspace/proj").unwrap();
     let dst = tempfile::tempdir().unwrap();
-    let mut child = std::process::Command::new("tar")
-        .args(["-x", "-f", "-", "-C"])
-        .arg(dst.path())
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child.stdin.take().unwrap().write_all(&back).unwrap();
-    assert!(child.wait().unwrap().success());
+    tessera_sandbox::tarball::unpack(&back, dst.path(), &TarLimits::default()).unwrap();
     assert_eq!(std::fs::read(dst.path().join("c.txt")).unwrap(), b"sea");
     assert_eq!(
         std::fs::read(dst.path().join("pkg/a.py")).unwrap(),
@@ -565,6 +559,108 @@ fn tar_upload_and_download_round_trip() {
     // Into the read-only base: refused.
     assert!(sb.upload_tar("/usr", &archive.stdout).is_err());
     assert!(sb.download_tar("relative").is_err());
+    // A single file packs under its own name.
+    let one = sb.download_tar("/workspace/proj/b.txt").unwrap();
+    let sum = tessera_sandbox::tarball::check(&one, &TarLimits::default()).unwrap();
+    assert_eq!(sum.paths, [std::path::PathBuf::from("b.txt")]);
+}
+
+/// Builds an archive from raw headers, so that hostile names can be written.
+fn raw_archive(entries: &[(tar::EntryType, &str, &str)]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (kind, path, link) in entries {
+        let mut h = tar::Header::new_gnu();
+        h.as_old_mut().name[..path.len()].copy_from_slice(path.as_bytes());
+        h.as_old_mut().linkname[..link.len()].copy_from_slice(link.as_bytes());
+        h.set_entry_type(*kind);
+        h.set_size(1);
+        h.set_mode(0o644);
+        h.set_cksum();
+        b.append(&h, &b"x"[..]).unwrap();
+    }
+    b.into_inner().unwrap()
+}
+
+/// Hostile uploads are refused before the sandbox sees them, with the entry named, and
+/// nothing is unpacked; the limits apply.
+#[test]
+fn hostile_tar_uploads_are_refused() {
+    if !root_or_skip("hostile_tar_uploads_are_refused") {
+        return;
+    }
+    use tar::EntryType as E;
+    let sb = sandbox();
+    let cases = [
+        (
+            "absolute",
+            raw_archive(&[(E::Regular, "/workspace/abs", "")]),
+        ),
+        ("`..`", raw_archive(&[(E::Regular, "../escape", "")])),
+        ("outside", raw_archive(&[(E::Symlink, "l", "/etc")])),
+        (
+            "goes through",
+            raw_archive(&[(E::Symlink, "l", "."), (E::Regular, "l/f", "")]),
+        ),
+        ("hard link", raw_archive(&[(E::Link, "h", "/etc/passwd")])),
+        ("character device", raw_archive(&[(E::Char, "null", "")])),
+        ("fifo", raw_archive(&[(E::Fifo, "p", "")])),
+    ];
+    for (want, a) in &cases {
+        let e = sb.upload_tar("/workspace/up", a).unwrap_err();
+        assert!(e.to_string().contains(want), "{want}: {e}");
+    }
+    let ok = raw_archive(&[(E::Regular, "f", "")]);
+    let tiny = TarLimits {
+        max_archive_bytes: 512,
+        ..TarLimits::default()
+    };
+    let e = sb.upload_tar_with("/workspace/up", &ok, &tiny).unwrap_err();
+    assert!(e.to_string().contains("exceeds the limit"), "{e}");
+    let out = sb
+        .exec(&ExecRequest::shell("ls -A /workspace").timeout(T))
+        .unwrap();
+    assert_eq!(
+        text(&out.stdout).trim(),
+        "",
+        "nothing unpacked: {}",
+        text(&out.stdout)
+    );
+    sb.upload_tar("/workspace/up", &ok).unwrap();
+    assert_eq!(sb.read_file("/workspace/up/f").unwrap(), b"x");
+}
+
+/// A sandbox controls what it packs: links it made to host-looking paths travel in the
+/// archive, and unpacking that archive on the host refuses them.
+#[test]
+fn downloaded_archives_cannot_write_outside_the_destination() {
+    if !root_or_skip("downloaded_archives_cannot_write_outside_the_destination") {
+        return;
+    }
+    let sb = sandbox();
+    let out = sb
+        .exec(
+            &ExecRequest::shell(
+                "mkdir -p /workspace/d && cd /workspace/d && echo hi > f && ln -s /etc/passwd pw && ln -s ../../.. up",
+            )
+            .timeout(T),
+        )
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let a = sb.download_tar("/workspace/d").unwrap();
+    let host = tempfile::tempdir().unwrap();
+    let dst = host.path().join("dst");
+    let e = tessera_sandbox::tarball::unpack(&a, &dst, &TarLimits::default()).unwrap_err();
+    assert!(e.to_string().contains("outside the destination"), "{e}");
+    assert!(!dst.exists());
+    // The size limit holds inside the sandbox too.
+    sb.exec(&ExecRequest::shell("head -c 100000 /dev/zero > /workspace/d/big").timeout(T))
+        .unwrap();
+    let tiny = TarLimits {
+        max_archive_bytes: 50_000,
+        ..TarLimits::default()
+    };
+    let e = sb.download_tar_with("/workspace/d", &tiny).unwrap_err();
+    assert!(e.to_string().contains("exceeds the limit"), "{e}");
 }
 
 /// Network namespaces made ahead of time are used once each: every sandbox has its own,

@@ -31,8 +31,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tessera_sandbox::{
     CommandCheck, EgressPolicy, ExecError, ExecOutput, ExecRequest, ExitStatus, FileError,
-    InitProgram, Network, PoolConfig, Runtime, RuntimeConfig, Sandbox, SandboxSpec, Template,
-    WarmPool,
+    InitProgram, Network, PoolConfig, Runtime, RuntimeConfig, Sandbox, SandboxSpec, TarLimits,
+    Template, WarmPool,
 };
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -52,6 +52,10 @@ pub const DEFAULT_MAX_PER_TENANT: usize = 32;
 /// Default and longest command timeouts, in seconds.
 pub const DEFAULT_COMMAND_TIMEOUT_S: f64 = 60.0;
 pub const MAX_COMMAND_TIMEOUT_S: f64 = 3600.0;
+
+/// Largest tar archive `files/tar` accepts or sends (its unpacked size may be up to
+/// [`TarLimits::default`]'s).
+pub const MAX_ARCHIVE_BYTES: u64 = 256 << 20;
 
 /// Settings for this module, from `tessera up` flags.
 #[derive(Clone, Default)]
@@ -139,6 +143,7 @@ impl SandboxesState {
             cgroups: true,
             guard: cfg.guard.clone(),
             tenant: None,
+            cgroup_backend: None,
         })
         .map_err(|e| fail(e.to_string()))?;
         let base = SandboxSpec::default();
@@ -407,6 +412,10 @@ fn file_error(id: &str, path: &str, e: FileError) -> ApiError {
             format!("{p:?}: give an absolute path inside the sandbox"),
         ),
         FileError::Exec(x) => exec_error(id, x),
+        FileError::Archive { source, .. } => ApiError::invalid(
+            "body",
+            format!("tar archive for {path:?} in sandbox {id:?}: {source}"),
+        ),
         FileError::Op { source, .. } if source.errno == ENOENT => {
             ApiError::not_found(format!("{path:?} in sandbox {id:?}"))
         }
@@ -846,6 +855,72 @@ async fn list_files(
     Ok(Json(json!({"path": q.path, "items": items})))
 }
 
+fn tar_limits() -> TarLimits {
+    TarLimits {
+        max_archive_bytes: MAX_ARCHIVE_BYTES,
+        ..TarLimits::default()
+    }
+}
+
+async fn upload_tar(
+    State(a): State<App>,
+    c: Caller,
+    Path(id): Path<String>,
+    Q(q): Q<PathQuery>,
+    headers: HeaderMap,
+    body: axum::body::Body,
+) -> Result<Json<Value>, ApiError> {
+    c.require(Role::Developer)?;
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    if !ct.starts_with("application/x-tar") {
+        return Err(ApiError::new(
+            Code::UnsupportedMediaType,
+            format!("Content-Type {ct:?}: send a tar archive as application/x-tar"),
+        ));
+    }
+    let inner = enabled(&a)?;
+    let e = inner.get(&c, &id)?;
+    let limits = tar_limits();
+    // Read with this route's own limit (the server's body limit is for JSON).
+    let data = axum::body::to_bytes(body, MAX_ARCHIVE_BYTES as usize)
+        .await
+        .map_err(|err| {
+            ApiError::new(
+                Code::PayloadTooLarge,
+                format!("reading the archive ({err}); send at most {MAX_ARCHIVE_BYTES} bytes"),
+            )
+        })?;
+    let p = q.path.clone();
+    let sum = blocking(move || e.sandbox.upload_tar_with(&p, &data, &limits))
+        .await?
+        .map_err(|err| file_error(&id, &q.path, err))?;
+    Ok(Json(json!({
+        "path": q.path, "entries": sum.entries, "files": sum.files,
+        "dirs": sum.dirs, "links": sum.links, "bytes": sum.bytes,
+    })))
+}
+
+async fn download_tar(
+    State(a): State<App>,
+    c: Caller,
+    Path(id): Path<String>,
+    Q(q): Q<PathQuery>,
+) -> Result<Response, ApiError> {
+    c.require(Role::Developer)?;
+    let inner = enabled(&a)?;
+    let e = inner.get(&c, &id)?;
+    let p = q.path.clone();
+    let limits = tar_limits();
+    let data = blocking(move || e.sandbox.download_tar_with(&p, &limits))
+        .await?
+        .map_err(|err| file_error(&id, &q.path, err))?;
+    Ok(([(header::CONTENT_TYPE, "application/x-tar")], data).into_response())
+}
+
 crate::api::routes! {
     ROUTES, routes;
     post "/v1/sandboxes" create "Create a sandbox (E2B Sandbox.create); it is killed after `timeout` seconds" Some("NewSandbox"), 201;
@@ -860,6 +935,8 @@ crate::api::routes! {
     put "/v1/sandboxes/{id}/files" write_file "Write a file (?path=) with the raw body, making parent folders (E2B files.write)" None, 200;
     delete "/v1/sandboxes/{id}/files" remove_file "Remove a file, or a folder with ?recursive=true (E2B files.remove)" None, 200;
     get "/v1/sandboxes/{id}/files/list" list_files "List a folder (?path=) (E2B files.list)" None, 200;
+    get "/v1/sandboxes/{id}/files/tar" download_tar "Download a folder (?path=; or one file) as a tar archive (application/x-tar); the archive comes from inside the sandbox: unpack it as untrusted" None, 200;
+    put "/v1/sandboxes/{id}/files/tar" upload_tar "Unpack a tar archive (body, Content-Type application/x-tar, at most 256 MiB) into a folder (?path=), made if missing; absolute paths, `..`, links leaving the folder, device nodes and fifos are refused (400) and nothing is unpacked" None, 200;
 }
 
 /// Request-body schemas this module's routes name, for the OpenAPI document.

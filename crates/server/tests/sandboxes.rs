@@ -258,6 +258,120 @@ async fn create_run_files_pause_timeout_kill() {
     s.running.shutdown().await;
 }
 
+/// A tar archive: `(kind, path, link target)` each with one byte of data, written from
+/// raw headers so that hostile names can be made.
+fn archive(entries: &[(tar::EntryType, &str, &str)]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (kind, path, link) in entries {
+        let mut h = tar::Header::new_gnu();
+        h.as_old_mut().name[..path.len()].copy_from_slice(path.as_bytes());
+        h.as_old_mut().linkname[..link.len()].copy_from_slice(link.as_bytes());
+        h.set_entry_type(*kind);
+        h.set_size(1);
+        h.set_mode(if *kind == tar::EntryType::Directory {
+            0o755
+        } else {
+            0o644
+        });
+        h.set_cksum();
+        b.append(&h, &b"x"[..]).unwrap();
+    }
+    b.into_inner().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_move_as_tar_archives() {
+    let Some(init) = ready("files_move_as_tar_archives") else {
+        return;
+    };
+    use tar::EntryType as E;
+    let s = server(init).await;
+    let t = s.tenant("acme").await;
+    let id = create(&t, json!({"timeout": 120})).await;
+    let put = |body: Vec<u8>, ct: &'static str, path: &'static str| {
+        t.request(
+            Method::PUT,
+            &format!("/v1/sandboxes/{id}/files/tar?path={path}"),
+        )
+        .header("content-type", ct)
+        .body(body)
+    };
+    let good = archive(&[
+        (E::Directory, "src/", ""),
+        (E::Regular, "src/a.py", ""),
+        (E::Symlink, "b.py", "src/a.py"),
+    ]);
+    let r = put(good.clone(), "application/x-tar", "/workspace/p")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK, "{:?}", r.text().await);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(
+        (v["files"].as_u64(), v["links"].as_u64()),
+        (Some(1), Some(1)),
+        "{v}"
+    );
+    let (st, body) = raw_get(
+        &t,
+        &format!("/v1/sandboxes/{id}/files?path=/workspace/p/b.py"),
+    )
+    .await;
+    assert_eq!((st, body.as_slice()), (StatusCode::OK, &b"x"[..]));
+    // Download: an archive the library's checker accepts, holding what was uploaded.
+    let (st, body) = raw_get(
+        &t,
+        &format!("/v1/sandboxes/{id}/files/tar?path=/workspace/p"),
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK);
+    let sum = tessera_sandbox::tarball::check(&body, &Default::default()).unwrap();
+    assert_eq!((sum.files, sum.dirs, sum.links), (1, 1, 1), "{sum:?}");
+    // Hostile archives: 400 naming the entry, nothing unpacked.
+    for (a, want) in [
+        (archive(&[(E::Regular, "../../etc/x", "")]), "`..`"),
+        (archive(&[(E::Symlink, "l", "/")]), "outside"),
+        (archive(&[(E::Block, "sda", "")]), "block device"),
+    ] {
+        let r = put(a, "application/x-tar", "/workspace/bad")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+        let v: Value = r.json().await.unwrap();
+        assert!(v["detail"].as_str().unwrap().contains(want), "{want}: {v}");
+    }
+    let (st, _) = t
+        .get(&format!(
+            "/v1/sandboxes/{id}/files/list?path=/workspace/bad"
+        ))
+        .await;
+    assert_eq!(st, StatusCode::NOT_FOUND);
+    // Not a tar content type: 415.
+    let r = put(good, "application/json", "/workspace/p")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    // Larger than the body limit of JSON routes (1 MiB) is fine here.
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_path("big.bin").unwrap();
+    h.set_size(3 << 20);
+    h.set_mode(0o644);
+    h.set_cksum();
+    b.append(&h, &vec![0u8; 3 << 20][..]).unwrap();
+    let r = put(
+        b.into_inner().unwrap(),
+        "application/x-tar",
+        "/workspace/big",
+    )
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(r.status(), StatusCode::OK, "{:?}", r.text().await);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sandboxes_are_tenant_scoped_and_role_checked() {
     let Some(init) = ready("sandboxes_are_tenant_scoped_and_role_checked") else {

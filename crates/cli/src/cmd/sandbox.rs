@@ -12,7 +12,8 @@ use clap::{Args, Subcommand, ValueEnum};
 use serde::Serialize;
 use tessera_sandbox::{
     CheckDecision, Command, CommandCheck, ExecError, ExecOutput, ExecRequest, ExitStatus,
-    FileAccess, InitProgram, Limits, Network, PathAccess, Runtime, RuntimeConfig, SandboxSpec,
+    FileAccess, FileError, InitProgram, Limits, Network, PathAccess, Runtime, RuntimeConfig,
+    SandboxSpec,
 };
 
 use crate::output::{EXIT_BAD_INPUT, EXIT_FAILURE, fail, print_json};
@@ -29,7 +30,8 @@ pub enum SandboxCommand {
     /// Run a command in a long-lived sandbox.
     Exec(ExecArgs),
     /// Copy a file into or out of a long-lived sandbox: `cp NAME:/path local` or
-    /// `cp local NAME:/path`.
+    /// `cp local NAME:/path`; with -r a folder's contents, as a tar archive (checked:
+    /// no absolute paths, `..`, links leaving the folder or device nodes).
     Cp(CpArgs),
     /// List long-lived sandboxes.
     Ls(LsArgs),
@@ -285,6 +287,10 @@ pub struct CpArgs {
     pub src: String,
     /// Destination: a local path, or `NAME:/path` in a sandbox.
     pub dst: String,
+    /// Copy a folder's contents (into DST, made if missing), as a tar archive; links
+    /// are copied as links and any that would point outside DST are refused.
+    #[arg(short = 'r', long)]
+    pub recursive: bool,
 }
 
 #[derive(Debug, Args)]
@@ -524,6 +530,7 @@ pub fn runtime(guard: bool) -> Result<Arc<Runtime>, String> {
         cgroups: true,
         guard: guard.then(|| Arc::new(GuardCheck::new()) as Arc<dyn CommandCheck>),
         tenant: None,
+        cgroup_backend: None,
     })
     .map_err(|e| e.to_string())
 }
@@ -702,6 +709,13 @@ mod long {
         Write {
             path: String,
             data: Vec<u8>,
+        },
+        UploadTar {
+            path: String,
+            archive: Vec<u8>,
+        },
+        DownloadTar {
+            path: String,
         },
         Destroy,
     }
@@ -985,6 +999,15 @@ mod long {
                 Ok(()) => Resp::Done,
                 Err(e) => Resp::Failed(e.to_string()),
             },
+            Req::UploadTar { path, archive } => match sb.upload_tar(&path, &archive) {
+                Ok(_) => Resp::Done,
+                Err(FileError::Exec(ExecError::Blocked(why))) => Resp::Blocked(why),
+                Err(e) => Resp::Failed(e.to_string()),
+            },
+            Req::DownloadTar { path } => match sb.download_tar(&path) {
+                Ok(d) => Resp::Data(d),
+                Err(e) => Resp::Failed(e.to_string()),
+            },
             Req::Destroy => Resp::Done,
         }
     }
@@ -1023,35 +1046,72 @@ mod long {
 
     pub fn cp(a: CpArgs) -> i32 {
         let state = &a.state.state;
-        match (remote(&a.src), remote(&a.dst)) {
-            (Some((name, path)), None) => match call(state, name, &Req::Read { path: path.into() })
-            {
-                Ok(Resp::Data(d)) => match std::fs::write(&a.dst, d) {
-                    Ok(()) => 0,
-                    Err(e) => fail(EXIT_FAILURE, format!("{}: {e}", a.dst)),
-                },
-                Ok(Resp::Failed(e)) | Ok(Resp::Blocked(e)) => fail(EXIT_FAILURE, e),
-                Ok(other) => fail(EXIT_FAILURE, format!("unexpected reply {other:?}")),
-                Err(e) => fail(EXIT_BAD_INPUT, e),
+        let limits = tessera_sandbox::TarLimits::default();
+        let reply = |r: Result<Resp, String>| -> Result<Option<Vec<u8>>, (i32, String)> {
+            match r {
+                Ok(Resp::Done) => Ok(None),
+                Ok(Resp::Data(d)) => Ok(Some(d)),
+                Ok(Resp::Blocked(e)) => Err((EXIT_BLOCKED, format!("blocked by the guard: {e}"))),
+                Ok(Resp::Failed(e)) => Err((EXIT_FAILURE, e)),
+                Ok(other) => Err((EXIT_FAILURE, format!("unexpected reply {other:?}"))),
+                Err(e) => Err((EXIT_BAD_INPUT, e)),
+            }
+        };
+        let done = |r: Result<Option<Vec<u8>>, (i32, String)>,
+                    then: &dyn Fn(Vec<u8>) -> Result<(), String>| match r {
+            Ok(d) => match then(d.unwrap_or_default()) {
+                Ok(()) => 0,
+                Err(e) => fail(EXIT_FAILURE, e),
             },
+            Err((code, e)) => fail(code, e),
+        };
+        match (remote(&a.src), remote(&a.dst)) {
+            (Some((name, path)), None) if a.recursive => {
+                let r = reply(call(state, name, &Req::DownloadTar { path: path.into() }));
+                done(r, &|archive| {
+                    // The archive was made inside the sandbox: as hostile as its contents.
+                    tessera_sandbox::tarball::unpack(&archive, Path::new(&a.dst), &limits)
+                        .map(drop)
+                        .map_err(|e| format!("{}: {e}", a.dst))
+                })
+            }
+            (Some((name, path)), None) => {
+                let r = reply(call(state, name, &Req::Read { path: path.into() }));
+                done(r, &|d| {
+                    std::fs::write(&a.dst, d).map_err(|e| format!("{}: {e}", a.dst))
+                })
+            }
             (None, Some((name, path))) => {
-                let data = match std::fs::read(&a.src) {
-                    Ok(d) => d,
-                    Err(e) => return fail(EXIT_BAD_INPUT, format!("{}: {e}", a.src)),
-                };
-                match call(
-                    state,
-                    name,
-                    &Req::Write {
-                        path: path.into(),
-                        data,
-                    },
-                ) {
-                    Ok(Resp::Done) => 0,
-                    Ok(Resp::Failed(e)) | Ok(Resp::Blocked(e)) => fail(EXIT_FAILURE, e),
-                    Ok(other) => fail(EXIT_FAILURE, format!("unexpected reply {other:?}")),
-                    Err(e) => fail(EXIT_BAD_INPUT, e),
+                let is_dir = Path::new(&a.src).is_dir();
+                if is_dir != a.recursive {
+                    let why = if is_dir {
+                        "is a folder: add -r to copy its contents"
+                    } else {
+                        "-r copies a folder, and this is not one"
+                    };
+                    return fail(EXIT_BAD_INPUT, format!("{}: {why}", a.src));
                 }
+                let req = if is_dir {
+                    let mut archive = Vec::new();
+                    if let Err(e) =
+                        tessera_sandbox::tarball::pack(Path::new(&a.src), &mut archive, &limits)
+                    {
+                        return fail(EXIT_BAD_INPUT, format!("{}: {e}", a.src));
+                    }
+                    Req::UploadTar {
+                        path: path.into(),
+                        archive,
+                    }
+                } else {
+                    match std::fs::read(&a.src) {
+                        Ok(data) => Req::Write {
+                            path: path.into(),
+                            data,
+                        },
+                        Err(e) => return fail(EXIT_BAD_INPUT, format!("{}: {e}", a.src)),
+                    }
+                };
+                done(reply(call(state, name, &req)), &|_| Ok(()))
             }
             _ => fail(
                 EXIT_BAD_INPUT,

@@ -140,10 +140,37 @@ async fn serves(client: &Client, gv: &str, kind: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// Tasks aborted when this is dropped: the watchers and the lease renewal end
+/// with the controller, also when its future is dropped (aborted) midway.
+#[derive(Default)]
+struct Tasks(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for Tasks {
+    fn drop(&mut self) {
+        for t in &self.0 {
+            t.abort();
+        }
+    }
+}
+
+/// Whether the controller may start without a watcher's first list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Need {
+    /// Nodes and pods: nothing can be scheduled without them.
+    Required,
+    /// Everything else: when its first list fails (the API is absent, or RBAC
+    /// forbids it), the controller logs that once and goes on as if the list
+    /// were empty; the watcher keeps retrying and takes objects in when the
+    /// list succeeds.
+    Optional,
+}
+
 /// Runs one watcher, turning its events into changes. `reset` receives the
 /// full list after every (re)list, so objects deleted while disconnected go.
+#[allow(clippy::too_many_arguments)]
 fn spawn_watch<K>(
     name: &'static str,
+    need: Need,
     api: Api<K>,
     cfg: watcher::Config,
     tx: mpsc::UnboundedSender<Msg>,
@@ -158,6 +185,9 @@ where
         let mut s = watcher::watcher(api, cfg).default_backoff().boxed();
         let mut buf: Vec<K> = Vec::new();
         let mut synced = false;
+        let mut errors = 0u64;
+        // Whether a list ever succeeded (an absent optional API stays quiet).
+        let mut listed = false;
         while let Some(ev) = s.next().await {
             let msg: Option<Change> = match ev {
                 Ok(Event::Apply(o)) => Some(Box::new(move |st| apply(st, &o))),
@@ -175,6 +205,7 @@ where
                     }
                 }
                 Ok(Event::InitDone) => {
+                    listed = true;
                     let objs = std::mem::take(&mut buf);
                     let r = reset;
                     let m: Change = Box::new(move |st| {
@@ -194,7 +225,19 @@ where
                     None
                 }
                 Err(e) => {
-                    eprintln!("tessera-k8s: watching {name}: {e}");
+                    errors += 1;
+                    if !synced && need == Need::Optional {
+                        synced = true;
+                        eprintln!(
+                            "tessera-k8s: {name} not available ({e}); going on without them, retrying in the background"
+                        );
+                        if tx.send(Msg::Synced(name)).is_err() {
+                            return;
+                        }
+                    } else if (need == Need::Required || listed) && errors.is_power_of_two() {
+                        // 1st, 2nd, 4th, 8th, ... error: visible, not a flood.
+                        eprintln!("tessera-k8s: watching {name} (error {errors}): {e}");
+                    }
                     None
                 }
             };
@@ -488,17 +531,21 @@ pub async fn run(
         .unwrap_or(Duration::from_secs(30));
     let served = discover(&client).await;
     let (tx, mut rx) = mpsc::unbounded_channel::<Msg>();
-    let mut watchers = Vec::new();
+    // Aborted on every way out, an abort of this future included: a replica
+    // that is killed must not go on renewing its lease.
+    let renew = Tasks(renew.into_iter().collect());
+    let mut watchers = Tasks::default();
     let mut need: BTreeSet<&'static str> = BTreeSet::new();
     {
         let c = client.clone();
         let mut w = |h: tokio::task::JoinHandle<()>, n: &'static str| {
             need.insert(n);
-            watchers.push(h);
+            watchers.0.push(h);
         };
         w(
             spawn_watch(
                 "nodes",
+                Need::Required,
                 Api::<core::Node>::all(c.clone()),
                 watcher::Config::default(),
                 tx.clone(),
@@ -511,6 +558,7 @@ pub async fn run(
         w(
             spawn_watch(
                 "pods",
+                Need::Required,
                 Api::<core::Pod>::all(c.clone()),
                 watcher::Config::default().fields("status.phase!=Succeeded,status.phase!=Failed"),
                 tx.clone(),
@@ -523,6 +571,7 @@ pub async fn run(
         w(
             spawn_watch(
                 "priorityclasses",
+                Need::Optional,
                 Api::<PriorityClass>::all(c.clone()),
                 watcher::Config::default(),
                 tx.clone(),
@@ -548,6 +597,7 @@ pub async fn run(
         w(
             spawn_watch(
                 "poddisruptionbudgets",
+                Need::Optional,
                 Api::<DynamicObject>::all_with(c.clone(), &pdb_ar),
                 watcher::Config::default(),
                 tx.clone(),
@@ -568,6 +618,7 @@ pub async fn run(
             w(
                 spawn_watch(
                     "podgroups.scheduling.tessera.dev",
+                    Need::Optional,
                     Api::<crd::PodGroup>::all(c.clone()),
                     watcher::Config::default(),
                     tx.clone(),
@@ -583,6 +634,7 @@ pub async fn run(
             w(
                 spawn_watch(
                     "queues.scheduling.tessera.dev",
+                    Need::Optional,
                     Api::<crd::Queue>::all(c.clone()),
                     watcher::Config::default(),
                     tx.clone(),
@@ -597,6 +649,7 @@ pub async fn run(
             w(
                 spawn_watch(
                     "nodeshards.scheduling.tessera.dev",
+                    Need::Optional,
                     Api::<crd::NodeShard>::all(c.clone()),
                     watcher::Config::default(),
                     tx.clone(),
@@ -611,6 +664,7 @@ pub async fn run(
             w(
                 spawn_watch(
                     "podgroups.scheduling.volcano.sh",
+                    Need::Optional,
                     Api::<crd::volcano::PodGroup>::all(c.clone()),
                     watcher::Config::default(),
                     tx.clone(),
@@ -626,6 +680,7 @@ pub async fn run(
             w(
                 spawn_watch(
                     "queues.scheduling.volcano.sh",
+                    Need::Optional,
                     Api::<crd::volcano::Queue>::all(c.clone()),
                     watcher::Config::default(),
                     tx.clone(),
@@ -642,6 +697,7 @@ pub async fn run(
             w(
                 spawn_watch(
                     "podgroups.scheduling.x-k8s.io",
+                    Need::Optional,
                     Api::<crd::x_k8s::PodGroup>::all(c.clone()),
                     watcher::Config::default(),
                     tx.clone(),
@@ -659,6 +715,7 @@ pub async fn run(
             w(
                 spawn_watch(
                     "resourceslices",
+                    Need::Optional,
                     Api::<res::ResourceSlice>::all(c.clone()),
                     watcher::Config::default(),
                     tx.clone(),
@@ -671,6 +728,7 @@ pub async fn run(
             w(
                 spawn_watch(
                     "resourceclaims",
+                    Need::Optional,
                     Api::<res::ResourceClaim>::all(c.clone()),
                     watcher::Config::default(),
                     tx.clone(),
@@ -702,17 +760,15 @@ pub async fn run(
         errors_logged: 0,
     };
     let result = lp.run(&mut rx, &mut stop, need).await;
-    for w in watchers {
-        w.abort();
-    }
+    drop(watchers);
     metrics.ready.store(false, Relaxed);
-    if let Some(r) = renew {
-        r.abort();
-        if result.is_ok()
-            && let Some(l) = &lp.cfg.lease
-        {
-            leader::release(client, l).await;
-        }
+    let had_lease = !renew.0.is_empty();
+    drop(renew);
+    if had_lease
+        && result.is_ok()
+        && let Some(l) = &lp.cfg.lease
+    {
+        leader::release(client, l).await;
     }
     result
 }
@@ -726,6 +782,8 @@ impl Loop {
     ) -> Result<(), RunError> {
         let mut last_gen = u64::MAX;
         let mut last_cycle = Instant::now();
+        let started = Instant::now();
+        let mut wait_logged = false;
         loop {
             let mut forced = false;
             tokio::select! {
@@ -744,6 +802,10 @@ impl Loop {
             }
             self.log_errors();
             if !need.is_empty() {
+                if !wait_logged && started.elapsed() > Duration::from_secs(10) {
+                    wait_logged = true;
+                    eprintln!("tessera-k8s: still waiting for the first list of {need:?}");
+                }
                 continue;
             }
             if !self.writer.leadership.is_leader() {

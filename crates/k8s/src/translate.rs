@@ -658,7 +658,24 @@ fn queue_from(object: &str, name: String, s: &crd::QueueSpec) -> Result<Queue, T
         q.weight = w as u32;
     }
     if let Some(c) = &s.capability {
-        q.capability = Some(resources(object, "spec.capability", c)?);
+        let mut cap = resources(object, "spec.capability", c)?;
+        // A dimension the capability does not name is not bounded (as in
+        // Volcano): `capability: {cpu: 2}` limits CPU only. (Extended
+        // resources it does not name are unbounded in the scheduler already.)
+        if !c.contains_key("cpu") {
+            cap.cpu_milli = u64::MAX;
+        }
+        if !c.contains_key("memory") {
+            cap.memory = u64::MAX;
+        }
+        if !c.contains_key(keys::NVIDIA_GPU) {
+            cap.gpu_milli = u64::MAX;
+        }
+        if !c.contains_key("pods") {
+            cap.pods = u64::MAX;
+        }
+        cap.gpu_memory = u64::MAX;
+        q.capability = Some(cap);
     }
     if let Some(g) = s.guarantee.as_ref().and_then(|g| g.resource.as_ref()) {
         q.guarantee = resources(object, "spec.guarantee.resource", g)?;
@@ -964,7 +981,12 @@ mod tests {
         .unwrap();
         let m = tessera_queue(&qu).unwrap();
         assert_eq!(m.weight, 3);
-        assert_eq!(m.capability.as_ref().unwrap().gpu_milli, 4000);
+        let cap = m.capability.as_ref().unwrap();
+        assert_eq!(cap.gpu_milli, 4000);
+        assert_eq!(cap.cpu_milli, 10_000);
+        // Dimensions the capability does not name are not bounded.
+        assert_eq!(cap.memory, u64::MAX);
+        assert_eq!(cap.pods, u64::MAX);
         assert_eq!(m.guarantee.cpu_milli, 2000);
         assert!(!m.reclaimable);
         assert_eq!(m.parent, None);

@@ -8,8 +8,11 @@
 //! Layout: the log `span_head` / `span` named by session id (spans in the
 //! order they were recorded).
 
+use std::sync::{Arc, OnceLock};
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 use tessera_store::Store;
 
 use crate::error::AgentError;
@@ -39,12 +42,68 @@ pub struct Span {
     pub attributes: Value,
 }
 
-/// Records a finished span.
+/// Where recorded spans also go once they are stored: an OTLP exporter, which
+/// the server installs when OpenTelemetry export is configured. It must not
+/// block (queue the span and return).
+pub trait SpanSink: Send + Sync {
+    fn send(&self, tenant: &str, span: &Span);
+}
+
+static SINK: OnceLock<Arc<dyn SpanSink>> = OnceLock::new();
+
+/// Installs the process's span sink. Like OpenTelemetry's global tracer
+/// provider there is one per process; returns false when one was already set.
+pub fn set_sink(sink: Arc<dyn SpanSink>) -> bool {
+    SINK.set(sink).is_ok()
+}
+
+/// Records a finished span (and hands it to the span sink, if one is set).
 pub async fn record_span<S: Store>(store: &S, tenant: &str, span: Span) -> Result<u64, AgentError> {
     crate::sessions::check_id(&span.session)?;
     let v = serde_json::to_value(&span).map_err(|e| AgentError::invalid("span", e.to_string()))?;
     let at = span.start_ms;
-    events::append(store, KINDS_SPAN, tenant, &span.session, v, at).await
+    let seq = events::append(store, KINDS_SPAN, tenant, &span.session, v, at).await?;
+    if let Some(sink) = SINK.get() {
+        sink.send(tenant, &span);
+    }
+    Ok(seq)
+}
+
+/// The W3C trace id of a session's trace: every span of the session shares
+/// it, so a tracing backend shows the session as one trace. Derived, not
+/// stored: the same on every replica and after a restart.
+pub fn otel_trace_id(tenant: &str, session: &str) -> [u8; 16] {
+    let d = Sha256::new()
+        .chain_update(b"tessera-trace\0")
+        .chain_update(tenant.as_bytes())
+        .chain_update(b"\0")
+        .chain_update(session.as_bytes())
+        .finalize();
+    let mut id = [0u8; 16];
+    id.copy_from_slice(&d[..16]);
+    if id == [0; 16] {
+        id[15] = 1; // all zeroes is the invalid id
+    }
+    id
+}
+
+/// The W3C span id of one of a session's spans (by its `span_id`), so that a
+/// child exported before or after its parent still points at it.
+pub fn otel_span_id(tenant: &str, session: &str, span_id: &str) -> [u8; 8] {
+    let d = Sha256::new()
+        .chain_update(b"tessera-span\0")
+        .chain_update(tenant.as_bytes())
+        .chain_update(b"\0")
+        .chain_update(session.as_bytes())
+        .chain_update(b"\0")
+        .chain_update(span_id.as_bytes())
+        .finalize();
+    let mut id = [0u8; 8];
+    id.copy_from_slice(&d[..8]);
+    if id == [0; 8] {
+        id[7] = 1;
+    }
+    id
 }
 
 /// Every span of a session, in recorded order.

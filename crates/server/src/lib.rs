@@ -18,6 +18,7 @@ pub mod mcp;
 pub mod metrics;
 pub mod node;
 pub mod oidc;
+pub mod otlp;
 pub mod plane;
 pub mod problem;
 pub mod sandboxes;

@@ -175,6 +175,14 @@ async fn serve(a: UpArgs, listen: SocketAddr) -> i32 {
         },
         ..ServerConfig::default()
     };
+    let otlp = match tessera_server::otlp::OtlpConfig::from_env() {
+        Ok(None) => None,
+        Ok(Some(c)) => match tessera_server::otlp::install(c) {
+            Ok(x) => Some(x),
+            Err(e) => return fail(EXIT_BAD_INPUT, e),
+        },
+        Err(e) => return fail(EXIT_BAD_INPUT, e),
+    };
     let running = match tessera_server::start(store, cfg).await {
         Ok(r) => r,
         Err(e) => return fail(EXIT_FAILURE, e),
@@ -189,6 +197,9 @@ async fn serve(a: UpArgs, listen: SocketAddr) -> i32 {
     let url = format!("http://{}", running.addr);
     eprintln!("tessera: store {backend} at {where_}");
     eprintln!("tessera: listening on {url}");
+    if otlp.is_some() {
+        eprintln!("tessera: exporting session spans over OTLP (OTEL_EXPORTER_OTLP_* settings)");
+    }
     if let Some(key) = &running.admin_key {
         println!("First start: created tenant \"admin\" and its admin key. It is shown only now");
         println!("(the store keeps only a hash). Use it from another shell:");
@@ -209,5 +220,8 @@ async fn serve(a: UpArgs, listen: SocketAddr) -> i32 {
     }
     eprintln!("tessera: shutting down");
     running.shutdown().await;
+    if let Some(o) = otlp {
+        o.shutdown().await;
+    }
     0
 }

@@ -199,11 +199,34 @@ pub(crate) fn open_own_netns() -> Result<OwnedFd, String> {
     Ok(fd)
 }
 
+/// The calling thread's own network namespace, opened on the thread's first create and
+/// kept for its lifetime (a create enters a pre-made namespace around `clone` and comes
+/// back here; opening `/proc/thread-self/ns/net` each time was a path walk per create).
+pub(crate) fn home_netns() -> Result<std::os::fd::RawFd, String> {
+    thread_local! {
+        static HOME: std::cell::OnceCell<OwnedFd> = const { std::cell::OnceCell::new() };
+    }
+    HOME.with(|h| {
+        if let Some(fd) = h.get() {
+            return Ok(fd.as_raw_fd());
+        }
+        let fd = open_own_netns()?;
+        let raw = fd.as_raw_fd();
+        let _ = h.set(fd);
+        Ok(raw)
+    })
+}
+
 /// Enters the namespace `fd` on the calling thread.
 pub(crate) fn enter(fd: &OwnedFd) -> Result<(), nix::errno::Errno> {
-    // SAFETY: setns on a descriptor we own; it changes only this thread's network
-    // namespace.
-    let r = unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) };
+    enter_raw(fd.as_raw_fd())
+}
+
+/// Enters the namespace of the descriptor `fd` (open for the duration of the call).
+pub(crate) fn enter_raw(fd: std::os::fd::RawFd) -> Result<(), nix::errno::Errno> {
+    // SAFETY: setns on a descriptor the caller keeps open; it changes only this thread's
+    // network namespace.
+    let r = unsafe { libc::setns(fd, libc::CLONE_NEWNET) };
     if r < 0 {
         Err(nix::errno::Errno::last())
     } else {

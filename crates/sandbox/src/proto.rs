@@ -129,10 +129,25 @@ pub fn send<T: Serialize>(sock: BorrowedFd<'_>, msg: &T, fds: &[RawFd]) -> Resul
 pub fn recv<T: for<'de> Deserialize<'de>>(
     sock: BorrowedFd<'_>,
 ) -> Result<Option<(T, Vec<OwnedFd>)>, String> {
-    let mut buf = vec![0u8; MAX_MSG];
+    // One receive buffer per thread: a fresh zeroed 64 KiB per message cost page
+    // faults (and heap trims) on every create and every command.
+    thread_local! {
+        static BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; MAX_MSG]);
+    }
+    BUF.with(|b| match b.try_borrow_mut() {
+        Ok(mut buf) => recv_into(sock, &mut buf),
+        // Re-entered (never, today): fall back to a buffer of its own.
+        Err(_) => recv_into(sock, &mut vec![0u8; MAX_MSG]),
+    })
+}
+
+fn recv_into<T: for<'de> Deserialize<'de>>(
+    sock: BorrowedFd<'_>,
+    buf: &mut [u8],
+) -> Result<Option<(T, Vec<OwnedFd>)>, String> {
     let mut cmsg_space = nix::cmsg_space!([RawFd; 8]);
     let (n, fds) = loop {
-        let mut iov = [IoSliceMut::new(&mut buf)];
+        let mut iov = [IoSliceMut::new(&mut *buf)];
         match recvmsg::<()>(
             sock.as_raw_fd(),
             &mut iov,

@@ -333,12 +333,10 @@ impl Runtime {
             None => None,
         };
         let home_netns = match &premade {
-            Some(_) => Some(
-                crate::netns::open_own_netns().map_err(|e| SpawnError::Syscall {
-                    syscall: "open own network namespace",
-                    source: io::Error::other(e),
-                })?,
-            ),
+            Some(_) => Some(crate::netns::home_netns().map_err(|e| SpawnError::Syscall {
+                syscall: "open own network namespace",
+                source: io::Error::other(e),
+            })?),
             None => None,
         };
         // Every network policy gets a private namespace: pre-made, or made by clone.
@@ -360,30 +358,50 @@ impl Runtime {
             init: self.init_fd.as_raw_fd(),
             keep_stderr: self.debug,
         };
-        // SAFETY: clone without CLONE_VM is fork with namespace flags: the child gets a
-        // copy of the address space and returns here with 0. It then runs only
-        // `child_after_clone`, which makes async-signal-safe libc calls and ends in
-        // execveat or _exit, so no lock held by another thread at the time of the clone
-        // can be touched.
         if let Some(ns) = &premade {
             crate::netns::enter(ns).map_err(sys("setns(sandbox network namespace)"))?;
         }
-        let ret = unsafe {
-            libc::syscall(
-                libc::SYS_clone,
-                (flags | libc::SIGCHLD) as libc::c_ulong,
-                0usize,
-                0usize,
-                0usize,
-                0usize,
-            )
+        // The child shares this process's memory until it execs (CLONE_VM, as
+        // posix_spawn does): no page tables to copy, and no copy-on-write faults here
+        // afterwards, which on a busy supervisor cost more than the clone itself. It
+        // runs on a stack of this thread's own and only reads `args`, which outlive it:
+        // every path out of this function after a successful clone has either seen the
+        // init answer (so it has exec'd) or killed and reaped it. Signals stay blocked
+        // in the child until just before execveat, so that no handler of ours runs on
+        // shared memory in its context.
+        let mut args = ChildArgs {
+            fds,
+            empty: empty.as_ptr(),
+            argv: argv_ptrs.as_ptr(),
+            envp: envp.as_ptr(),
+            // SAFETY: an all-zero sigset_t is a valid (empty) set; filled below.
+            sigmask: unsafe { std::mem::zeroed() },
         };
-        if ret == 0 {
-            child_after_clone(&fds, empty.as_ptr(), argv_ptrs.as_ptr(), envp.as_ptr());
-        }
-        let clone_err = io::Error::last_os_error();
-        if let Some(home) = &home_netns
-            && let Err(e) = crate::netns::enter(home)
+        let ret = CHILD_STACK.with(|stack| {
+            let mut stack = stack.borrow_mut();
+            // SAFETY: the stack buffer is this thread's and is not touched by anything
+            // else while the child runs on it (this thread waits for the child to exec
+            // or die before the next spawn); `child_entry` only reads `args` and never
+            // returns; the signal masks are restored on both sides.
+            unsafe {
+                let mut all: libc::sigset_t = std::mem::zeroed();
+                libc::sigfillset(&mut all);
+                libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut args.sigmask);
+                let top = stack.as_mut_ptr().add(stack.len()) as usize & !15usize;
+                let r = libc::clone(
+                    child_entry,
+                    top as *mut libc::c_void,
+                    flags | libc::CLONE_VM | libc::SIGCHLD,
+                    (&args as *const ChildArgs).cast_mut().cast(),
+                );
+                let e = io::Error::last_os_error();
+                libc::pthread_sigmask(libc::SIG_SETMASK, &args.sigmask, std::ptr::null_mut());
+                (r, e)
+            }
+        });
+        let (ret, clone_err) = ret;
+        if let Some(home) = home_netns
+            && let Err(e) = crate::netns::enter_raw(home)
         {
             // This thread would go on in a sandbox's network: never acceptable.
             eprintln!("tessera-sandbox: cannot return to the supervisor's network namespace: {e}");
@@ -396,7 +414,7 @@ impl Runtime {
                 source: clone_err,
             });
         }
-        let pid = Pid::from_raw(ret as i32);
+        let pid = Pid::from_raw(ret);
         drop(child_end);
         drop(sync_r);
         let abort = |e: SpawnError| {
@@ -427,7 +445,7 @@ impl Runtime {
             gid: self.inner_uid,
         };
         proto::send(sup.as_fd(), &setup, &[]).map_err(|e| abort(SpawnError::Protocol(e)))?;
-        match recv_timeout_fds::<Reply>(&sup, Duration::from_secs(30)) {
+        let result = match recv_timeout_fds::<Reply>(&sup, Duration::from_secs(30)) {
             Ok((Reply::Ready { .. }, mut fds)) => {
                 let proxy = match (&spec.network, fds.pop()) {
                     (Network::Proxy(policy), Some(l)) => {
@@ -458,7 +476,11 @@ impl Runtime {
                 )))
             }
             Err(e) => Err(abort(SpawnError::Protocol(e.to_string()))),
-        }
+        };
+        // The child read `args` and `envp` (this frame) until it exec'd or died, which
+        // every arm above has waited for: keep them alive to here.
+        std::hint::black_box((&args, &envp));
+        result
     }
 }
 
@@ -484,15 +506,36 @@ fn start_netns_pool() -> Option<crate::netns::NetnsPool> {
     crate::netns::NetnsPool::start(n).ok()
 }
 
-/// Runs in the cloned child. Only async-signal-safe calls; never returns.
-fn child_after_clone(
-    f: &ChildFds,
+/// What the cloned child reads (it shares the parent's memory until it execs).
+struct ChildArgs {
+    fds: ChildFds,
     empty: *const libc::c_char,
     argv: *const *const libc::c_char,
     envp: *const *const libc::c_char,
-) -> ! {
-    // SAFETY: plain syscalls on descriptors inherited from the parent; the pointers were
-    // built by the parent before clone and stay valid in this copy of its memory.
+    /// The parent thread's signal mask, restored just before execveat.
+    sigmask: libc::sigset_t,
+}
+
+thread_local! {
+    /// The stack a cloned child runs on until it execs: one per supervisor thread.
+    static CHILD_STACK: std::cell::RefCell<Box<[u8]>> =
+        std::cell::RefCell::new(vec![0u8; 256 << 10].into_boxed_slice());
+}
+
+extern "C" fn child_entry(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the `ChildArgs` the parent passed to clone; it outlives the child's
+    // use of it (see `spawn_in`).
+    let a = unsafe { &*(arg as *const ChildArgs) };
+    child_after_clone(a)
+}
+
+/// Runs in the cloned child, on its own stack in the parent's memory. Only raw syscalls
+/// and async-signal-safe calls, no allocation, no write to shared memory (errno aside,
+/// and only on a failure that ends in `_exit`); never returns.
+fn child_after_clone(a: &ChildArgs) -> ! {
+    let f = &a.fds;
+    // SAFETY: plain syscalls on descriptors of the child's own (copied) fd table; the
+    // pointers were built by the parent before clone and stay valid until it execs.
     unsafe {
         libc::close(f.sync_w);
         let mut b = 0u8;
@@ -527,12 +570,20 @@ fn child_after_clone(
             libc::dup2(null, 2);
         }
         libc::dup2(ctrl, crate::init::CTRL_FD);
+        // The parent's mask (the kernel's sigset is the first 8 bytes of glibc's).
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK,
+            &a.sigmask as *const libc::sigset_t,
+            std::ptr::null_mut::<libc::sigset_t>(),
+            8usize,
+        );
         libc::syscall(
             libc::SYS_execveat,
             init,
-            empty,
-            argv,
-            envp,
+            a.empty,
+            a.argv,
+            a.envp,
             libc::AT_EMPTY_PATH,
         );
         libc::_exit(127)

@@ -24,7 +24,7 @@ use tessera_sandbox::{
     ExecRequest, InitProgram, Limits, PoolConfig, Runtime, RuntimeConfig, Sandbox, SandboxSpec,
     Template, WarmPool,
 };
-use tessera_store::AnyStore;
+use tessera_store::{AnyStore, Store};
 
 use crate::error::{AgentError, now_ms};
 use crate::meter::{self, UsageKind, UsageRecord};
@@ -72,6 +72,13 @@ pub struct HostConfig {
     pub api_addr: Option<std::net::SocketAddr>,
     /// Runtime and version quotas.
     pub quotas: runtimes::Quotas,
+    /// This process is the only session host on its store (the embedded
+    /// store): a session another owner left starting or active is orphaned
+    /// at once, not after its lease.
+    pub exclusive: bool,
+    /// How long a host's claim on its live sessions holds without renewal
+    /// (renewed by the supervision loop at half of it).
+    pub lease: Duration,
 }
 
 impl Default for HostConfig {
@@ -88,6 +95,8 @@ impl Default for HostConfig {
             pool_max: 64,
             api_addr: None,
             quotas: runtimes::Quotas::default(),
+            exclusive: true,
+            lease: Duration::from_secs(30),
         }
     }
 }
@@ -158,6 +167,24 @@ struct Inner {
     sandboxes: Mutex<HashMap<(String, String), Arc<Sandbox>>>,
     minter: Option<Minter>,
     keys: Mutex<HashMap<(String, String), String>>,
+    /// This host's name in sessions' `owner`: `<hostname>/<pid>/<nonce>`.
+    owner: String,
+}
+
+/// A name for this process as a session owner, unique across restarts.
+fn owner_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "host".into());
+    let nonce = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    format!("{host}/{}/{nonce:x}", std::process::id())
+}
+
+fn owner_host(owner: &str) -> &str {
+    owner.split('/').next().unwrap_or_default()
 }
 
 fn sandbox_spec(spec: &RuntimeSpec) -> SandboxSpec {
@@ -230,6 +257,7 @@ impl Host {
                 sandboxes: Mutex::new(HashMap::new()),
                 minter,
                 keys: Mutex::new(HashMap::new()),
+                owner: owner_id(),
             }),
         }
     }
@@ -293,41 +321,83 @@ impl Host {
             .clone()
     }
 
-    /// After a server restart: sessions the store says are starting or active
-    /// have no sandbox in this process. Their old sandboxes are destroyed if
-    /// they outlived the server, and the sessions become idle (resumable).
-    pub async fn recover(&self, tenants: &[String]) -> Result<usize, AgentError> {
+    /// This host's name in sessions' `owner` field.
+    pub fn owner(&self) -> &str {
+        &self.inner.owner
+    }
+
+    /// Takes back sessions whose host is gone: run at start, then
+    /// periodically. A session starting or active under another owner is
+    /// orphaned when this host is the only one on its store (`exclusive`: the
+    /// owner was a previous process), or when its owner stopped renewing its
+    /// lease (several replicas on PostgreSQL); sessions of a live replica are
+    /// left alone. An orphan's sandbox is destroyed if it outlived its server
+    /// on this machine, and the session becomes idle (resumable).
+    pub async fn recover(&self) -> Result<usize, AgentError> {
+        let store = &self.inner.store;
+        let me = self.inner.owner.clone();
+        let mine = owner_host(&me).to_string();
+        let exclusive = self.inner.cfg.exclusive;
         let mut n = 0;
-        for t in tenants {
-            for s in sessions::list(
-                &self.inner.store,
-                t,
-                &[State::Starting, State::Active],
-                None,
-            )
-            .await?
-            {
-                if let Some(pid) = s.sandbox_pid {
+        for st in [State::Starting, State::Active] {
+            let l = store.list(&st.index_kind(), None).await?;
+            for o in l.objects {
+                let id = o.name.rsplit('/').next().unwrap_or_default();
+                let Some(s) = sessions::get(store, &o.tenant, id).await? else {
+                    continue;
+                };
+                let orphaned = |x: &Session| {
+                    matches!(x.state, State::Starting | State::Active)
+                        && x.owner.as_deref() != Some(me.as_str())
+                        && (exclusive || x.owner.is_none() || now_ms() >= x.lease_until_ms)
+                };
+                if !orphaned(&s) {
+                    continue;
+                }
+                let local = exclusive || s.owner.as_deref().map(owner_host) == Some(mine.as_str());
+                if let (Some(pid), true) = (s.sandbox_pid, local) {
                     kill_stale_sandbox(pid);
                 }
-                sessions::update(&self.inner.store, t, &s.id, |x| {
-                    if !matches!(x.state, State::Starting | State::Active) {
+                let prev = s.owner.clone();
+                let changed = sessions::update(store, &o.tenant, id, |x| {
+                    if !orphaned(x) || x.owner != prev {
                         return Ok(false);
                     }
                     x.state = State::Idle;
                     x.sandbox = None;
                     x.sandbox_pid = None;
-                    x.reason = Some(
-                        "the server restarted; the next invocation resumes the session".into(),
-                    );
+                    x.owner = None;
+                    x.reason =
+                        Some("its server stopped; the next invocation resumes the session".into());
                     x.updated_at_ms = now_ms();
                     Ok(true)
                 })
                 .await?;
-                n += 1;
+                if changed.state == State::Idle {
+                    n += 1;
+                }
             }
         }
         Ok(n)
+    }
+
+    /// Refuses to run a session another live host runs (its sandbox is
+    /// there). Invocations are not forwarded between replicas: the caller
+    /// retries, and after the owner's lease this host takes the session over.
+    fn check_owner(&self, s: &Session) -> Result<(), AgentError> {
+        if self.inner.cfg.exclusive || !matches!(s.state, State::Starting | State::Active) {
+            return Ok(());
+        }
+        match &s.owner {
+            Some(o) if *o != self.inner.owner && now_ms() < s.lease_until_ms => {
+                Err(AgentError::Unavailable(format!(
+                    "session {:?} is running on another server ({o}); retry there, or in {} s when its lease ends if that server is gone",
+                    s.id,
+                    (s.lease_until_ms - now_ms()).div_ceil(1000)
+                )))
+            }
+            _ => Ok(()),
+        }
     }
 
     async fn key_for(&self, tenant: &str, s: &Session) -> Result<String, AgentError> {
@@ -398,6 +468,7 @@ impl Host {
                 .await?
                 .ok_or_else(|| AgentError::NotFound(format!("session {session_id:?}")))?;
             self.check_runnable(tenant, &s).await?;
+            self.check_owner(&s)?;
             let alive = g
                 .live
                 .as_ref()
@@ -584,9 +655,12 @@ impl Host {
                     s.id
                 )));
             }
+            let lease_ms = self.inner.cfg.lease.as_millis() as u64;
             sessions::update(store, tenant, &s.id, |x| {
                 x.state = State::Starting;
                 x.sandbox = None;
+                x.owner = Some(self.inner.owner.clone());
+                x.lease_until_ms = now_ms() + lease_ms;
                 x.updated_at_ms = now_ms();
                 Ok(true)
             })
@@ -626,6 +700,8 @@ impl Host {
                             )));
                         }
                         x.state = State::Active;
+                        x.owner = Some(self.inner.owner.clone());
+                        x.lease_until_ms = now_ms() + lease_ms;
                         x.starts += 1;
                         if was_started {
                             x.restarts += 1;
@@ -667,6 +743,7 @@ impl Host {
             x.state = State::Idle;
             x.sandbox = None;
             x.sandbox_pid = None;
+            x.owner = None;
             x.reason = Some(msg.clone());
             Ok(true)
         })
@@ -958,6 +1035,21 @@ impl Host {
                     .await;
                 continue;
             }
+            // Renew this host's claim at half its lease.
+            let lease_ms = self.inner.cfg.lease.as_millis() as u64;
+            if s.owner.as_deref() == Some(self.inner.owner.as_str())
+                && s.lease_until_ms < now_ms() + lease_ms / 2
+            {
+                let me = self.inner.owner.clone();
+                let _ = sessions::update(&self.inner.store, &tenant, &id, |x| {
+                    if x.owner.as_deref() != Some(me.as_str()) {
+                        return Ok(false);
+                    }
+                    x.lease_until_ms = now_ms() + lease_ms;
+                    Ok(true)
+                })
+                .await;
+            }
             let ping = unixhttp::request(
                 &live.socket,
                 "GET",
@@ -1017,6 +1109,7 @@ impl Host {
                     x.state = State::Idle;
                     x.sandbox = None;
                     x.sandbox_pid = None;
+                    x.owner = None;
                     x.reason = Some(format!(
                         "idle for {} s: sandbox released; the next invocation resumes",
                         x.idle_timeout_s
@@ -1030,7 +1123,10 @@ impl Host {
     }
 
     /// Runs [`Host::tick`] every `ping_interval` until `stop` turns true.
+    /// With several hosts on one store (not `exclusive`), also takes over the
+    /// sessions of hosts that stopped renewing their leases, once per lease.
     pub async fn run(self, mut stop: tokio::sync::watch::Receiver<bool>) {
+        let mut last_recover = Instant::now();
         loop {
             if *stop.borrow() {
                 break;
@@ -1038,6 +1134,10 @@ impl Host {
             tokio::select! {
                 _ = tokio::time::sleep(self.inner.cfg.ping_interval) => self.tick().await,
                 r = stop.changed() => if r.is_err() { break },
+            }
+            if !self.inner.cfg.exclusive && last_recover.elapsed() >= self.inner.cfg.lease {
+                last_recover = Instant::now();
+                let _ = self.recover().await;
             }
         }
         self.shutdown().await;
@@ -1056,6 +1156,19 @@ impl Host {
         for sb in sbs {
             let _ = sb.destroy();
         }
+    }
+}
+
+/// The built-in sandbox tools of the gateway (exec, files) run in the
+/// sandbox a session is bound to now.
+impl crate::tools::SandboxAccess for Host {
+    fn sandbox(&self, tenant: &str, session_id: &str) -> Option<Arc<Sandbox>> {
+        self.inner
+            .sandboxes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&(tenant.to_string(), session_id.to_string()))
+            .cloned()
     }
 }
 

@@ -81,7 +81,7 @@ impl State {
     pub fn is_final(self) -> bool {
         matches!(self, State::Ended | State::Failed | State::Killed)
     }
-    fn index_kind(self) -> String {
+    pub(crate) fn index_kind(self) -> String {
         format!("session_idx.{}", self.as_str())
     }
 }
@@ -122,6 +122,14 @@ pub struct Session {
     pub restarts: u64,
     #[serde(default)]
     pub invocations: u64,
+    /// The session host (server process) that runs it while it is starting
+    /// or active, and until when that claim holds unless renewed: with
+    /// several replicas on one store, a replica takes over only sessions
+    /// whose owner stopped renewing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    #[serde(default)]
+    pub lease_until_ms: u64,
 }
 
 fn to_json<T: Serialize>(v: &T) -> Result<Value, AgentError> {
@@ -199,6 +207,8 @@ pub async fn get_or_create<S: Store>(
             starts: 0,
             restarts: 0,
             invocations: 0,
+            owner: None,
+            lease_until_ms: 0,
         };
         let ops = vec![
             Op::Create {

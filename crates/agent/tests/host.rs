@@ -230,3 +230,64 @@ async fn a_session_over_budget_is_stopped_and_says_why() {
         .unwrap_err();
     assert!(e.to_string().contains("budget"), "{e}");
 }
+
+/// Several hosts on one store (replicas on PostgreSQL): a host takes over
+/// only the sessions whose owner stopped renewing its lease, and refuses to
+/// run a session a live replica runs. The embedded store's single host takes
+/// over at once. No sandboxes needed: the sessions are set up in the store.
+#[tokio::test]
+async fn replicas_take_over_only_sessions_whose_owner_stopped_renewing() {
+    let d = tempfile::tempdir().unwrap();
+    let st: AnyStore = SqliteStore::open(d.path()).unwrap().into();
+    let shared = HostConfig {
+        exclusive: false,
+        pool_min: 0,
+        ..HostConfig::default()
+    };
+    let a = Host::new(st.clone(), shared.clone(), None);
+    let b = Host::new(st.clone(), shared, None);
+    assert_ne!(a.owner(), b.owner());
+    let rv = runtimes::create(&st, "t1", "echo", spec(&[]), runtimes::Quotas::default(), 1)
+        .await
+        .unwrap();
+    let _ = rv;
+    let rv = runtimes::resolve(&st, "t1", "echo", None).await.unwrap();
+    let now = tessera_agent::error::now_ms();
+    for (id, lease) in [("live", now + 60_000), ("gone", now - 1)] {
+        sessions::get_or_create(&st, "t1", id, &rv, now)
+            .await
+            .unwrap();
+        sessions::update(&st, "t1", id, |x| {
+            x.state = State::Active;
+            x.owner = Some(a.owner().to_string());
+            x.lease_until_ms = lease;
+            Ok(true)
+        })
+        .await
+        .unwrap();
+    }
+    // B takes over the session whose lease ran out, not the live one.
+    assert_eq!(b.recover().await.unwrap(), 1);
+    let live = sessions::get(&st, "t1", "live").await.unwrap().unwrap();
+    let gone = sessions::get(&st, "t1", "gone").await.unwrap().unwrap();
+    assert_eq!(live.state, State::Active);
+    assert_eq!(live.owner.as_deref(), Some(a.owner()));
+    assert_eq!(gone.state, State::Idle, "{gone:?}");
+    assert_eq!(gone.owner, None);
+    // B does not run A's live session (it would start a second sandbox).
+    let err = b
+        .invoke("t1", "echo", None, "live", b"{}", "application/json")
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("running on another server"),
+        "{err}"
+    );
+    // The owner's own recovery leaves its sessions alone.
+    assert_eq!(a.recover().await.unwrap(), 0);
+    // The single host of an embedded store takes over at once.
+    let c = Host::new(st.clone(), HostConfig::default(), None);
+    assert_eq!(c.recover().await.unwrap(), 1);
+    let live = sessions::get(&st, "t1", "live").await.unwrap().unwrap();
+    assert_eq!(live.state, State::Idle);
+}

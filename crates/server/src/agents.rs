@@ -25,7 +25,6 @@ use tessera_agent::meter::{self, PriceTable, UsageRecord};
 use tessera_agent::runtimes::{self, RuntimeSpec};
 use tessera_agent::sessions::{self, Checkpoint};
 use tessera_agent::{AgentError, events, trace};
-use tessera_store::Store;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -85,27 +84,23 @@ impl AgentsState {
                         .ok_or_else(|| "no key in the reply".to_string())
                 })
             });
-        let host = Host::new(plane.store().clone(), cfg.host.clone(), Some(minter));
-        let tenants: Vec<String> = plane
-            .store()
-            .list("tenant", Some(""))
-            .await
-            .map_err(|e| StartError::Component {
-                what: "agents",
-                message: e.to_string(),
-            })?
-            .objects
-            .into_iter()
-            .map(|o| o.name)
-            .collect();
-        host.recover(&tenants)
-            .await
-            .map_err(|e| StartError::Component {
-                what: "agents",
-                message: format!("recovering sessions: {e}"),
-            })?;
+        let mut host_cfg = cfg.host.clone();
+        // The embedded store has one writer process: sessions another owner
+        // left starting or active were orphaned by a restart. On PostgreSQL,
+        // replicas share sessions and take over only after an owner's lease.
+        host_cfg.exclusive = plane.store().backend() == "sqlite";
+        let host = Host::new(plane.store().clone(), host_cfg, Some(minter));
+        host.recover().await.map_err(|e| StartError::Component {
+            what: "agents",
+            message: format!("recovering sessions: {e}"),
+        })?;
         let task = tokio::spawn(host.clone().run(stop.clone()));
         Ok((Self { host: Some(host) }, vec![task]))
+    }
+
+    /// The session host, for the tool gateway's built-in sandbox tools.
+    pub(crate) fn session_host(&self) -> Option<Host> {
+        self.host.clone()
     }
 
     fn host(&self) -> Result<&Host, ApiError> {

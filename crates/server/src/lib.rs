@@ -270,6 +270,10 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
     tasks.extend(t);
     let (tools, t) = tools::ToolsState::start(&plane, &cfg.tools, &stop_rx).await?;
     tasks.extend(t);
+    // The gateway's built-in tools (exec, files) run in sessions' sandboxes.
+    if let Some(h) = agents.session_host() {
+        tools.gateway.set_sandboxes(std::sync::Arc::new(h));
+    }
     let (gateway, t) = gateway::GatewayState::start(&plane, &cfg.gateway, &stop_rx).await?;
     tasks.extend(t);
     let app = api::router(api::App {

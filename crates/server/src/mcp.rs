@@ -9,6 +9,14 @@
 //! (`tessera.dev/tool_call_id`), the `Tessera-Tool-Call-Id` header, or else the
 //! JSON-RPC request id; the idempotency key from `_meta`
 //! (`tessera.dev/idempotency_key`) or the `Idempotency-Key` header.
+//!
+//! A call waiting for an approval (a two-phase confirm) answers a client on
+//! MCP 2026-07-28 or later with `resultType: "input_required"` and a
+//! `requestState` (`approval:<ledger id>`, only a handle: the state is the
+//! ledger entry, checked again on the retry); the client retries with it and
+//! gets the outcome once someone decided. Older clients get a successful
+//! result whose `structuredContent.status` is `pending_approval` and call
+//! again with the same tool call id.
 
 use std::sync::Arc;
 
@@ -16,8 +24,8 @@ use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorData,
-    InitializeResult, ListToolsResult, PaginatedRequestParams, ServerCapabilities, Tool,
-    ToolAnnotations,
+    InitializeResult, InputRequiredResult, ListToolsResult, MetaObject, PaginatedRequestParams,
+    ProtocolVersion, ServerCapabilities, Tool, ToolAnnotations,
 };
 use rmcp::service::RequestContext;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -138,11 +146,44 @@ fn to_tool(t: &gw::CompiledTool) -> Tool {
     )
 }
 
+impl McpTools {
+    /// The ledger entry an echoed `requestState` names, if it is a call of
+    /// this session to this tool (the state comes back from the client, so it
+    /// is only a handle, checked here).
+    async fn pending_entry(
+        &self,
+        c: &Caller,
+        session: &str,
+        tool: &str,
+        state: &str,
+    ) -> Result<gw::Entry, ErrorData> {
+        let bad = || {
+            ErrorData::invalid_params(
+                format!(
+                    "requestState {state:?} names no call of this session to tool {tool:?}: call again without it"
+                ),
+                None,
+            )
+        };
+        let id = state.strip_prefix("approval:").ok_or_else(bad)?;
+        let e = self
+            .gateway
+            .entry(&c.tenant, id)
+            .await
+            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?
+            .ok_or_else(bad)?;
+        if e.session_id != session || e.tool != tool {
+            return Err(bad());
+        }
+        Ok(e)
+    }
+}
+
 impl ServerHandler for McpTools {
     fn get_info(&self) -> InitializeResult {
         InitializeResult::new(ServerCapabilities::builder().enable_tools().build())
             .with_instructions(
-                "Tessera tool gateway: the tools granted to your session. Every call is recorded in an exactly-once ledger; pass _meta \"tessera.dev/tool_call_id\" so a retried call is recognised. A result with status pending_approval means: call again with the same tool_call_id later.",
+                "Tessera tool gateway: the tools granted to your session. Every call is recorded in an exactly-once ledger; pass _meta \"tessera.dev/tool_call_id\" so a retried call is recognised. A call waiting for an approval answers input_required (MCP 2026-07-28) or a result with status pending_approval: call again later with the requestState, or with the same tool_call_id.",
             )
     }
 
@@ -190,8 +231,18 @@ impl ServerHandler for McpTools {
                 Ok(v) => format!("jsonrpc-{v}"),
                 Err(_) => "jsonrpc".into(),
             });
-        let idempotency_key = from_meta("tessera.dev/idempotency_key")
+        let mut idempotency_key = from_meta("tessera.dev/idempotency_key")
             .or_else(|| header(p, "idempotency-key").map(str::to_string));
+        let mut tool_call_id = tool_call_id;
+        // An MRTR retry: the echoed handle names the pending ledger entry, so
+        // the retry is the same logical call even under a new JSON-RPC id.
+        if let Some(state) = &request.request_state {
+            let e = self
+                .pending_entry(&c, &session, &request.name, state)
+                .await?;
+            tool_call_id = e.tool_call_id;
+            idempotency_key = Some(e.idempotency_key);
+        }
         let req = CallRequest {
             session_id: session.clone(),
             tool_call_id,
@@ -214,6 +265,17 @@ impl ServerHandler for McpTools {
             Err(e) => return Err(refusal(e)),
         };
         let structured = serde_json::to_value(&out).unwrap_or_default();
+        let mrtr = ctx
+            .protocol_version()
+            .is_some_and(|v| v.as_str() >= ProtocolVersion::V_2026_07_28.as_str());
+        if mrtr && matches!(out.status, Status::PendingApproval | Status::InProgress) {
+            let mut meta = MetaObject::new();
+            meta.0.insert("tessera.dev/outcome".into(), structured);
+            return Ok(CallToolResponse::InputRequired(
+                InputRequiredResult::from_request_state(format!("approval:{}", out.ledger_id))
+                    .with_meta(meta),
+            ));
+        }
         let result = match out.status {
             Status::Completed => {
                 let text = out
@@ -226,8 +288,8 @@ impl ServerHandler for McpTools {
                 r
             }
             Status::PendingApproval | Status::InProgress => {
-                // rmcp's `input_required` asks the *client* for input; an approval
-                // comes from someone else, so the agent polls: a pending result.
+                // A client before MCP 2026-07-28 has no `input_required`: it
+                // polls with the same tool call id.
                 let mut r = CallToolResult::success(vec![ContentBlock::text(format!(
                     "{}: call again with the same tool_call_id later",
                     match out.status {

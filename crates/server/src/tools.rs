@@ -68,6 +68,10 @@ impl ToolsState {
             },
         );
         // Recovery first: orphaned sends are settled before any call is taken.
+        gateway.reindex().await.map_err(|e| StartError::Component {
+            what: "tool gateway",
+            message: format!("indexing the open ledger entries failed: {e}"),
+        })?;
         gateway.sweep().await.map_err(|e| StartError::Component {
             what: "tool gateway",
             message: format!("ledger recovery failed: {e}"),

@@ -220,3 +220,175 @@ async fn invocations_run_in_sessions_on_sandboxes() {
         (StatusCode::BAD_REQUEST, Some("state"))
     );
 }
+
+/// JSON-RPC over `/v1/mcp`, as a 2025-11-25 client does it: the reply's
+/// session id and body (the last event of a stream).
+async fn mcp(
+    c: &common::Client,
+    sid: Option<&str>,
+    body: serde_json::Value,
+) -> (Option<String>, serde_json::Value) {
+    let mut r = c
+        .request(Method::POST, "/v1/mcp")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2025-11-25")
+        .json(&body);
+    if let Some(s) = sid {
+        r = r.header("mcp-session-id", s);
+    }
+    let resp = r.send().await.unwrap();
+    let sid = resp
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let text = resp.text().await.unwrap();
+    let v = serde_json::from_str(&text).unwrap_or_else(|_| {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .filter_map(|d| serde_json::from_str(d.trim()).ok())
+            .next_back()
+            .unwrap_or(serde_json::Value::String(text.clone()))
+    });
+    (sid, v)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn granted_runtimes_run_builtin_tools_in_their_sandbox_over_rest_and_mcp() {
+    if !sandboxes_here() {
+        return;
+    }
+    let s = Server::start_with(|c| c.agents.host.pool_min = 1).await;
+    let t = s.tenant("alpha").await;
+    let (st, v) = t
+        .post("/v1/runtimes", json!({"name": "echo", "command": ["python3", "-c", AGENT], "resources": {"memory_mb": 256}}))
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    for (name, builtin) in [
+        ("exec", "exec"),
+        ("write", "write_file"),
+        ("read", "read_file"),
+    ] {
+        let (st, v) = t
+            .post(
+                "/v1/tools",
+                json!({"name": name, "target": {"type": "builtin", "builtin": builtin}}),
+            )
+            .await;
+        assert_eq!(st, StatusCode::CREATED, "{v}");
+    }
+    for name in ["exec", "write"] {
+        let (st, v) = t
+            .post(
+                &format!("/v1/tools/{name}/grants"),
+                json!({"runtime": "echo"}),
+            )
+            .await;
+        assert_eq!(st, StatusCode::OK, "{v}");
+    }
+    let agent = t.with_role("session:abc", "developer").await;
+    let exec = |id: &str, cmd: &str| json!({"session_id": "abc", "tool_call_id": id, "arguments": {"command": cmd}});
+    // No session yet: nothing to run in.
+    let (st, v) = agent.post("/v1/tools/exec/call", exec("c0", "true")).await;
+    assert!(st.is_client_error(), "{st} {v}");
+    // The session's sandbox exists once it is invoked.
+    let (st, v) = t
+        .post("/v1/runtimes/echo/invocations?session_id=abc", json!({}))
+        .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    let (_, sess) = t.get("/v1/sessions/abc").await;
+    // REST: exec runs in the session's sandbox (its hostname, its pid
+    // namespace), once per tool call id.
+    let (st, v) = agent
+        .post(
+            "/v1/tools/exec/call",
+            exec(
+                "c1",
+                "echo $(hostname) >> /tmp/runs; cat /tmp/runs; echo pid1=$(cat /proc/1/comm)",
+            ),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(v["status"], "completed", "{v}");
+    assert_eq!(v["result"]["exit_code"], 0, "{v}");
+    let out = v["result"]["stdout"].as_str().unwrap().to_string();
+    assert!(out.starts_with("agent\n"), "{v}");
+    assert!(!out.contains("pid1=systemd"), "{v}");
+    let (_, again) = agent
+        .post(
+            "/v1/tools/exec/call",
+            exec(
+                "c1",
+                "echo $(hostname) >> /tmp/runs; cat /tmp/runs; echo pid1=$(cat /proc/1/comm)",
+            ),
+        )
+        .await;
+    assert_eq!(again["replayed"], true, "{again}");
+    assert_eq!(again["result"]["stdout"], v["result"]["stdout"]);
+    // Not granted: 403.
+    let (st, v) = agent
+        .post(
+            "/v1/tools/read/call",
+            json!({"session_id": "abc", "tool_call_id": "r1", "arguments": {"path": "/tmp/runs"}}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::FORBIDDEN, "{v}");
+    // MCP: the granted built-ins are listed and run in the same sandbox.
+    let (sid, v) = mcp(
+        &agent,
+        None,
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "test", "version": "1"}}}),
+    )
+    .await;
+    assert!(v["result"]["capabilities"]["tools"].is_object(), "{v}");
+    let sid = sid.as_deref();
+    mcp(
+        &agent,
+        sid,
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    )
+    .await;
+    let (_, v) = mcp(
+        &agent,
+        sid,
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}),
+    )
+    .await;
+    let mut names: Vec<&str> = v["result"]["tools"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{v}"))
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["exec", "write"], "{v}");
+    let (_, v) = mcp(
+        &agent,
+        sid,
+        json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
+            "name": "write", "arguments": {"path": "/tmp/note", "content": "from mcp"},
+            "_meta": {"tessera.dev/tool_call_id": "m1"}}}),
+    )
+    .await;
+    assert_eq!(v["result"]["isError"], false, "{v}");
+    let (_, v) = mcp(
+        &agent,
+        sid,
+        json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {
+            "name": "exec", "arguments": {"argv": ["cat", "/tmp/note", "/tmp/runs"]},
+            "_meta": {"tessera.dev/tool_call_id": "m2"}}}),
+    )
+    .await;
+    assert_eq!(
+        v["result"]["structuredContent"]["stdout"], "from mcpagent\n",
+        "{v}"
+    );
+    // The file is in the session's sandbox, not on the host.
+    assert!(
+        !std::path::Path::new("/tmp/note").exists()
+            || std::fs::read_to_string("/tmp/note").unwrap() != "from mcp"
+    );
+    let _ = sess;
+}

@@ -342,3 +342,99 @@ async fn the_mcp_endpoint_lists_granted_tools_and_calls_through_the_ledger() {
     let (_, l) = remote.get("/v1/ledger?session_id=r1").await;
     assert_eq!(l["items"][0]["idempotency_key"], "s2/p1", "{l}");
 }
+
+/// A `tools/call` as an MCP 2026-07-28 client sends it: no handshake, the
+/// protocol version and capabilities in `_meta`, the method in a header.
+async fn mcp_2026(
+    c: &common::Client,
+    id: u64,
+    tool: &str,
+    args: Value,
+    state: Option<&str>,
+) -> Value {
+    let mut params = json!({"name": tool, "arguments": args, "_meta": {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {}}});
+    if let Some(s) = state {
+        params["requestState"] = json!(s);
+    }
+    let resp = c
+        .request(Method::POST, "/v1/mcp")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", tool)
+        .json(&json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params}))
+        .send()
+        .await
+        .unwrap();
+    let text = resp.text().await.unwrap();
+    serde_json::from_str(&text).unwrap_or_else(|_| {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .filter_map(|d| serde_json::from_str(d.trim()).ok())
+            .next_back()
+            .unwrap_or(Value::String(text.clone()))
+    })
+}
+
+#[tokio::test]
+async fn mcp_2026_clients_get_input_required_while_an_approval_is_open() {
+    let s = Server::start().await;
+    let acme = s.tenant("acme").await;
+    let svc = CountingService::start(CountingConfig::default())
+        .await
+        .unwrap();
+    let (st, v) = acme
+        .post(
+            "/v1/tools",
+            json!({"name": "wire", "target": {"type": "http", "url": svc.url()}, "approval": {"ttl_seconds": 60}}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    acme.post("/v1/tools/wire/grants", json!({"runtime": "bank"}))
+        .await;
+    session(&s, "acme", "s1", "bank").await;
+    session(&s, "acme", "s2", "bank").await;
+    let agent = acme.with_role("session:s1", "developer").await;
+    let v = mcp_2026(&agent, 1, "wire", json!({"amount": 5}), None).await;
+    assert_eq!(v["result"]["resultType"], "input_required", "{v}");
+    let state = v["result"]["requestState"].as_str().unwrap().to_string();
+    assert_eq!(
+        v["result"]["_meta"]["tessera.dev/outcome"]["status"], "pending_approval",
+        "{v}"
+    );
+    let id = state.strip_prefix("approval:").unwrap().to_string();
+    // Retried before anyone decided: still input_required, nothing sent.
+    let v = mcp_2026(&agent, 2, "wire", json!({"amount": 5}), Some(&state)).await;
+    assert_eq!(v["result"]["resultType"], "input_required", "{v}");
+    assert_eq!(svc.executions("s1/jsonrpc-1"), 0);
+    // The handle is checked: another session's, another tool's, or a made-up
+    // one is refused.
+    let other = acme.with_role("session:s2", "developer").await;
+    let v = mcp_2026(&other, 3, "wire", json!({"amount": 5}), Some(&state)).await;
+    assert!(v["error"].is_object(), "{v}");
+    let v = mcp_2026(
+        &agent,
+        4,
+        "wire",
+        json!({"amount": 5}),
+        Some("approval:l-nope"),
+    )
+    .await;
+    assert!(v["error"].is_object(), "{v}");
+    let (st, v) = acme
+        .post(
+            &format!("/v1/approvals/{id}"),
+            json!({"decision": "approve"}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    // The retry (a new JSON-RPC id) is the same logical call: sent once.
+    let v = mcp_2026(&agent, 5, "wire", json!({"amount": 5}), Some(&state)).await;
+    assert_eq!(v["result"]["isError"], false, "{v}");
+    assert_eq!(v["result"]["structuredContent"]["executions"], 1, "{v}");
+    let v = mcp_2026(&agent, 6, "wire", json!({"amount": 5}), Some(&state)).await;
+    assert_eq!(v["result"]["structuredContent"]["executions"], 1, "{v}");
+    assert_eq!(svc.executions("s1/jsonrpc-1"), 1);
+}

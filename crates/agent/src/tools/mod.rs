@@ -44,6 +44,11 @@ pub mod kind {
     pub const TOOL: &str = "tool";
     pub const GRANT: &str = "tool_grant";
     pub const LEDGER: &str = "ledger";
+    /// One object per *open* ledger entry (`intended` or `dispatched`), written
+    /// in the same commit as the entry's transition: what the sweep reads.
+    pub const LEDGER_OPEN: &str = "ledger_open";
+    /// `ledger_meta/""/indexed`: the open index covers entries written before it.
+    pub const LEDGER_META: &str = "ledger_meta";
     /// Read only: owned by the session manager.
     pub const SESSION: &str = "session";
 }
@@ -291,6 +296,32 @@ impl<S: Store> std::fmt::Debug for Gateway<S> {
             .field("owner", &self.inner.owner)
             .field("cfg", &self.inner.cfg)
             .finish()
+    }
+}
+
+/// Whether an entry in this state has an object in the open index.
+fn is_open(s: State) -> bool {
+    matches!(s, State::Intended | State::Dispatched)
+}
+
+fn open_key(tenant: &str, id: &str) -> Key {
+    Key::new(kind::LEDGER_OPEN, tenant, id)
+}
+
+/// The open-index write that goes with an entry's transition from `before`
+/// (`None`: no entry) to `after` (`None`: the entry is deleted), committed
+/// together so that the index holds exactly the open entries.
+fn index_op(tenant: &str, id: &str, before: Option<State>, after: Option<State>) -> Option<Op> {
+    match (before.is_some_and(is_open), after.is_some_and(is_open)) {
+        (false, true) => Some(Op::Create {
+            key: open_key(tenant, id),
+            body: json!({}),
+        }),
+        (true, false) => Some(Op::Delete {
+            key: open_key(tenant, id),
+            expected: None,
+        }),
+        _ => None,
     }
 }
 
@@ -786,12 +817,12 @@ impl<S: Store> Gateway<S> {
                         decision: None,
                         by: None,
                     });
-                    match self
-                        .inner
-                        .store
-                        .create(Key::new(kind::LEDGER, &call.tenant, &call.id), to_value(&e))
-                        .await
-                    {
+                    let mut ops = vec![Op::Create {
+                        key: Key::new(kind::LEDGER, &call.tenant, &call.id),
+                        body: to_value(&e),
+                    }];
+                    ops.extend(index_op(&call.tenant, &call.id, None, Some(e.state)));
+                    match self.inner.store.commit(ops).await {
                         Ok(_) => {
                             self.inner.ledger_writes.fetch_add(1, Ordering::Relaxed);
                             self.publish(
@@ -811,6 +842,7 @@ impl<S: Store> Gateway<S> {
                 }
                 Action::Deny { expired } => {
                     let mut e = entry.unwrap();
+                    let before = e.state;
                     e.state = State::Denied;
                     e.updated_at_ms = now;
                     e.error = Some(if expired {
@@ -824,7 +856,7 @@ impl<S: Store> Gateway<S> {
                                 .unwrap_or_default()
                         )
                     });
-                    match self.cas(&call.tenant, &e, version).await {
+                    match self.cas(&call.tenant, before, &e, version).await {
                         Ok(()) => {
                             if expired {
                                 self.publish(
@@ -841,13 +873,14 @@ impl<S: Store> Gateway<S> {
                 }
                 Action::MarkInDoubt => {
                     let mut e = entry.unwrap();
+                    let before = e.state;
                     e.state = State::InDoubt;
                     e.updated_at_ms = now;
                     e.note = Some(format!(
                         "sent by {} (attempt {}), which stopped before recording the outcome; the tool does not honour idempotency keys, so it is not sent again: check the tool and resolve this entry",
                         e.owner, e.attempts
                     ));
-                    match self.cas(&call.tenant, &e, version).await {
+                    match self.cas(&call.tenant, before, &e, version).await {
                         Ok(()) => return Ok(outcome_of(&e, true)),
                         Err(StoreError::Conflict { .. }) => continue,
                         Err(err) => return Err(err.into()),
@@ -948,12 +981,41 @@ impl<S: Store> Gateway<S> {
         }
     }
 
-    /// Writes `e` over the stored entry at `version` (compare-and-swap).
-    async fn cas(&self, tenant: &str, e: &Entry, version: Option<u64>) -> Result<(), StoreError> {
-        let key = Key::new(kind::LEDGER, tenant, &e.id);
-        self.inner.store.update(key, version, to_value(e)).await?;
+    /// Writes `e` over the stored entry at `version` (compare-and-swap), with
+    /// its open-index change from `before`.
+    async fn cas(
+        &self,
+        tenant: &str,
+        before: State,
+        e: &Entry,
+        version: Option<u64>,
+    ) -> Result<(), StoreError> {
+        let op = Op::Update {
+            key: Key::new(kind::LEDGER, tenant, &e.id),
+            expected: version,
+            body: to_value(e),
+        };
+        let index = index_op(tenant, &e.id, Some(before), Some(e.state));
+        self.commit_indexed(op, index).await?;
         self.inner.ledger_writes.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Commits an entry's write with its open-index change. An index object
+    /// found missing (an entry written before the index existed) does not
+    /// hold the entry's write back.
+    async fn commit_indexed(&self, op: Op, index: Option<Op>) -> Result<Object, StoreError> {
+        let Some(index) = index else {
+            return Ok(self.inner.store.commit(vec![op]).await?.remove(0));
+        };
+        let deleting_index = matches!(index, Op::Delete { .. });
+        match self.inner.store.commit(vec![op.clone(), index]).await {
+            Ok(mut v) => Ok(v.remove(0)),
+            Err(StoreError::NotFound(k)) if deleting_index && k.kind == kind::LEDGER_OPEN => {
+                Ok(self.inner.store.commit(vec![op]).await?.remove(0))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Sends a call this process leads. `Ok(None)`: lost a race, decide again.
@@ -968,6 +1030,7 @@ impl<S: Store> Gateway<S> {
         let now = now_ms();
         let lease =
             call.tool.timeout() * self.inner.cfg.max_attempts.max(1) + self.inner.cfg.lease_margin;
+        let before = entry.as_ref().map(|e| e.state);
         let mut e = match entry {
             Some(e) => e,
             None => self.new_entry(call, State::Dispatched, now),
@@ -981,14 +1044,20 @@ impl<S: Store> Gateway<S> {
         // The durable record that must precede the side effect.
         let mut version = version;
         if write_first {
-            let r = if takeover {
-                self.inner
-                    .store
-                    .update(key.clone(), version, to_value(&e))
-                    .await
+            let op = if takeover {
+                Op::Update {
+                    key: key.clone(),
+                    expected: version,
+                    body: to_value(&e),
+                }
             } else {
-                self.inner.store.create(key.clone(), to_value(&e)).await
+                Op::Create {
+                    key: key.clone(),
+                    body: to_value(&e),
+                }
             };
+            let index = index_op(&call.tenant, &call.id, before, Some(State::Dispatched));
+            let r = self.commit_indexed(op, index).await;
             match r {
                 Ok(o) => {
                     self.inner.ledger_writes.fetch_add(1, Ordering::Relaxed);
@@ -1090,11 +1159,16 @@ impl<S: Store> Gateway<S> {
                         .await
                         .map_err(CallError::Store)?;
                 } else {
-                    self.inner
-                        .store
-                        .delete(key, version)
-                        .await
-                        .map_err(CallError::Store)?;
+                    let index = index_op(&call.tenant, &call.id, Some(State::Dispatched), None);
+                    self.commit_indexed(
+                        Op::Delete {
+                            key,
+                            expected: version,
+                        },
+                        index,
+                    )
+                    .await
+                    .map_err(CallError::Store)?;
                 }
                 self.inner.ledger_writes.fetch_add(1, Ordering::Relaxed);
             }
@@ -1110,19 +1184,27 @@ impl<S: Store> Gateway<S> {
             at_ms: now,
             source_id: format!("tool/{}", e.id),
         });
-        let op = if write_first {
-            Op::Update {
+        let (op, index) = if write_first {
+            let op = Op::Update {
                 key,
                 expected: version,
                 body: to_value(&e),
-            }
+            };
+            let index = index_op(
+                &call.tenant,
+                &call.id,
+                Some(State::Dispatched),
+                Some(e.state),
+            );
+            (op, index)
         } else {
-            Op::Create {
+            let op = Op::Create {
                 key,
                 body: to_value(&e),
-            }
+            };
+            (op, None)
         };
-        self.record(&call.tenant, e, op, usage).await;
+        self.record(&call.tenant, e, op, index, usage).await;
         Ok(Some(out))
     }
 
@@ -1133,16 +1215,28 @@ impl<S: Store> Gateway<S> {
         tenant: &str,
         e: Entry,
         op: Op,
+        index: Option<Op>,
         usage: Option<crate::meter::UsageRecord>,
     ) {
         let fk: FlightKey = (tenant.to_string(), e.id.clone());
         let me = self.clone();
         let lose = self.faulted(Fault::LoseOutcome);
         let write = async move {
+            // The fee first: the tool answered, so the call happened. Were the
+            // process to die between the two writes, the fee is kept and the
+            // ledger entry is left as it was (replayed or re-sent with the same
+            // key, whose fee the meter counts once); the other order would
+            // lose the fee of a call the ledger records as completed.
+            if let Some(u) = usage.filter(|_| !lose) {
+                // Once per ledger entry: the meter counts a source id once.
+                if let Err(err) = crate::meter::record(&me.inner.store, u).await {
+                    eprintln!("tool gateway: metering ledger {} failed: {err}", fk.1);
+                }
+            }
             let r = if lose {
                 Err(StoreError::Closed)
             } else {
-                me.inner.store.commit(vec![op]).await
+                me.commit_indexed(op, index).await.map(|_| ())
             };
             match r {
                 Ok(_) => {
@@ -1154,12 +1248,6 @@ impl<S: Store> Gateway<S> {
                 Err(StoreError::Closed) if lose => {}
                 Err(err) => {
                     eprintln!("tool gateway: recording ledger {} failed: {err}", fk.1);
-                }
-            }
-            if let Some(u) = usage.filter(|_| !lose) {
-                // Once per ledger entry: the meter counts a source id once.
-                if let Err(err) = crate::meter::record(&me.inner.store, u).await {
-                    eprintln!("tool gateway: metering ledger {} failed: {err}", fk.1);
                 }
             }
             me.inner.recent.lock().unwrap().remove(&fk);
@@ -1296,16 +1384,22 @@ impl<S: Store> Gateway<S> {
                 .map(|n| format!(" (was: {n})"))
                 .unwrap_or_default()
         ));
-        self.inner
-            .store
-            .update(key, Some(o.version), to_value(&e))
-            .await
-            .map_err(|err| match err {
-                StoreError::Conflict { .. } => {
-                    AdminError::Conflict(format!("ledger entry {id} changed meanwhile: retry"))
-                }
-                err => err.into(),
-            })?;
+        let index = index_op(tenant, id, Some(State::InDoubt), Some(e.state));
+        self.commit_indexed(
+            Op::Update {
+                key,
+                expected: Some(o.version),
+                body: to_value(&e),
+            },
+            index,
+        )
+        .await
+        .map_err(|err| match err {
+            StoreError::Conflict { .. } | StoreError::AlreadyExists(_) => {
+                AdminError::Conflict(format!("ledger entry {id} changed meanwhile: retry"))
+            }
+            err => err.into(),
+        })?;
         Ok(e)
     }
 
@@ -1367,23 +1461,102 @@ impl<S: Store> Gateway<S> {
 
     /// Open approvals of a tenant.
     pub async fn approvals(&self, tenant: &str) -> Result<Vec<Entry>, StoreError> {
-        Ok(self
-            .ledger(tenant, None, Some(State::Intended))
-            .await?
-            .into_iter()
-            .filter(|e| e.approval.as_ref().is_some_and(|a| a.decision.is_none()))
-            .collect())
+        let open = self
+            .inner
+            .store
+            .list(kind::LEDGER_OPEN, Some(tenant))
+            .await?;
+        let mut out = Vec::new();
+        for o in &open.objects {
+            if let Some(e) = self
+                .inner
+                .store
+                .get(&Key::new(kind::LEDGER, tenant, &o.name))
+                .await?
+            {
+                let e = entry_of(&e)?;
+                if e.state == State::Intended
+                    && e.approval.as_ref().is_some_and(|a| a.decision.is_none())
+                {
+                    out.push(e);
+                }
+            }
+        }
+        out.sort_by(|a, b| (a.created_at_ms, &a.id).cmp(&(b.created_at_ms, &b.id)));
+        Ok(out)
+    }
+
+    /// Puts entries written before the open index existed into it (once per
+    /// store: a marker records that it was done). Run at start, before
+    /// [`Gateway::sweep`].
+    pub async fn reindex(&self) -> Result<usize, StoreError> {
+        let marker = Key::new(kind::LEDGER_META, "", "indexed");
+        if self.inner.store.get(&marker).await?.is_some() {
+            return Ok(0);
+        }
+        let l = self.inner.store.list(kind::LEDGER, None).await?;
+        let mut n = 0;
+        for o in &l.objects {
+            let Ok(e) = entry_of(o) else { continue };
+            if !is_open(e.state) {
+                continue;
+            }
+            match self
+                .inner
+                .store
+                .create(open_key(&o.tenant, &o.name), json!({}))
+                .await
+            {
+                Ok(_) => n += 1,
+                Err(StoreError::AlreadyExists(_)) => {}
+                Err(err) => return Err(err),
+            }
+        }
+        match self
+            .inner
+            .store
+            .create(marker, json!({"at_ms": now_ms()}))
+            .await
+        {
+            Ok(_) | Err(StoreError::AlreadyExists(_)) => Ok(n),
+            Err(err) => Err(err),
+        }
     }
 
     /// Housekeeping, run at start and then periodically: entries orphaned by a
     /// dead sender are marked in doubt (tools that are not re-send safe); open
     /// approvals past their time are denied. Returns how many entries changed.
+    ///
+    /// It reads the open index (one object per `intended` or `dispatched`
+    /// entry), not the ledger: its cost follows the calls in flight and the
+    /// open approvals, not the ledger's size.
     pub async fn sweep(&self) -> Result<usize, StoreError> {
-        let l = self.inner.store.list(kind::LEDGER, None).await?;
+        let open = self.inner.store.list(kind::LEDGER_OPEN, None).await?;
         let now = now_ms();
         let mut changed = 0;
-        for o in &l.objects {
+        for ix in &open.objects {
+            let entry = self
+                .inner
+                .store
+                .get(&Key::new(kind::LEDGER, &ix.tenant, &ix.name))
+                .await?;
+            let open_entry = entry
+                .as_ref()
+                .and_then(|o| entry_of(o).ok())
+                .is_some_and(|e| is_open(e.state));
+            if !open_entry {
+                // Not open (written by hand, or half of a lost race): drop the
+                // index object, unless it changed meanwhile.
+                match self.inner.store.delete(ix.key(), Some(ix.version)).await {
+                    Ok(_) | Err(StoreError::NotFound(_) | StoreError::Conflict { .. }) => {}
+                    Err(err) => return Err(err),
+                }
+                continue;
+            }
+            let Some(o) = entry else { continue };
+            let o = &o;
             let Ok(mut e) = entry_of(o) else { continue };
+            let before = e.state;
             let fk = (o.tenant.clone(), o.name.clone());
             match e.state {
                 State::Dispatched => {
@@ -1436,12 +1609,13 @@ impl<S: Store> Gateway<S> {
                 }
                 _ => continue,
             }
-            match self
-                .inner
-                .store
-                .update(o.key(), Some(o.version), to_value(&e))
-                .await
-            {
+            let index = index_op(&o.tenant, &o.name, Some(before), Some(e.state));
+            let op = Op::Update {
+                key: o.key(),
+                expected: Some(o.version),
+                body: to_value(&e),
+            };
+            match self.commit_indexed(op, index).await {
                 Ok(_) => {
                     changed += 1;
                     if e.state == State::Denied {

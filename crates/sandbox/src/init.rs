@@ -42,7 +42,16 @@ const STAGE: &str = "/tmp";
 /// Entries of the host's root used by the default template.
 const HOST_ENTRIES: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
 /// Entries of a template directory the sandbox owns instead.
-const RESERVED: &[&str] = &["tmp", "home", "workspace", "proc", "dev", "sys", "run"];
+const RESERVED: &[&str] = &[
+    "tmp",
+    "home",
+    "workspace",
+    "proc",
+    "dev",
+    "sys",
+    "run",
+    "root",
+];
 /// Device nodes bound from the host.
 const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 

@@ -492,6 +492,10 @@ fn directory_templates_are_bound_read_only() {
     std::fs::write(dir.path().join("data/hello.txt"), b"from template").unwrap();
     std::fs::create_dir(dir.path().join("tmp")).unwrap(); // reserved: replaced by the sandbox's own
     std::fs::write(dir.path().join("tmp/hidden"), b"x").unwrap();
+    // Every real root file system has /root (a debootstrap template failed on it): the
+    // sandbox owns it too.
+    std::fs::create_dir(dir.path().join("root")).unwrap();
+    std::fs::write(dir.path().join("root/secret"), b"x").unwrap();
     // Readable by the sandbox user (uid 101000 on the host).
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -503,6 +507,7 @@ fn directory_templates_are_bound_read_only() {
     // No /usr in this template, so no programs: the files API still works (it runs no
     // program), confined the same way.
     assert_eq!(sb.read_file("/data/hello.txt").unwrap(), b"from template");
+    assert!(sb.read_file("/root/secret").is_err());
     assert!(
         sb.write_file("/data/new.txt", b"x").is_err(),
         "template must be read-only"

@@ -94,6 +94,10 @@ enum Command {
     /// Kubernetes mode: a secondary scheduler for pods with schedulerName tessera.
     #[command(subcommand)]
     K8s(cmd::k8s::K8sCommand),
+    /// Inference pools behind the OpenAI-compatible gateway: create, list, get,
+    /// update in place, delete.
+    #[command(subcommand)]
+    Pool(cmd::pool::PoolCommand),
 }
 
 fn main() {
@@ -123,6 +127,7 @@ fn main() {
         Command::Apikey(c) => cmd::identity::api_key(c),
         Command::Tool(c) => cmd::tool::run(c),
         Command::K8s(c) => cmd::k8s::run(c),
+        Command::Pool(c) => cmd::pool::run(c),
     };
     std::process::exit(code);
 }

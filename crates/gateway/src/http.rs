@@ -19,7 +19,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
-use crate::route::{EndpointLoad, MAX_ENDPOINTS, Policy, RouteRequest, Router, text_blocks};
+use crate::route::{
+    EndpointLoad, MAX_ENDPOINTS, Policy, RouteRequest, Router, ScaleAdvice, ScaleInput,
+    recommend_replicas, text_blocks,
+};
 
 /// Who is calling (authenticated by the server) and what travels with the call.
 #[derive(Debug, Clone, Default)]
@@ -48,6 +51,17 @@ pub struct Usage {
     pub ttft_ms: f64,
     pub total_ms: f64,
     pub endpoint: String,
+    /// The gateway's own time, in microseconds: request in to first byte
+    /// forwarded, less the time spent waiting on engines (from sending to an
+    /// engine to its first byte, failed attempts included).
+    #[serde(default)]
+    pub overhead_us: u64,
+    /// The engine's response id (`id`), for the trace.
+    #[serde(default)]
+    pub response_id: String,
+    /// When the request came in, ms since the Unix epoch.
+    #[serde(default)]
+    pub started_ms: u64,
 }
 
 /// Why a caller may not spend now.
@@ -185,6 +199,39 @@ impl PoolSpec {
     }
 }
 
+/// One engine KV-cache event, in vLLM's `KVEventBatch` vocabulary. Block
+/// hashes are in the gateway's block scheme ([`crate::route::text_blocks`] of
+/// [`prompt_text`]: 64-byte blocks of prompt text, each hash chained over the
+/// prefix), not the engine's token-block hashes; other fields vLLM sends
+/// (`parent_block_hash`, `token_ids`, `block_size`, `lora_id`, `medium`) are
+/// accepted and ignored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub enum KvEvent {
+    BlockStored { block_hashes: Vec<u64> },
+    BlockRemoved { block_hashes: Vec<u64> },
+    AllBlocksCleared,
+}
+
+/// A batch of KV events from one engine of a pool
+/// (`POST /v1/pools/{name}/kv-events`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KvEvents {
+    /// The engine's URL as the pool lists it.
+    pub endpoint: String,
+    pub events: Vec<KvEvent>,
+}
+
+/// Most block hashes one batch may carry.
+pub const MAX_KV_EVENT_BLOCKS: usize = 1 << 16;
+
+/// The block hashes the gateway's prefix index uses for a request body (chat
+/// messages or a completion prompt): what a KV-event adapter publishes.
+pub fn request_blocks(body: &Value) -> Vec<u64> {
+    text_blocks(&prompt_text(body))
+}
+
 /// An endpoint's live state.
 #[derive(Debug, Clone, Serialize)]
 pub struct EndpointStatus {
@@ -196,6 +243,9 @@ pub struct EndpointStatus {
     pub running: u32,
     pub kv_util: f64,
     pub failures: u64,
+    /// Its cached prefixes come from its KV events (precise), not from
+    /// routing history.
+    pub precise_prefix: bool,
 }
 
 /// A pool's live state, with the scaling signal.
@@ -205,8 +255,11 @@ pub struct PoolStatus {
     pub endpoints: Vec<EndpointStatus>,
     pub queued: usize,
     pub in_flight: u32,
-    /// Replicas recommended from queue length and utilisation.
+    /// Replicas recommended from queue length and utilisation
+    /// (`scaling.replicas`).
     pub recommended_replicas: u32,
+    /// The scaling signal with its inputs' verdicts.
+    pub scaling: ScaleAdvice,
 }
 
 #[derive(Debug)]
@@ -322,13 +375,20 @@ impl PoolInner {
         self.in_flight + self.granted < self.capacity(now)
     }
 
-    fn recommended(&self, now: Instant) -> u32 {
-        let cap = u64::from(self.spec.max_in_flight.max(1));
-        let demand = u64::from(self.in_flight) + self.queue.len as u64;
-        // Aim at 80 % of each replica's in-flight limit.
-        let want = (demand * 10).div_ceil(cap * 8).max(1);
-        let healthy = self.slots.iter().filter(|s| self.healthy(s, now)).count() as u64;
-        want.max(if self.queue.len > 0 { healthy + 1 } else { 1 }) as u32
+    fn scaling(&self, now: Instant) -> ScaleAdvice {
+        let up = || self.slots.iter().filter(|s| self.healthy(s, now));
+        recommend_replicas(&ScaleInput {
+            replicas: up().map(|s| s.weight).sum(),
+            in_flight: u64::from(self.in_flight),
+            queued: self.queue.len as u64,
+            engine_waiting: up().map(|s| u64::from(s.load.waiting)).sum(),
+            per_replica: self.spec.max_in_flight,
+            kv_used_permille: up()
+                .map(|s| {
+                    (s.load.kv_util.clamp(0.0, 1.0) * 1000.0).round() as u64 * u64::from(s.weight)
+                })
+                .sum(),
+        })
     }
 
     fn apply_spec(&mut self, spec: PoolSpec) {
@@ -420,6 +480,10 @@ pub struct Gateway {
     client: reqwest::Client,
     cfg: GatewayConfig,
     ids: Arc<AtomicU64>,
+    /// When this gateway started (ms): request ids are unique across restarts,
+    /// so metering (idempotent by request id) never drops a new call as a
+    /// repeat of an old one.
+    boot: u64,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -498,6 +562,11 @@ fn prompt_text(v: &Value) -> Vec<u8> {
 }
 
 fn usage_of(v: &Value, u: &mut Usage) {
+    if let Some(id) = v.get("id").and_then(Value::as_str) {
+        if u.response_id.is_empty() && id.len() <= 256 {
+            u.response_id = id.to_string();
+        }
+    }
     let Some(x) = v.get("usage").filter(|x| x.is_object()) else {
         return;
     };
@@ -546,6 +615,7 @@ impl Gateway {
             client,
             cfg,
             ids: Arc::new(AtomicU64::new(1)),
+            boot: now_ms(),
         }
     }
 
@@ -609,8 +679,10 @@ impl Gateway {
             endpoints: g
                 .slots
                 .iter()
-                .filter(|s| !s.removed)
-                .map(|s| EndpointStatus {
+                .enumerate()
+                .filter(|(_, s)| !s.removed)
+                .map(|(i, s)| EndpointStatus {
+                    precise_prefix: i < MAX_ENDPOINTS && g.router.events_from & (1 << i) != 0,
                     url: s.url.clone(),
                     weight: s.weight,
                     healthy: g.healthy(s, now),
@@ -623,7 +695,8 @@ impl Gateway {
                 .collect(),
             queued: g.queue.len,
             in_flight: g.in_flight,
-            recommended_replicas: g.recommended(now),
+            recommended_replicas: g.scaling(now).replicas,
+            scaling: g.scaling(now),
         })
     }
 
@@ -634,6 +707,123 @@ impl Gateway {
             .map(|p| p.keys().cloned().collect())
             .unwrap_or_default();
         names.iter().filter_map(|n| self.pool_status(n)).collect()
+    }
+
+    /// The pools' gauges in Prometheus text format (appended to the server's
+    /// `/metrics`): the scaling signal, queue, in-flight requests, engines in
+    /// rotation, and per engine its load and KV-cache use.
+    pub fn prometheus(&self) -> String {
+        use std::fmt::Write;
+        let pools = self.pools();
+        let mut s = String::new();
+        let gauges: [Gauge; 5] = [
+            (
+                "tessera_gateway_pool_recommended_replicas",
+                "Replicas recommended for the pool from queue length and utilisation.",
+                |p| f64::from(p.scaling.replicas),
+            ),
+            (
+                "tessera_gateway_pool_replicas_up",
+                "Engines in rotation (weighted).",
+                |p| {
+                    p.endpoints
+                        .iter()
+                        .filter(|e| e.healthy)
+                        .map(|e| f64::from(e.weight))
+                        .sum()
+                },
+            ),
+            (
+                "tessera_gateway_pool_queued_requests",
+                "Requests waiting at the gateway.",
+                |p| p.queued as f64,
+            ),
+            (
+                "tessera_gateway_pool_in_flight_requests",
+                "Requests sent to engines and not finished.",
+                |p| f64::from(p.in_flight),
+            ),
+            (
+                "tessera_gateway_pool_engine_waiting_requests",
+                "Requests waiting inside the engines (scraped).",
+                |p| p.scaling.waiting.saturating_sub(p.queued as u64) as f64,
+            ),
+        ];
+        for (name, help, f) in gauges {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} gauge");
+            for p in &pools {
+                let _ = writeln!(
+                    s,
+                    "{name}{{pool=\"{}\",model=\"{}\"}} {}",
+                    p.spec.name,
+                    p.spec.model,
+                    f(p)
+                );
+            }
+        }
+        let _ = writeln!(
+            s,
+            "# HELP tessera_gateway_endpoint_kv_cache_usage KV-cache use of an engine, 0..1 (scraped).\n# TYPE tessera_gateway_endpoint_kv_cache_usage gauge"
+        );
+        for p in &pools {
+            for e in &p.endpoints {
+                let _ = writeln!(
+                    s,
+                    "tessera_gateway_endpoint_kv_cache_usage{{pool=\"{}\",endpoint=\"{}\"}} {}",
+                    p.spec.name,
+                    label(&e.url),
+                    e.kv_util
+                );
+            }
+        }
+        s
+    }
+
+    /// Applies a batch of engine KV events to a pool's precise prefix index:
+    /// from then on, routing reads that engine's cached prefixes from its
+    /// events instead of from routing history. Returns the blocks applied.
+    pub fn kv_events(&self, pool: &str, batch: &KvEvents) -> Result<usize, String> {
+        let n: usize = batch
+            .events
+            .iter()
+            .map(|e| match e {
+                KvEvent::BlockStored { block_hashes } | KvEvent::BlockRemoved { block_hashes } => {
+                    block_hashes.len()
+                }
+                KvEvent::AllBlocksCleared => 0,
+            })
+            .sum();
+        if n > MAX_KV_EVENT_BLOCKS {
+            return Err(format!(
+                "events: {n} block hashes in one batch; send at most {MAX_KV_EVENT_BLOCKS} per batch"
+            ));
+        }
+        let p = self
+            .pools
+            .read()
+            .map_err(|_| "gateway state poisoned".to_string())?
+            .get(pool)
+            .cloned()
+            .ok_or_else(|| format!("no pool {pool:?}"))?;
+        let mut g = p.inner.lock().map_err(|_| "pool state poisoned")?;
+        let Some(ep) = g
+            .slots
+            .iter()
+            .position(|s| !s.removed && s.url == batch.endpoint)
+        else {
+            return Err(format!(
+                "endpoint: {:?} is not an engine of pool {pool:?}; use its url as the pool lists it",
+                batch.endpoint
+            ));
+        };
+        for e in &batch.events {
+            match e {
+                KvEvent::BlockStored { block_hashes } => g.router.kv_stored(ep, block_hashes),
+                KvEvent::BlockRemoved { block_hashes } => g.router.kv_removed(ep, block_hashes),
+                KvEvent::AllBlocksCleared => g.router.kv_cleared(ep),
+            }
+        }
+        Ok(n)
     }
 
     /// `GET /v1/models`.
@@ -731,6 +921,7 @@ impl Gateway {
     /// `POST /v1/completions`.
     pub async fn forward(&self, who: Caller, path: &'static str, body: Bytes) -> Response {
         let t0 = Instant::now();
+        let started_ms = now_ms();
         let mut v: Value = match serde_json::from_slice(&body) {
             Ok(v @ Value::Object(_)) => v,
             Ok(_) => {
@@ -858,6 +1049,8 @@ impl Gateway {
         };
         let mut tried: u64 = 0;
         let mut last_err = String::new();
+        // Time spent waiting on engines (excluded from the gateway's overhead).
+        let mut engine_wait = Duration::ZERO;
         let mut granted = true;
         for _attempt in 0..=self.cfg.retries {
             // Route.
@@ -931,20 +1124,24 @@ impl Gateway {
             if let Some(tp) = &who.traceparent {
                 req = req.header("traceparent", tp);
             }
+            let sent = Instant::now();
             let resp = tokio::time::timeout(self.cfg.engine_timeout, req.send()).await;
             let resp = match resp {
                 Ok(Ok(r)) if !r.status().is_server_error() => r,
                 Ok(Ok(r)) => {
+                    engine_wait += sent.elapsed();
                     last_err = format!("{url} answered {}", r.status());
                     self.mark_down(&pool, slot, &url);
                     continue;
                 }
                 Ok(Err(e)) => {
+                    engine_wait += sent.elapsed();
                     last_err = format!("{url}: {e}");
                     self.mark_down(&pool, slot, &url);
                     continue;
                 }
                 Err(_) => {
+                    engine_wait += sent.elapsed();
                     last_err = format!("{url}: no answer in {:?}", self.cfg.engine_timeout);
                     self.mark_down(&pool, slot, &url);
                     continue;
@@ -954,28 +1151,32 @@ impl Gateway {
             let mut usage = Usage {
                 pool: pool_name,
                 model: model.clone(),
-                request_id: format!("gw-{}", self.ids.fetch_add(1, Ordering::Relaxed)),
+                request_id: format!(
+                    "gw-{:x}-{}",
+                    self.boot,
+                    self.ids.fetch_add(1, Ordering::Relaxed)
+                ),
                 endpoint: url.clone(),
+                started_ms,
                 ..Usage::default()
             };
             if !stream || !status.is_success() {
                 let bytes = match resp.bytes().await {
                     Ok(b) => b,
                     Err(e) => {
+                        engine_wait += sent.elapsed();
                         last_err = format!("{url}: {e}");
                         self.mark_down(&pool, slot, &url);
                         continue;
                     }
                 };
-                usage.ttft_ms = ms(t0);
-                usage.total_ms = usage.ttft_ms;
+                engine_wait += sent.elapsed();
+                drop(guard);
                 if status.is_success() {
                     if let Ok(v) = serde_json::from_slice::<Value>(&bytes) {
                         usage_of(&v, &mut usage);
                     }
-                    self.sink.record(&who, usage).await;
                 }
-                drop(guard);
                 let mut r = Response::new(Body::from(bytes));
                 *r.status_mut() =
                     StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
@@ -983,6 +1184,14 @@ impl Gateway {
                     header::CONTENT_TYPE,
                     HeaderValue::from_static("application/json"),
                 );
+                // The reply leaves now; metering (a store write) must not hold it.
+                usage.ttft_ms = ms(t0);
+                usage.total_ms = usage.ttft_ms;
+                usage.overhead_us = overhead_us(t0, engine_wait);
+                if status.is_success() {
+                    let sink = self.sink.clone();
+                    tokio::spawn(async move { sink.record(&who, usage).await });
+                }
                 return r;
             }
             // Streaming: pass chunks through as they come; meter from the usage
@@ -996,15 +1205,14 @@ impl Gateway {
                 let _guard = guard;
                 let mut resp = resp;
                 let mut line = Vec::new();
+                // Nothing forwarded yet: the engine's time runs until the chunk
+                // that completes the first line to forward.
                 let mut first = true;
                 let mut failed = None;
                 loop {
                     match resp.chunk().await {
                         Ok(Some(c)) => {
-                            if first {
-                                usage.ttft_ms = ms(t0);
-                                first = false;
-                            }
+                            let engine_time = sent.elapsed();
                             let mut out = Vec::with_capacity(c.len());
                             for &b in c.iter() {
                                 line.push(b);
@@ -1016,8 +1224,16 @@ impl Gateway {
                                     line.clear();
                                 }
                             }
-                            if !out.is_empty() && tx.send(Ok(Bytes::from(out))).await.is_err() {
+                            if out.is_empty() {
+                                continue;
+                            }
+                            if tx.send(Ok(Bytes::from(out))).await.is_err() {
                                 break; // client gone
+                            }
+                            if first {
+                                first = false;
+                                usage.ttft_ms = ms(t0);
+                                usage.overhead_us = overhead_us(t0, engine_wait + engine_time);
                             }
                         }
                         Ok(None) => {
@@ -1098,6 +1314,21 @@ fn scan_sse_line(line: &[u8], usage: &mut Usage, client_wants_usage: bool) -> bo
         .and_then(Value::as_array)
         .is_some_and(|c| c.is_empty());
     client_wants_usage || !usage_only
+}
+
+/// A pool gauge: name, help, value.
+type Gauge = (&'static str, &'static str, fn(&PoolStatus) -> f64);
+
+/// A Prometheus label value: backslash, quote and newline escaped.
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// Request in to now, less the time spent waiting on engines, in µs.
+fn overhead_us(t0: Instant, engine_wait: Duration) -> u64 {
+    t0.elapsed().saturating_sub(engine_wait).as_micros() as u64
 }
 
 fn ms(t0: Instant) -> f64 {

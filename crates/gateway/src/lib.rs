@@ -7,6 +7,8 @@
 //! simulator; everything else needs the `http` feature.
 
 #[cfg(feature = "http")]
+pub mod bench;
+#[cfg(feature = "http")]
 pub mod http;
 pub mod route;
 

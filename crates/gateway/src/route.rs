@@ -466,8 +466,21 @@ impl Router {
         self.precise.removed(ep, blocks);
     }
 
-    /// An endpoint's cache is gone (restart, removal, failure).
+    /// An engine KV event: the endpoint dropped its whole cache
+    /// (`AllBlocksCleared`); it still publishes events.
+    pub fn kv_cleared(&mut self, ep: usize) {
+        if ep < MAX_ENDPOINTS {
+            self.events_from |= 1 << ep;
+        }
+        self.precise.cleared(ep);
+    }
+
+    /// An endpoint's cache is gone (restart, removal, failure). Until it
+    /// publishes KV events again, its prefixes come from routing history.
     pub fn endpoint_reset(&mut self, ep: usize) {
+        if ep < MAX_ENDPOINTS {
+            self.events_from &= !(1 << ep);
+        }
         self.precise.cleared(ep);
         self.approx.forget(ep);
         self.homes.retain(|_, h| h.ep != ep);
@@ -693,6 +706,67 @@ impl Router {
                 }
             }
         }
+    }
+}
+
+/// What the scaling signal reads of a pool (weights count as replicas: an
+/// engine of weight 2 is two replicas' worth).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ScaleInput {
+    /// Replicas in rotation now (sum of the healthy engines' weights).
+    pub replicas: u32,
+    /// Requests this gateway has in flight at the engines.
+    pub in_flight: u64,
+    /// Requests waiting at the gateway.
+    pub queued: u64,
+    /// Requests waiting inside the engines (vLLM `num_requests_waiting`).
+    pub engine_waiting: u64,
+    /// Requests in flight one replica takes (the pool's `max_in_flight`).
+    pub per_replica: u32,
+    /// KV-cache use summed over the engines in rotation, per mille (weighted:
+    /// an engine of weight 2 at 50 % counts 1000).
+    pub kv_used_permille: u64,
+}
+
+/// A recommended replica count and why.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScaleAdvice {
+    /// Replicas to run (at least 1).
+    pub replicas: u32,
+    /// Replicas the request load needs at the target utilisation.
+    pub by_load: u32,
+    /// Replicas the KV-cache use needs at the target utilisation.
+    pub by_kv_cache: u32,
+    /// Requests waiting (at the gateway and inside engines): while any wait,
+    /// the advice is above the replicas in rotation.
+    pub waiting: u64,
+}
+
+/// Target utilisation of a replica, per mille: 80 % of its in-flight limit
+/// and of its KV cache.
+pub const SCALE_TARGET_PERMILLE: u64 = 800;
+
+/// The scaling signal: replicas needed so that requests (in flight and
+/// waiting) fill each replica to [`SCALE_TARGET_PERMILLE`] of its in-flight
+/// limit and the KV cache to the same share; while anything waits, at least
+/// one replica more than are in rotation. Stateless: an autoscaler applies its
+/// own stabilisation window before scaling down.
+pub fn recommend_replicas(x: &ScaleInput) -> ScaleAdvice {
+    let per = u64::from(x.per_replica.max(1)) * SCALE_TARGET_PERMILLE;
+    let waiting = x.queued.saturating_add(x.engine_waiting);
+    let demand = x.in_flight.saturating_add(waiting);
+    let by_load = demand.saturating_mul(1000).div_ceil(per);
+    let by_kv = x.kv_used_permille.div_ceil(SCALE_TARGET_PERMILLE);
+    let mut want = by_load.max(by_kv).max(1);
+    if waiting > 0 {
+        want = want.max(u64::from(x.replicas) + 1);
+    }
+    let clamp = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
+    ScaleAdvice {
+        replicas: clamp(want),
+        by_load: clamp(by_load),
+        by_kv_cache: clamp(by_kv),
+        waiting,
     }
 }
 

@@ -252,3 +252,125 @@ async fn pool_update_in_place_keeps_endpoints_and_adds_new_ones() {
     assert_eq!(r.status(), 200);
     assert_eq!(a.knobs.requests.load(Ordering::Relaxed), 0);
 }
+
+#[tokio::test]
+async fn kv_events_steer_requests_to_the_engine_holding_the_prefix() {
+    use tessera_gateway::http::{KvEvent, KvEvents, request_blocks};
+    let a = mock::start().await.unwrap();
+    let b = mock::start().await.unwrap();
+    let h = harness(&[&a, &b], 8, 8).await;
+    let mut body = chat(false);
+    body["messages"][0]["content"] = json!("you are terse and careful. ".repeat(20));
+    let blocks = request_blocks(&body);
+    assert!(blocks.len() >= 8, "{}", blocks.len());
+    let ev = |url: &str, events: Vec<KvEvent>| KvEvents {
+        endpoint: url.to_string(),
+        events,
+    };
+    let send = |n: usize| {
+        let (url, body) = (h.url.clone(), body.clone());
+        async move {
+            for _ in 0..n {
+                let r = reqwest::Client::new()
+                    .post(&url)
+                    .json(&body)
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), 200);
+            }
+        }
+    };
+    let count = |e: &mock::MockEngine| e.knobs.requests.load(Ordering::Relaxed);
+
+    // Both engines publish events; only b holds the prompt's blocks.
+    h.gw.kv_events("p", &ev(&a.url, vec![KvEvent::AllBlocksCleared]))
+        .unwrap();
+    let n =
+        h.gw.kv_events(
+            "p",
+            &ev(
+                &b.url,
+                vec![KvEvent::BlockStored {
+                    block_hashes: blocks.clone(),
+                }],
+            ),
+        )
+        .unwrap();
+    assert_eq!(n, blocks.len());
+    send(3).await;
+    assert_eq!((count(&a), count(&b)), (0, 3));
+
+    // b evicts them, a stores them: the session follows the cache.
+    h.gw.kv_events(
+        "p",
+        &ev(
+            &b.url,
+            vec![KvEvent::BlockRemoved {
+                block_hashes: blocks.clone(),
+            }],
+        ),
+    )
+    .unwrap();
+    h.gw.kv_events(
+        "p",
+        &ev(
+            &a.url,
+            vec![KvEvent::BlockStored {
+                block_hashes: blocks[..blocks.len() / 2].to_vec(),
+            }],
+        ),
+    )
+    .unwrap();
+    send(3).await;
+    assert_eq!((count(&a), count(&b)), (3, 3));
+    let st = h.gw.pool_status("p").unwrap();
+    assert!(st.endpoints.iter().all(|e| e.precise_prefix), "{st:?}");
+
+    // Bad batches name what is wrong.
+    let e =
+        h.gw.kv_events("p", &ev("http://nowhere:1", vec![]))
+            .unwrap_err();
+    assert!(e.starts_with("endpoint:"), "{e}");
+    assert!(h.gw.kv_events("nope", &ev(&a.url, vec![])).is_err());
+    let e =
+        h.gw.kv_events(
+            "p",
+            &ev(
+                &a.url,
+                vec![KvEvent::BlockStored {
+                    block_hashes: vec![0; 1 << 17],
+                }],
+            ),
+        )
+        .unwrap_err();
+    assert!(e.starts_with("events:"), "{e}");
+}
+
+#[test]
+fn kv_events_read_vllm_shaped_json() {
+    use tessera_gateway::http::{KvEvent, KvEvents};
+    let v = json!({"endpoint": "http://e:8000", "events": [
+        {"type": "BlockStored", "block_hashes": [1, 18446744073709551615u64], "parent_block_hash": null,
+         "token_ids": [1, 2, 3], "block_size": 16, "lora_id": null, "medium": "GPU"},
+        {"type": "BlockRemoved", "block_hashes": [1], "medium": "GPU"},
+        {"type": "AllBlocksCleared"}
+    ]});
+    let b: KvEvents = serde_json::from_value(v).unwrap();
+    assert_eq!(
+        b.events,
+        vec![
+            KvEvent::BlockStored {
+                block_hashes: vec![1, u64::MAX]
+            },
+            KvEvent::BlockRemoved {
+                block_hashes: vec![1]
+            },
+            KvEvent::AllBlocksCleared,
+        ]
+    );
+    assert!(
+        serde_json::from_value::<KvEvents>(json!({"endpoint": "x", "events": [{"type": "Nope"}]}))
+            .is_err()
+    );
+}

@@ -293,11 +293,10 @@ async fn healthz() -> &'static str {
 async fn metrics(State(a): State<App>) -> Response {
     use tessera_store::Store;
     let rev = a.plane.store().revision().await.unwrap_or(0);
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        a.metrics.render(rev),
-    )
-        .into_response()
+    let mut text = a.metrics.render(rev);
+    // Inference pools: the scaling signal and load (issue 10).
+    text.push_str(&a.gateway.gateway.prometheus());
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
 async fn count(State(a): State<App>, req: Request, next: axum::middleware::Next) -> Response {

@@ -21,6 +21,7 @@ use axum::response::{IntoResponse, Response};
 use futures_util::future::BoxFuture;
 use serde_json::{Value, json};
 use tessera_agent::meter::{self, UsageKind, UsageRecord};
+use tessera_agent::trace;
 use tessera_gateway::http::{self as gw, Gateway, PoolSpec, Refusal, Usage, UsageSink};
 use tessera_store::{AnyStore, Key, Store};
 use tokio::sync::watch;
@@ -69,6 +70,7 @@ impl UsageSink for Meter {
         Box::pin(async move {
             let session = who.session.clone().unwrap_or_else(|| "none".into());
             let uncached = u.prompt_tokens.saturating_sub(u.cached_tokens);
+            let mut cost = 0.0;
             for (kind, q, tag) in [
                 (UsageKind::TokensIn, uncached, "in"),
                 (UsageKind::TokensCached, u.cached_tokens, "cached"),
@@ -77,21 +79,99 @@ impl UsageSink for Meter {
                 if q == 0 {
                     continue;
                 }
-                let _ = meter::record(
+                match meter::record(
                     &self.store,
                     UsageRecord {
                         tenant: who.tenant.clone(),
                         session: session.clone(),
-                        runtime: format!("model:{}", u.model),
+                        runtime: meter_runtime(&u.model),
                         kind,
                         quantity: q as f64,
                         at_ms: now_ms(),
                         source_id: format!("{session}/{}/{tag}", u.request_id),
                     },
                 )
-                .await;
+                .await
+                {
+                    Ok(r) => cost += r.cost,
+                    Err(e) => eprintln!(
+                        "gateway: metering {} tokens of {}/{session}: {e}",
+                        kind.as_str(),
+                        who.tenant
+                    ),
+                }
+            }
+            if who.session.is_some() {
+                if let Err(e) =
+                    trace::record_span(&self.store, &who.tenant, chat_span(who, &u, cost)).await
+                {
+                    eprintln!(
+                        "gateway: recording the span of {}/{session}: {e}",
+                        who.tenant
+                    );
+                }
             }
         })
+    }
+}
+
+/// The meter's runtime name for a model: `model.` and the model name with
+/// characters the meter's names do not take (`/`, `:`, …) as `_`, e.g.
+/// `meta-llama/Llama-3-8B` -> `model.meta-llama_Llama-3-8B`.
+fn meter_runtime(model: &str) -> String {
+    let m: String = model
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(128 - "model.".len())
+        .collect();
+    format!("model.{m}")
+}
+
+/// The OpenTelemetry GenAI span of one call (`chat {model}`, operation `chat`),
+/// stored in the session's trace beside its invocations and tool calls (the
+/// trace tree puts it under the invocation running when it started). The
+/// caller's W3C `traceparent`, when sent, is kept in the attributes.
+fn chat_span(who: &gw::Caller, u: &Usage, cost: f64) -> trace::Span {
+    let session = who.session.clone().unwrap_or_default();
+    let mut attrs = json!({
+        "gen_ai.operation.name": "chat",
+        "gen_ai.conversation.id": session,
+        "gen_ai.request.model": u.model,
+        "gen_ai.response.id": u.response_id,
+        "gen_ai.usage.input_tokens": u.prompt_tokens,
+        "gen_ai.usage.output_tokens": u.completion_tokens,
+        "gen_ai.usage.cache_read.input_tokens": u.cached_tokens,
+        "gen_ai.usage.reasoning.output_tokens": u.reasoning_tokens,
+        "server.address": u.endpoint,
+        "tessera.pool": u.pool,
+        "tessera.tenant": who.tenant,
+        "tessera.gateway.ttft_ms": u.ttft_ms,
+        "tessera.gateway.overhead_us": u.overhead_us,
+    });
+    // traceparent: 00-<trace id>-<parent span id>-<flags>.
+    if let Some(tp) = &who.traceparent {
+        let parts: Vec<&str> = tp.split('-').collect();
+        if parts.len() == 4 && parts[1].len() == 32 && parts[2].len() == 16 {
+            attrs["trace_id"] = json!(parts[1]);
+            attrs["parent_span_id"] = json!(parts[2]);
+        }
+    }
+    trace::Span {
+        session,
+        span_id: format!("chat-{}", u.request_id),
+        parent: None,
+        name: format!("chat {}", u.model),
+        operation: "chat".into(),
+        start_ms: u.started_ms,
+        duration_ms: u.total_ms,
+        cost,
+        attributes: attrs,
     }
 }
 
@@ -147,13 +227,39 @@ fn who(c: &Caller, h: &HeaderMap) -> gw::Caller {
     }
 }
 
+/// The caller, or why `X-Session-Id` is not a session id the meter and
+/// traces take.
+fn checked_who(c: &Caller, h: &HeaderMap) -> Result<gw::Caller, String> {
+    let w = who(c, h);
+    if let Some(s) = &w.session {
+        if tessera_agent::sessions::check_id(s).is_err() {
+            return Err(format!(
+                "X-Session-Id: {s:?} is not a session id: use 1 to 128 of a-z, A-Z, 0-9, '.', '_', '-'"
+            ));
+        }
+    }
+    Ok(w)
+}
+
+fn bad_request(msg: String) -> Response {
+    gw::openai_error(
+        axum::http::StatusCode::BAD_REQUEST,
+        "invalid_request_error",
+        msg,
+    )
+}
+
 async fn chat(State(a): State<App>, c: Caller, h: HeaderMap, body: Bytes) -> Response {
     if let Err(e) = c.require(Role::Developer) {
         return e.into_response();
     }
+    let w = match checked_who(&c, &h) {
+        Ok(w) => w,
+        Err(m) => return bad_request(m),
+    };
     a.gateway
         .gateway
-        .forward(who(&c, &h), "/v1/chat/completions", body)
+        .forward(w, "/v1/chat/completions", body)
         .await
 }
 
@@ -161,10 +267,11 @@ async fn completions(State(a): State<App>, c: Caller, h: HeaderMap, body: Bytes)
     if let Err(e) = c.require(Role::Developer) {
         return e.into_response();
     }
-    a.gateway
-        .gateway
-        .forward(who(&c, &h), "/v1/completions", body)
-        .await
+    let w = match checked_who(&c, &h) {
+        Ok(w) => w,
+        Err(m) => return bad_request(m),
+    };
+    a.gateway.gateway.forward(w, "/v1/completions", body).await
 }
 
 async fn models(State(a): State<App>, c: Caller) -> Response {
@@ -255,6 +362,25 @@ async fn delete_pool(State(a): State<App>, c: Caller, Path(name): Path<String>) 
     Ok(axum::http::StatusCode::NO_CONTENT.into_response())
 }
 
+/// Engine KV-cache events for the pool's precise prefix index, from an
+/// adapter next to the engine (see docs/gateway.md, "Precise prefix mode").
+async fn pool_kv_events(
+    State(a): State<App>,
+    c: Caller,
+    Path(name): Path<String>,
+    Body(b): Body<gw::KvEvents>,
+) -> R {
+    c.require_system(Role::Operator)?;
+    match a.gateway.gateway.kv_events(&name, &b) {
+        Ok(n) => Ok(axum::Json(json!({"applied_blocks": n})).into_response()),
+        Err(e) if e.starts_with("no pool") => Err(ApiError::new(Code::NotFound, e)),
+        Err(e) => Err(ApiError::invalid(
+            e.split(':').next().unwrap_or("events").to_string(),
+            e,
+        )),
+    }
+}
+
 crate::api::routes! {
     ROUTES, routes;
     post "/v1/chat/completions" chat "OpenAI chat completions through the inference pool serving `model` (streaming with SSE)" Some("ChatCompletionRequest"), 200;
@@ -265,6 +391,7 @@ crate::api::routes! {
     get "/v1/pools/{name}" get_pool "One pool's state and scaling signal" None, 200;
     put "/v1/pools/{name}" update_pool "Update a pool in place (endpoints keep their state) (system operators)" Some("PoolSpec"), 200;
     delete "/v1/pools/{name}" delete_pool "Remove a pool (system operators)" None, 204;
+    post "/v1/pools/{name}/kv-events" pool_kv_events "Engine KV-cache events (BlockStored, BlockRemoved, AllBlocksCleared) for precise prefix routing (system operators)" Some("KvEvents"), 200;
 }
 
 /// Request-body schemas this module's routes name, for the OpenAPI document.
@@ -290,5 +417,29 @@ pub fn schemas() -> Vec<(&'static str, Value)> {
                 "max_in_flight": {"type": "integer", "minimum": 1}, "max_queue": {"type": "integer"},
                 "queue_timeout_ms": {"type": "integer"}}}),
         ),
+        (
+            "KvEvents",
+            json!({"type": "object", "required": ["endpoint", "events"], "properties": {
+                "endpoint": {"type": "string", "description": "the engine's URL as the pool lists it"},
+                "events": {"type": "array", "items": {"type": "object", "required": ["type"], "properties": {
+                    "type": {"enum": ["BlockStored", "BlockRemoved", "AllBlocksCleared"]},
+                    "block_hashes": {"type": "array", "items": {"type": "integer", "minimum": 0}}}}}}}),
+        ),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_names_become_meter_runtime_names() {
+        assert_eq!(
+            meter_runtime("meta-llama/Llama-3-8B:q4"),
+            "model.meta-llama_Llama-3-8B_q4"
+        );
+        let long = meter_runtime(&"x".repeat(300));
+        assert!(tessera_agent::error::check_token("runtime", &long, 128).is_ok());
+        assert!(tessera_agent::error::check_token("runtime", &meter_runtime("a/b:c"), 128).is_ok());
+    }
 }

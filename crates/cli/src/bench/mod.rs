@@ -3,6 +3,7 @@
 pub mod agent;
 pub mod agent_platform;
 pub mod api;
+pub mod gateway;
 pub mod guard;
 pub mod k8s;
 pub mod sandbox;
@@ -33,6 +34,9 @@ pub enum BenchCommand {
     /// Kubernetes mode: pods bound per second and created-to-bound p99 against a
     /// real kube-apiserver with fake nodes.
     K8s(k8s::Args),
+    /// Inference gateway: its own time per request (request in to first byte
+    /// forwarded, engine time excluded), plain and streaming, on loopback.
+    Gateway(gateway::Args),
 }
 
 /// Nearest-rank percentile of sorted samples (`p` in 0..=1); `None` when there
@@ -53,5 +57,6 @@ pub fn run(c: BenchCommand) -> i32 {
         BenchCommand::AgentPlatform(a) => agent_platform::run(a),
         BenchCommand::Tools(a) => tools::run(a),
         BenchCommand::K8s(a) => k8s::run(a),
+        BenchCommand::Gateway(a) => gateway::run(a),
     }
 }

@@ -7,6 +7,7 @@ pub mod identity;
 pub mod k8s;
 pub mod login;
 pub mod mixed;
+pub mod pool;
 pub mod routing;
 pub mod sandbox;
 pub mod sched;

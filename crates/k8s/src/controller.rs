@@ -12,7 +12,9 @@
 //! * **apply**: evictions through the Eviction API (PDBs checked first, and the
 //!   server enforces them too), device assignments (DRA claim allocations, GPU
 //!   index annotations), bindings through the `binding` subresource, all with
-//!   bounded concurrency; then pending reasons (`PodScheduled=False` and an
+//!   bounded concurrency. Bindings are pipelined: a planned pod is assumed on
+//!   its node at once and its write goes on in the background while the next
+//!   cycle decides (a failed write forgets it). Then pending reasons (`PodScheduled=False` and an
 //!   event), PodGroup and NodeShard status. Every write first checks that this
 //!   replica still leads.
 
@@ -469,6 +471,37 @@ fn bind_job(state: &State, key: PodKey, node: String, gpus: Vec<u32>) -> BindJob
     }
 }
 
+/// Writes one binding of a cycle in the background, once one of the
+/// `concurrency` permits is free. The pod was assumed on its node when the cycle
+/// planned it; unless it is bound now, it is forgotten and planned again.
+async fn bind_pipelined(
+    w: Writer,
+    tx: mpsc::UnboundedSender<Msg>,
+    permits: Arc<tokio::sync::Semaphore>,
+    j: BindJob,
+) {
+    let Ok(_permit) = permits.acquire().await else {
+        return;
+    };
+    let key = j.key.clone();
+    match w.bind(j).await {
+        BindOutcome::Bound => {
+            w.metrics.bound.fetch_add(1, Relaxed);
+            return;
+        }
+        BindOutcome::Conflict => {
+            w.metrics.bind_conflicts.fetch_add(1, Relaxed);
+        }
+        BindOutcome::Gone | BindOutcome::NotLeader => {}
+        BindOutcome::Failed(e) => {
+            if w.metrics.bind_errors.fetch_add(1, Relaxed) < 5 {
+                eprintln!("tessera-k8s: binding {}/{}: {e}", key.0, key.1);
+            }
+        }
+    }
+    let _ = tx.send(Msg::Change(Box::new(move |st| st.forget(&key))));
+}
+
 /// Binds one pod as a cycle would (DRA claim allocations, GPU annotation, the
 /// binding), without leader election. For tests and tools.
 pub async fn bind_once(
@@ -505,6 +538,12 @@ struct Loop {
     /// Group statuses this replica wrote: `(phase, running)`.
     group_written: BTreeMap<(&'static str, String, String), (String, i32)>,
     errors_logged: usize,
+    /// For the binding tasks: their outcomes come back as changes.
+    tx: mpsc::UnboundedSender<Msg>,
+    /// Writes in flight for bindings, across cycles.
+    permits: Arc<tokio::sync::Semaphore>,
+    /// The binding tasks (aborted with the loop).
+    binds: Tasks,
 }
 
 /// Runs the controller until `stop` turns true or the lease is lost.
@@ -743,8 +782,10 @@ pub async fn run(
             );
         }
     }
-    drop(tx);
     let mut lp = Loop {
+        tx,
+        permits: Arc::new(tokio::sync::Semaphore::new(cfg.concurrency.max(1))),
+        binds: Tasks::default(),
         state: State::new(cfg.scheduler_name.clone()),
         writer: Writer {
             client: client.clone(),
@@ -825,9 +866,12 @@ impl Loop {
             }
             last_gen = self.state.generation;
             last_cycle = Instant::now();
-            self.cycle().await;
-            // Changes caused by our own writes arrive next; take them in one go.
-            tokio::time::sleep(Duration::from_millis(5)).await;
+            let decide = self.cycle().await;
+            // Changes caused by our own writes arrive next; take them in one
+            // go. Bindings are written in the background meanwhile; waiting at
+            // least as long as the decision took keeps the scheduler to half
+            // of the time when changes arrive without pause.
+            tokio::time::sleep(decide.max(Duration::from_millis(5))).await;
         }
     }
 
@@ -849,7 +893,8 @@ impl Loop {
         }
     }
 
-    async fn cycle(&mut self) {
+    /// One cycle; returns how long the decision took.
+    async fn cycle(&mut self) -> Duration {
         let t0 = Instant::now();
         let mut built = self.state.build();
         let snapshot = std::mem::take(&mut built.snapshot);
@@ -864,17 +909,18 @@ impl Loop {
         .await;
         let Ok((snapshot, plan, agent, agent_pods)) = decided else {
             eprintln!("tessera-k8s: the scheduler panicked; skipping this cycle");
-            return;
+            return t0.elapsed();
         };
         built.snapshot = snapshot;
         let m = self.writer.metrics.clone();
-        m.decide_us
-            .fetch_add(t0.elapsed().as_micros() as u64, Relaxed);
+        let decide = t0.elapsed();
+        m.decide_us.fetch_add(decide.as_micros() as u64, Relaxed);
         m.cycles.fetch_add(1, Relaxed);
         let t1 = Instant::now();
         self.apply(&built, plan, agent, agent_pods).await;
         m.apply_us
             .fetch_add(t1.elapsed().as_micros() as u64, Relaxed);
+        decide
     }
 
     async fn apply(
@@ -954,40 +1000,25 @@ impl Loop {
         for (key, node) in &agent {
             jobs.push(bind_job(&self.state, key.clone(), node.clone(), Vec::new()));
         }
-        let outcomes: Vec<(PodKey, String, Vec<u32>, BindOutcome)> = stream::iter(jobs)
-            .map(|j| {
-                let w = w.clone();
-                async move {
-                    let (k, n, g) = (j.key.clone(), j.node.clone(), j.gpus.clone());
-                    let o = w.bind(j).await;
-                    (k, n, g, o)
-                }
-            })
-            .buffer_unordered(conc)
-            .collect()
-            .await;
+        // Pipelined: each planned pod is assumed on its node now, so that the
+        // next cycle plans around it while the writes are still in flight (at
+        // most `concurrency` at once, across cycles). A write that does not
+        // bind forgets the pod, and the next cycle plans it again.
         let mut bound: BTreeSet<PodKey> = BTreeSet::new();
-        let mut failures = 0;
-        for (key, node, gpus, o) in outcomes {
-            match o {
-                BindOutcome::Bound => {
-                    w.metrics.bound.fetch_add(1, Relaxed);
-                    self.state.assume(key.clone(), node, gpus);
-                    self.written.remove(&key);
-                    bound.insert(key);
-                }
-                BindOutcome::Conflict => {
-                    w.metrics.bind_conflicts.fetch_add(1, Relaxed);
-                }
-                BindOutcome::Gone | BindOutcome::NotLeader => {}
-                BindOutcome::Failed(e) => {
-                    w.metrics.bind_errors.fetch_add(1, Relaxed);
-                    if failures < 5 {
-                        eprintln!("tessera-k8s: binding {}/{}: {e}", key.0, key.1);
-                    }
-                    failures += 1;
-                }
-            }
+        for j in &jobs {
+            self.state
+                .assume(j.key.clone(), j.node.clone(), j.gpus.clone());
+            self.written.remove(&j.key);
+            bound.insert(j.key.clone());
+        }
+        if !jobs.is_empty() {
+            let (tx, permits, w) = (self.tx.clone(), self.permits.clone(), w.clone());
+            self.binds.0.retain(|h| !h.is_finished());
+            self.binds.0.push(tokio::spawn(
+                stream::iter(jobs).for_each_concurrent(None, move |j| {
+                    bind_pipelined(w.clone(), tx.clone(), permits.clone(), j)
+                }),
+            ));
         }
 
         // 3. Pending reasons.

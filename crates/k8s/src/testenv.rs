@@ -180,7 +180,10 @@ impl TestEnv {
     pub fn client(&self) -> Result<Client, String> {
         let uri = self.url.parse().map_err(|e| format!("{}: {e}", self.url))?;
         let mut cfg = Config::new(uri);
-        cfg.read_timeout = Some(Duration::from_secs(60));
+        // Longer than a watch's server-side timeout (kube's watcher asks for
+        // 290 s), so that a watch with no events ends normally instead of
+        // failing every minute on an idle cluster.
+        cfg.read_timeout = Some(Duration::from_secs(295));
         // The serving certificate is self-signed, made by the apiserver at start.
         cfg.accept_invalid_certs = true;
         cfg.headers.push((

@@ -1,0 +1,96 @@
+//! The controller starts when an optional API is announced but cannot be
+//! listed (a CRD whose lists are forbidden by RBAC, or removed after
+//! discovery): it treats those kinds as empty instead of waiting for them. A
+//! mock service under `kube::Client` plays the apiserver: it announces
+//! Volcano's group, answers 403 to its lists, 404 to every other optional kind,
+//! and empty lists for Nodes and Pods.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use http::{Request, Response};
+use kube::Client;
+use kube::client::Body;
+use serde_json::json;
+use tessera_k8s::{Metrics, RunConfig};
+
+fn status(code: u16, reason: &str) -> String {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+           "reason": reason, "code": code, "message": reason})
+    .to_string()
+}
+
+fn mock(log: Arc<Mutex<Vec<String>>>) -> Client {
+    let svc = tower::service_fn(move |req: Request<Body>| {
+        let log = log.clone();
+        async move {
+            let path = req.uri().path().to_string();
+            let watch = req.uri().query().unwrap_or("").contains("watch=true");
+            log.lock().unwrap().push(format!("{path} watch={watch}"));
+            let list = |kind: &str| {
+                json!({"apiVersion": "v1", "kind": kind, "metadata": {"resourceVersion": "1"}, "items": []})
+                    .to_string()
+            };
+            let (code, answer) = match path.as_str() {
+                "/apis/scheduling.volcano.sh/v1beta1" => (
+                    200,
+                    json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "scheduling.volcano.sh/v1beta1",
+                           "resources": [
+                               {"name": "podgroups", "singularName": "podgroup", "namespaced": true, "kind": "PodGroup", "verbs": ["list", "watch"]},
+                               {"name": "queues", "singularName": "queue", "namespaced": false, "kind": "Queue", "verbs": ["list", "watch"]}]})
+                    .to_string(),
+                ),
+                p if p.starts_with("/apis/scheduling.volcano.sh/") => (403, status(403, "Forbidden")),
+                // Watches fail (and back off); the first lists are what count.
+                "/api/v1/nodes" | "/api/v1/pods" if watch => (500, status(500, "InternalError")),
+                "/api/v1/nodes" => (200, list("NodeList")),
+                "/api/v1/pods" => (200, list("PodList")),
+                _ => (404, status(404, "NotFound")),
+            };
+            Ok::<_, std::convert::Infallible>(
+                Response::builder()
+                    .status(code)
+                    .header("content-type", "application/json")
+                    .body(Body::from(answer.into_bytes()))
+                    .unwrap(),
+            )
+        }
+    });
+    Client::new(svc, "default")
+}
+
+#[tokio::test]
+async fn starts_without_an_optional_api_it_cannot_list() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let client = mock(log.clone());
+    let metrics = Arc::new(Metrics::default());
+    let (stop, rx) = tokio::sync::watch::channel(false);
+    let cfg = RunConfig {
+        period: Duration::from_millis(100),
+        ..RunConfig::default()
+    };
+    let h = tokio::spawn(tessera_k8s::run(client, cfg, metrics.clone(), rx));
+    let start = Instant::now();
+    while !metrics.ready.load(Relaxed) {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the controller waited for lists it cannot get; requests: {:#?}",
+            log.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let seen = log.lock().unwrap().clone();
+    for p in [
+        "/apis/scheduling.volcano.sh/v1beta1/podgroups watch=false",
+        "/apis/scheduling.volcano.sh/v1beta1/queues watch=false",
+    ] {
+        assert!(seen.iter().any(|s| s == p), "never listed {p}: {seen:#?}");
+    }
+    let _ = stop.send(true);
+    let r = tokio::time::timeout(Duration::from_secs(10), h).await;
+    assert!(
+        matches!(r, Ok(Ok(Ok(())))),
+        "the controller did not stop cleanly: {r:?}"
+    );
+}

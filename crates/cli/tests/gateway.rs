@@ -457,8 +457,8 @@ fn sim_routing_writes_the_table_json_and_plot_the_lead_runs() {
     let dir = tempfile::tempdir().unwrap();
     let svg = dir.path().join("routing.svg");
     let o = Command::new(common::BIN)
-        .args(["sim", "routing", "--workload", "all", "--seeds", "1..2"])
-        .args(["--duration", "20", "--plot"])
+        .args(["sim", "routing", "--workload", "all", "--seeds", "1..1"])
+        .args(["--duration", "6", "--plot"])
         .arg(&svg)
         .arg("--json")
         .output()

@@ -167,6 +167,10 @@ async fn serve(gw: Gateway) -> std::io::Result<String> {
         .route("/v1/completions", front("/v1/completions"));
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = l.local_addr()?;
+    use axum::serve::ListenerExt;
+    let l = l.tap_io(|t| {
+        let _ = t.set_nodelay(true);
+    });
     tokio::spawn(async move {
         let _ = axum::serve(l, app).await;
     });

@@ -54,6 +54,11 @@ pub async fn start() -> std::io::Result<MockEngine> {
         .with_state(knobs.clone());
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = l.local_addr()?;
+    // Stream chunks leave at once (no Nagle delay on small writes).
+    use axum::serve::ListenerExt;
+    let l = l.tap_io(|t| {
+        let _ = t.set_nodelay(true);
+    });
     tokio::spawn(async move {
         let _ = axum::serve(l, app).await;
     });

@@ -287,6 +287,11 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
     });
     let mut srx = stop_rx;
     tasks.push(tokio::spawn(async move {
+        // No Nagle delay on small writes (streamed tokens, SSE events).
+        use axum::serve::ListenerExt;
+        let listener = listener.tap_io(|t| {
+            let _ = t.set_nodelay(true);
+        });
         let _ = axum::serve(listener, app)
             .with_graceful_shutdown(async move {
                 let _ = srx.wait_for(|s| *s).await;

@@ -209,32 +209,49 @@ fn pool_key(s: &SandboxSpec) -> String {
     serde_json::to_string(s).unwrap_or_default()
 }
 
-/// CPU seconds used by the cgroup of host pid `pid` (cgroup v1 `cpuacct` or v2 `cpu.stat`).
-pub fn cgroup_cpu_seconds(pid: i32) -> Option<f64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    for line in text.lines() {
-        let mut parts = line.splitn(3, ':');
-        let (_, ctrls, path) = (parts.next()?, parts.next()?, parts.next()?);
-        if ctrls.is_empty() {
-            let p = format!("/sys/fs/cgroup{path}/cpu.stat");
-            if let Ok(s) = std::fs::read_to_string(&p) {
-                let us: f64 = s
-                    .lines()
-                    .find_map(|l| l.strip_prefix("usage_usec "))
-                    .and_then(|v| v.trim().parse().ok())?;
-                return Some(us / 1e6);
-            }
-        } else if ctrls.split(',').any(|c| c == "cpuacct") {
-            for dir in [ctrls.to_string(), "cpuacct".into(), "cpu,cpuacct".into()] {
-                let p = format!("/sys/fs/cgroup/{dir}{path}/cpuacct.usage");
-                if let Ok(s) = std::fs::read_to_string(&p) {
-                    let ns: f64 = s.trim().parse().ok()?;
-                    return Some(ns / 1e9);
-                }
-            }
+/// CPU seconds used by a sandbox's processes, read from `/proc`: each live
+/// process's own time plus that of the children it reaped (the sandbox's init
+/// reaps every orphan, so whatever ran there is counted once). Not from a
+/// cgroup's accounting: a host may mount `cpu` and `cpuacct` apart (cgroup v1),
+/// and a sandbox placed in `cpu` only is in the *root* `cpuacct` group, whose
+/// counter is the whole machine's.
+pub fn sandbox_cpu_seconds(sb: &Sandbox) -> Option<f64> {
+    let mut pids = std::collections::BTreeSet::new();
+    let mut todo = vec![sb.pid()];
+    while let Some(p) = todo.pop() {
+        if !pids.insert(p) {
+            continue;
+        }
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
+            continue;
+        };
+        for t in tasks.flatten() {
+            let children = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+            todo.extend(
+                children
+                    .split_whitespace()
+                    .filter_map(|c| c.parse::<i32>().ok()),
+            );
         }
     }
-    None
+    if let Some(c) = sb.cgroup() {
+        pids.extend(c.procs());
+    }
+    let tck = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .filter(|t| *t > 0)
+        .unwrap_or(100) as f64;
+    let ticks: Vec<f64> = pids.into_iter().filter_map(proc_cpu_ticks).collect();
+    (!ticks.is_empty()).then(|| ticks.iter().sum::<f64>() / tck)
+}
+
+/// utime + stime + cutime + cstime of `pid`, in clock ticks.
+fn proc_cpu_ticks(pid: i32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command name's ")": field 3 onwards; fields 14 to 17.
+    let f: Vec<&str> = stat.rsplit(')').next()?.split_whitespace().collect();
+    (11..=14).map(|i| f.get(i)?.parse::<f64>().ok()).sum()
 }
 
 impl Host {
@@ -884,7 +901,7 @@ impl Host {
             c.abort();
         }
         sample_memory(&mut live);
-        let cpu = cgroup_cpu_seconds(live.sb.pid());
+        let cpu = sandbox_cpu_seconds(&live.sb);
         let sbid = live.sb.id().to_string();
         self.inner
             .sandboxes

@@ -58,6 +58,7 @@ async fn sessions_have_affinity_meter_usage_and_survive_sandbox_kills() {
         return;
     };
     let st = host.store().clone();
+    let t0 = std::time::Instant::now();
     runtimes::create(&st, "t1", "echo", spec(&[]), runtimes::Quotas::default(), 1)
         .await
         .unwrap();
@@ -137,6 +138,14 @@ async fn sessions_have_affinity_meter_usage_and_survive_sandbox_kills() {
         tot.quantities
             .contains_key(&meter::UsageKind::MemoryGbSeconds),
         "{tot:?}"
+    );
+    // The sandboxes' CPU: what two small Python agents used, not the
+    // machine's (a cpuacct group the sandbox is not in reads the whole host).
+    let cpu = tot.quantities[&meter::UsageKind::CpuSeconds];
+    let elapsed = t0.elapsed().as_secs_f64();
+    assert!(
+        cpu > 0.0 && cpu <= 2.0 * elapsed + 1.0,
+        "{cpu} CPU seconds in {elapsed} s"
     );
 }
 

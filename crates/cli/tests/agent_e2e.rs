@@ -72,8 +72,22 @@ fn serve_counter(counter: Arc<Mutex<Counter>>) -> u16 {
                     }
                 }
                 let mut body = vec![0; len];
-                let _ = r.read_exact(&mut body);
-                let args: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                // A request cut short (its sender killed mid-send) is not
+                // executed, as by any HTTP service.
+                let args: Value = match r
+                    .read_exact(&mut body)
+                    .ok()
+                    .and_then(|_| serde_json::from_slice(&body).ok())
+                {
+                    Some(v) if line.ends_with("\r\n") => v,
+                    _ => {
+                        let _ = write!(
+                            c,
+                            "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                        );
+                        return;
+                    }
+                };
                 let call = args["call"].as_str().unwrap_or("").to_string();
                 let reply = {
                     let mut g = counter.lock().unwrap();
@@ -231,7 +245,6 @@ async fn run_session(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "being sized for CI: run with `cargo test -p tessera --test agent_e2e -- --ignored` (TESSERA_PYTHON, TESSERA_E2E_SESSIONS)"]
 async fn langgraph_sessions_survive_sandbox_and_server_kills() {
     let Some(py) = python() else { return };
     let sessions = env_usize("TESSERA_E2E_SESSIONS", 200);
@@ -318,8 +331,8 @@ async fn langgraph_sessions_survive_sandbox_and_server_kills() {
     }
 
     // Chaos: kill a sandbox (starting ones too) every 0.7-2 s, at most
-    // sessions/5 of them; kill -9 the server at about a third and two thirds
-    // of the sessions.
+    // sessions/5 of them spread over the run; kill -9 the server at about a
+    // third and two thirds of the sessions.
     let max_sandbox_kills = (sessions / 5).max(4);
     let chaos_task = {
         let (http, chaos, done, server, dir) = (
@@ -372,7 +385,8 @@ async fn langgraph_sessions_survive_sandbox_and_server_kills() {
                     );
                     continue;
                 }
-                if sandbox_kills >= max_sandbox_kills {
+                // Spread over the run: a few at once, then in step with progress.
+                if sandbox_kills >= (4 + n * max_sandbox_kills / sessions).min(max_sandbox_kills) {
                     continue;
                 }
                 if let Some((200, v)) = call(
@@ -520,8 +534,7 @@ async fn langgraph_sessions_survive_sandbox_and_server_kills() {
         tick(11).zip(tick(12)).map(|(u, s)| (u + s) / 100.0)
     };
     eprintln!(
-        "e2e: CPU: agents in sandboxes {sandbox_cpu:.0} s ({:.2} s per session, metered); the last server process {server_cpu:?} s",
-        sandbox_cpu / sessions as f64
+        "e2e: CPU: agents in the sandboxes released so far {sandbox_cpu:.0} s (metered); the last server process {server_cpu:?} s"
     );
     let fees = records.iter().filter(|r| r["kind"] == "tool_fee").count();
     assert_eq!(fees, sessions * TURNS as usize, "one tool fee per charge");

@@ -249,6 +249,24 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| ApiError::internal(format!("sandbox task: {e}")))
 }
 
+/// What every file route does around its operation: the caller's own sandbox
+/// (as a developer), `op` on a blocking thread with the query's path, and its
+/// error naming sandbox and path.
+async fn file_op<T: Send + 'static>(
+    a: &App,
+    c: &Caller,
+    id: &str,
+    path: &str,
+    op: impl FnOnce(&Sandbox, &str) -> Result<T, FileError> + Send + 'static,
+) -> Result<T, ApiError> {
+    c.require(Role::Developer)?;
+    let e = enabled(a)?.get(c, id)?;
+    let p = path.to_string();
+    blocking(move || op(&e.sandbox, &p))
+        .await?
+        .map_err(|err| file_error(id, path, err))
+}
+
 fn unix(t: SystemTime) -> f64 {
     t.duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
@@ -779,13 +797,7 @@ async fn read_file(
     Path(id): Path<String>,
     Q(q): Q<PathQuery>,
 ) -> Result<Response, ApiError> {
-    c.require(Role::Developer)?;
-    let inner = enabled(&a)?;
-    let e = inner.get(&c, &id)?;
-    let p = q.path.clone();
-    let data = blocking(move || e.sandbox.read_file(&p))
-        .await?
-        .map_err(|err| file_error(&id, &q.path, err))?;
+    let data = file_op(&a, &c, &id, &q.path, |sb, p| sb.read_file(p)).await?;
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], data).into_response())
 }
 
@@ -796,14 +808,8 @@ async fn write_file(
     Q(q): Q<PathQuery>,
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
-    c.require(Role::Developer)?;
-    let inner = enabled(&a)?;
-    let e = inner.get(&c, &id)?;
-    let p = q.path.clone();
     let n = body.len();
-    blocking(move || e.sandbox.write_file(&p, &body))
-        .await?
-        .map_err(|err| file_error(&id, &q.path, err))?;
+    file_op(&a, &c, &id, &q.path, move |sb, p| sb.write_file(p, &body)).await?;
     Ok(Json(json!({"path": q.path, "bytes": n})))
 }
 
@@ -813,14 +819,8 @@ async fn remove_file(
     Path(id): Path<String>,
     Q(q): Q<PathQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    c.require(Role::Developer)?;
-    let inner = enabled(&a)?;
-    let e = inner.get(&c, &id)?;
-    let p = q.path.clone();
     let rec = q.recursive;
-    blocking(move || e.sandbox.remove(&p, rec))
-        .await?
-        .map_err(|err| file_error(&id, &q.path, err))?;
+    file_op(&a, &c, &id, &q.path, move |sb, p| sb.remove(p, rec)).await?;
     Ok(Json(json!({"path": q.path, "removed": true})))
 }
 
@@ -830,13 +830,7 @@ async fn list_files(
     Path(id): Path<String>,
     Q(q): Q<PathQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    c.require(Role::Developer)?;
-    let inner = enabled(&a)?;
-    let e = inner.get(&c, &id)?;
-    let p = q.path.clone();
-    let entries = blocking(move || e.sandbox.list(&p))
-        .await?
-        .map_err(|err| file_error(&id, &q.path, err))?;
+    let entries = file_op(&a, &c, &id, &q.path, |sb, p| sb.list(p)).await?;
     let items: Vec<Value> = entries
         .into_iter()
         .map(|d| {
@@ -910,14 +904,11 @@ async fn download_tar(
     Path(id): Path<String>,
     Q(q): Q<PathQuery>,
 ) -> Result<Response, ApiError> {
-    c.require(Role::Developer)?;
-    let inner = enabled(&a)?;
-    let e = inner.get(&c, &id)?;
-    let p = q.path.clone();
     let limits = tar_limits();
-    let data = blocking(move || e.sandbox.download_tar_with(&p, &limits))
-        .await?
-        .map_err(|err| file_error(&id, &q.path, err))?;
+    let data = file_op(&a, &c, &id, &q.path, move |sb, p| {
+        sb.download_tar_with(p, &limits)
+    })
+    .await?;
     Ok(([(header::CONTENT_TYPE, "application/x-tar")], data).into_response())
 }
 

@@ -57,11 +57,13 @@ impl OtlpConfig {
         if var("OTEL_TRACES_EXPORTER").is_some_and(|v| v.trim() == "none") {
             return Ok(None);
         }
-        let Some(endpoint) = var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-            .or_else(|| var("OTEL_EXPORTER_OTLP_ENDPOINT"))
-        else {
+        // The exporter reads the endpoint itself (and appends /v1/traces
+        // to the general one); here it only decides whether to export.
+        if var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").is_none()
+            && var("OTEL_EXPORTER_OTLP_ENDPOINT").is_none()
+        {
             return Ok(None);
-        };
+        }
         let protocol = var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
             .or_else(|| var("OTEL_EXPORTER_OTLP_PROTOCOL"));
         let protocol = match protocol.as_deref().map(str::trim) {
@@ -75,7 +77,6 @@ impl OtlpConfig {
                 ));
             }
         };
-        let _ = endpoint; // the exporter reads it (and appends /v1/traces when needed)
         Ok(Some(OtlpConfig {
             endpoint: None,
             protocol: Some(protocol),

@@ -8,7 +8,11 @@
 # tree, GOPATH and the Go build cache live in a temporary folder that is removed
 # afterwards, and apt's package cache is cleaned.
 #
-# Idempotent: a second run finds the binary and only checks etcd.
+# With TESSERA_K8S_WITH_SCHEDULER=1 it also builds kube-scheduler from the same
+# tree (for `tessera bench k8s --kube-scheduler`, which measures Kubernetes' own
+# scheduler on the same machine; CI does not need it).
+#
+# Idempotent: a second run finds the binaries and only checks etcd.
 # Prints, on its last line, the two paths the tests read:
 #   TESSERA_KUBE_APISERVER=/var/cache/tessera-ci/k8s/kube-apiserver
 #   TESSERA_ETCD=/usr/bin/etcd
@@ -29,7 +33,13 @@ if ! command -v etcd >/dev/null 2>&1 || ! command -v openssl >/dev/null 2>&1; th
     (command -v systemctl >/dev/null 2>&1 && systemctl stop etcd 2>/dev/null) || true
 fi
 
-if [ -x "$bin" ] && "$bin" --version >/dev/null 2>&1; then
+want_sched=${TESSERA_K8S_WITH_SCHEDULER:-0}
+sched="$cache/kube-scheduler"
+have_sched=1
+if [ "$want_sched" = 1 ] && ! { [ -x "$sched" ] && "$sched" --version >/dev/null 2>&1; }; then
+    have_sched=0
+fi
+if [ -x "$bin" ] && "$bin" --version >/dev/null 2>&1 && [ "$have_sched" = 1 ]; then
     echo "k8s-apiserver: reusing $bin ($("$bin" --version))"
 else
     start=$(date +%s)
@@ -157,6 +167,11 @@ DIRS
         mkdir -p "$cache"
         nice go build -ldflags="-s -w" -o "$bin.tmp" ./cmd/kube-apiserver
         mv "$bin.tmp" "$bin"
+        if [ "$want_sched" = 1 ]; then
+            echo "k8s-apiserver: also building kube-scheduler ($(( $(date +%s) - start ))s so far)"
+            nice go build -ldflags="-s -w" -o "$sched.tmp" ./cmd/kube-scheduler
+            mv "$sched.tmp" "$sched"
+        fi
         go clean -cache || true
     )
     rm -rf "$work"

@@ -193,6 +193,30 @@ impl TestEnv {
         Client::try_from(cfg).map_err(|e| e.to_string())
     }
 
+    /// Writes a kubeconfig for this apiserver (for programs that are not
+    /// Tessera, such as kube-scheduler in `tessera bench k8s
+    /// --kube-scheduler`) and returns its path, inside the server's temporary
+    /// folder.
+    pub fn write_kubeconfig(&self) -> Result<PathBuf, String> {
+        let path = self.dir.path().join("kubeconfig");
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {}\n    insecure-skip-tls-verify: true\nusers:\n- name: test\n  user:\n    token: {TOKEN}\ncontexts:\n- name: test\n  context:\n    cluster: test\n    user: test\ncurrent-context: test\n",
+            self.url
+        );
+        std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(path)
+    }
+
+    /// Process ids of the apiserver and etcd (for CPU accounting).
+    pub fn pids(&self) -> (u32, u32) {
+        (self.apiserver.id(), self.etcd.id())
+    }
+
+    /// The temporary folder the server's files live in.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
     /// The last lines of the apiserver's log (for failure messages).
     pub fn apiserver_log(&self, lines: usize) -> String {
         tail(&self.dir.path().join("apiserver.log"), lines)

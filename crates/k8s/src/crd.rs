@@ -337,8 +337,8 @@ pub mod topology {
     #[serde(rename_all = "camelCase")]
     pub struct MemberSpec {
         /// `Node` or `HyperNode`.
-        #[serde(default, rename = "type")]
-        pub type_: String,
+        #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+        pub type_: Option<String>,
         #[serde(default)]
         pub selector: MemberSelector,
     }
@@ -358,15 +358,15 @@ pub mod topology {
 
     #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
     pub struct ExactMatch {
-        #[serde(default)]
-        pub name: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub name: Option<String>,
     }
 
     /// A regular expression on node names (Go's RE2 syntax; unanchored).
     #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
     pub struct RegexMatch {
-        #[serde(default)]
-        pub pattern: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub pattern: Option<String>,
     }
 
     /// Volcano's status fields (Tessera does not write them).

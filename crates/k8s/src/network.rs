@@ -132,31 +132,34 @@ pub fn hypernode(h: &crd::HyperNode) -> Result<HyperNode, TranslateError> {
                 "give exactly one of exactMatch, regexMatch, labelMatch",
             ));
         }
-        match m.type_.as_str() {
+        let exact = s
+            .exact_match
+            .as_ref()
+            .map(|e| e.name.as_deref().unwrap_or_default());
+        match m.type_.as_deref().unwrap_or_default() {
             "Node" => {
-                if let Some(e) = &s.exact_match {
-                    if e.name.is_empty() {
+                if let Some(name) = exact {
+                    if name.is_empty() {
                         return Err(err(&format!("{field}.exactMatch.name"), "", "empty"));
                     }
-                    out.nodes.push(NodeMatch::Exact(e.name.clone()));
+                    out.nodes.push(NodeMatch::Exact(name.to_string()));
                 } else if let Some(r) = &s.regex_match {
                     let f = format!("{field}.regexMatch.pattern");
-                    if r.pattern.is_empty() {
+                    let pattern = r.pattern.as_deref().unwrap_or_default();
+                    if pattern.is_empty() {
                         return Err(err(&f, "", "empty"));
                     }
-                    let re = regex::RegexBuilder::new(&r.pattern)
+                    let re = regex::RegexBuilder::new(pattern)
                         .size_limit(1 << 20)
                         .build()
-                        .map_err(|e| {
-                            err(&f, &r.pattern, &format!("not a regular expression: {e}"))
-                        })?;
+                        .map_err(|e| err(&f, pattern, &format!("not a regular expression: {e}")))?;
                     out.nodes.push(NodeMatch::Regex(re));
                 } else if let Some(l) = &s.label_match {
                     out.nodes.push(NodeMatch::Labels(l.clone()));
                 }
             }
-            "HyperNode" => match &s.exact_match {
-                Some(e) if !e.name.is_empty() => out.hypernodes.push((i, e.name.clone())),
+            "HyperNode" => match exact {
+                Some(name) if !name.is_empty() => out.hypernodes.push((i, name.to_string())),
                 Some(_) => return Err(err(&format!("{field}.exactMatch.name"), "", "empty")),
                 None => {
                     return Err(err(

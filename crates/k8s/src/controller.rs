@@ -2,8 +2,9 @@
 //!
 //! * **watch**: one watcher per kind (Nodes, Pods, PriorityClasses,
 //!   PodDisruptionBudgets, Leases are read by the elector; PodGroups and Queues of
-//!   Tessera, Volcano and scheduler-plugins; NodeShards; ResourceSlices and
-//!   ResourceClaims), each turning events into small changes to [`State`].
+//!   Tessera, Volcano and scheduler-plugins; NodeShards; Volcano's HyperNodes;
+//!   ResourceSlices and ResourceClaims), each turning events into small changes
+//!   to [`State`].
 //!   Optional APIs are watched only where the server serves them.
 //! * **cache**: [`State`] translates each object once, when it changes.
 //! * **decide**: the batch scheduler (`tessera_sched::schedule`) over the
@@ -57,6 +58,9 @@ pub struct RunConfig {
     pub sched: tessera_sched::Config,
     /// Write an event for each pending reason (beside the pod condition).
     pub events: bool,
+    /// Node label keys of the network tiers, bottom up, read when the cluster
+    /// has no Volcano HyperNodes (see [`crate::network`]).
+    pub network_label_keys: Vec<String>,
 }
 
 impl Default for RunConfig {
@@ -68,6 +72,7 @@ impl Default for RunConfig {
             period: Duration::from_secs(5),
             sched: tessera_sched::Config::default(),
             events: true,
+            network_label_keys: crate::network::default_label_keys(),
         }
     }
 }
@@ -121,6 +126,8 @@ pub struct Served {
     pub dra: bool,
     /// `policy/v1` PodDisruptionBudgets (else `policy/v1beta1`, before 1.21).
     pub pdb_v1: bool,
+    /// Volcano's `topology.volcano.sh/v1alpha1` HyperNodes (Volcano 1.11+).
+    pub hypernodes: bool,
 }
 
 /// Asks the server which optional APIs it serves.
@@ -131,6 +138,7 @@ pub async fn discover(client: &Client) -> Served {
         x_k8s: serves(client, "scheduling.x-k8s.io/v1alpha1", "PodGroup").await,
         dra: serves(client, "resource.k8s.io/v1", "ResourceSlice").await,
         pdb_v1: serves(client, "policy/v1", "PodDisruptionBudget").await,
+        hypernodes: serves(client, "topology.volcano.sh/v1alpha1", "HyperNode").await,
     }
 }
 
@@ -750,6 +758,21 @@ pub async fn run(
                 "podgroups.scheduling.x-k8s.io",
             );
         }
+        if served.hypernodes {
+            w(
+                spawn_watch(
+                    "hypernodes.topology.volcano.sh",
+                    Need::Optional,
+                    Api::<crd::topology::HyperNode>::all(c.clone()),
+                    watcher::Config::default(),
+                    tx.clone(),
+                    |s, h| s.apply_hypernode(h),
+                    |s, h| s.delete_hypernode(h.metadata.name.as_deref().unwrap_or_default()),
+                    Some(|s, all: Vec<crd::topology::HyperNode>| s.reset_hypernodes(&all)),
+                ),
+                "hypernodes.topology.volcano.sh",
+            );
+        }
         if served.dra {
             w(
                 spawn_watch(
@@ -786,7 +809,11 @@ pub async fn run(
         tx,
         permits: Arc::new(tokio::sync::Semaphore::new(cfg.concurrency.max(1))),
         binds: Tasks::default(),
-        state: State::new(cfg.scheduler_name.clone()),
+        state: {
+            let mut st = State::new(cfg.scheduler_name.clone());
+            st.set_network_label_keys(cfg.network_label_keys.clone());
+            st
+        },
         writer: Writer {
             client: client.clone(),
             leadership: leadership.clone(),

@@ -2,7 +2,8 @@
 //! `scheduling.tessera.dev`), generated from these Rust types with their OpenAPI
 //! schemas, using Volcano's field names; and the foreign resources Tessera
 //! accepts as they are, so that existing jobs move over unchanged: Volcano's
-//! `scheduling.volcano.sh/v1beta1` `PodGroup` and `Queue`, and scheduler-plugins'
+//! `scheduling.volcano.sh/v1beta1` `PodGroup` and `Queue`, Volcano's network
+//! topology `topology.volcano.sh/v1alpha1` `HyperNode`, and scheduler-plugins'
 //! `scheduling.x-k8s.io/v1alpha1` `PodGroup`. `docs/k8s-migration.md` maps every
 //! field.
 
@@ -26,16 +27,26 @@ pub const X_K8S_GROUP: &str = "scheduling.x-k8s.io";
 /// A resource list, as in a pod's `resources.requests`.
 pub type ResourceList = BTreeMap<String, Quantity>;
 
-/// Where a gang's pods must sit in the network (Volcano's `networkTopology`).
+/// Where a gang's pods must sit in the network (Volcano's `networkTopology`,
+/// volcano-sh/apis `pkg/apis/scheduling/v1beta1` `NetworkTopologySpec`: `mode`
+/// is `hard` or `soft`, default `hard`; `highestTierAllowed` the highest
+/// HyperNode tier the job may cross; `highestTierName` the same by a
+/// HyperNode's `spec.tierName`, never both).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NetworkTopologySpec {
-    /// `hard` (must hold) or `soft` (preferred).
+    /// `hard` (must hold) or `soft` (preferred); default `hard`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = "^(hard|soft)$"))]
     pub mode: Option<String>,
-    /// The highest network tier all pods may span (1 = one rack, …).
+    /// The highest network tier all pods may span (0 = one node, 1 = one
+    /// tier-1 HyperNode such as a rack, …).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
     pub highest_tier_allowed: Option<i32>,
+    /// Volcano's tier by name (accepted; Tessera asks for `highestTierAllowed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub highest_tier_name: Option<String>,
 }
 
 /// A gang: at least `minMember` pods run together or none does.
@@ -282,6 +293,91 @@ pub mod x_k8s {
     }
 }
 
+/// Volcano's network topology (Volcano 1.11+), accepted as it is: volcano-sh/apis
+/// `pkg/apis/topology/v1alpha1/hypernode_types.go`. A HyperNode is a network
+/// performance domain of one `tier` (1 = the switch nodes hang off, such as a
+/// rack; higher tiers above it), whose `members` are nodes (`type: Node`,
+/// chosen by `exactMatch.name`, `regexMatch.pattern` on the node name, or
+/// `labelMatch`, a label selector) or lower-tier HyperNodes (`type: HyperNode`,
+/// by `exactMatch.name` only: Volcano's scheduler ignores a regex there).
+pub mod topology {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+    /// Volcano's API group for HyperNodes.
+    pub const GROUP: &str = "topology.volcano.sh";
+
+    /// `topology.volcano.sh/v1alpha1` HyperNode (cluster-scoped).
+    #[derive(
+        CustomResource, Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema,
+    )]
+    #[kube(
+        group = "topology.volcano.sh",
+        version = "v1alpha1",
+        kind = "HyperNode",
+        shortname = "hn",
+        status = "HyperNodeStatus",
+        printcolumn(name = "Tier", type_ = "integer", json_path = ".spec.tier"),
+        printcolumn(name = "NodeCount", type_ = "integer", json_path = ".status.nodeCount")
+    )]
+    #[serde(rename_all = "camelCase")]
+    pub struct HyperNodeSpec {
+        /// The tier: 1 for the lowest (nodes hang off it), higher above.
+        #[serde(default)]
+        pub tier: i64,
+        /// A name for the tier (Volcano 1.13+), e.g. `rack`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub tier_name: Option<String>,
+        #[serde(default)]
+        pub members: Vec<MemberSpec>,
+    }
+
+    /// A member: nodes, or a HyperNode of a lower tier.
+    #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+    #[serde(rename_all = "camelCase")]
+    pub struct MemberSpec {
+        /// `Node` or `HyperNode`.
+        #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+        pub type_: Option<String>,
+        #[serde(default)]
+        pub selector: MemberSelector,
+    }
+
+    /// Exactly one of the three.
+    #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+    #[serde(rename_all = "camelCase")]
+    pub struct MemberSelector {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub exact_match: Option<ExactMatch>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub regex_match: Option<RegexMatch>,
+        /// Nodes only.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub label_match: Option<LabelSelector>,
+    }
+
+    #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+    pub struct ExactMatch {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub name: Option<String>,
+    }
+
+    /// A regular expression on node names (Go's RE2 syntax; unanchored).
+    #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+    pub struct RegexMatch {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub pattern: Option<String>,
+    }
+
+    /// Volcano's status fields (Tessera does not write them).
+    #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+    #[serde(rename_all = "camelCase")]
+    pub struct HyperNodeStatus {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub node_count: Option<i64>,
+    }
+}
+
 /// The CRDs Tessera installs (its own group only; Volcano's and
 /// scheduler-plugins' CRDs come from those projects).
 pub fn tessera_crds()
@@ -292,7 +388,8 @@ pub fn tessera_crds()
 }
 
 /// The foreign CRDs, for tests and for clusters that want to try Tessera on
-/// Volcano- or coscheduling-shaped objects without installing those projects.
+/// Volcano- or coscheduling-shaped objects without installing those projects
+/// (Volcano's HyperNode included, to describe the network by hand).
 pub fn foreign_crds()
 -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
 {
@@ -301,5 +398,6 @@ pub fn foreign_crds()
         volcano::PodGroup::crd(),
         volcano::Queue::crd(),
         x_k8s::PodGroup::crd(),
+        topology::HyperNode::crd(),
     ]
 }

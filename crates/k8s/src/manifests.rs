@@ -10,8 +10,8 @@ pub struct ManifestOptions {
     pub image: String,
     pub replicas: u32,
     pub scheduler_name: String,
-    /// Also print Volcano's and scheduler-plugins' CRDs (for clusters that do not
-    /// run those projects but have jobs written for them).
+    /// Also print Volcano's (HyperNode included) and scheduler-plugins' CRDs (for
+    /// clusters that do not run those projects but have jobs written for them).
     pub foreign_crds: bool,
 }
 
@@ -65,6 +65,8 @@ pub fn cluster_role_rules() -> Vec<Value> {
             &["podgroups/status", "queues/status", "nodeshards/status"],
             &["patch", "update"],
         ),
+        // Volcano's network topology (read only; Volcano or an admin writes it).
+        rule(&["topology.volcano.sh"], &["hypernodes"], &read),
         rule(
             &["resource.k8s.io"],
             &["resourceslices", "resourceclaims", "deviceclasses"],
@@ -177,5 +179,27 @@ mod tests {
         let yaml = render(&ManifestOptions::default());
         assert!(yaml.contains("kind: Deployment"));
         assert!(yaml.contains("pods/binding"));
+        assert!(cluster_role_rules().iter().any(|r| {
+            r["apiGroups"] == json!(["topology.volcano.sh"])
+                && r["resources"] == json!(["hypernodes"])
+                && r["verbs"] == json!(["get", "list", "watch"])
+        }));
+        // With the foreign CRDs: Volcano's HyperNode, cluster-scoped.
+        let objs = objects(&ManifestOptions {
+            foreign_crds: true,
+            ..ManifestOptions::default()
+        });
+        let hn = objs
+            .iter()
+            .find(|o| {
+                o["kind"] == "CustomResourceDefinition" && o["spec"]["names"]["kind"] == "HyperNode"
+            })
+            .expect("HyperNode CRD");
+        assert_eq!(hn["metadata"]["name"], "hypernodes.topology.volcano.sh");
+        assert_eq!(hn["spec"]["scope"], "Cluster");
+        let spec = &hn["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+        for f in ["tier", "members"] {
+            assert!(spec[f].is_object(), "HyperNode spec lacks {f}");
+        }
     }
 }

@@ -15,6 +15,7 @@ use tessera_model::{GpuRequest, GroupKind, PodGroup, Queue, Resources, Snapshot}
 
 use crate::crd;
 use crate::dra::{self, ClaimInfo, SliceInfo};
+use crate::network::{self, Topology};
 use crate::translate::{self, GroupRef, GroupSpec, PodInfo};
 
 /// A pod's key: namespace and name.
@@ -96,6 +97,9 @@ pub struct State {
     assumed: BTreeMap<PodKey, Assumed>,
     /// Groups whose placement waits for preempted pods to go: group -> victims.
     awaiting: BTreeMap<String, BTreeSet<PodKey>>,
+    /// The network tiers above nodes (HyperNodes, else node labels); each
+    /// node's domains are kept in its translated `network`.
+    topology: Topology,
     /// Objects that could not be translated (logged once by the controller).
     pub errors: Vec<String>,
     /// Bumped on every change; the controller schedules when it moved.
@@ -154,6 +158,7 @@ impl State {
     pub fn new(scheduler_name: impl Into<String>) -> Self {
         State {
             scheduler_name: scheduler_name.into(),
+            topology: Topology::new(network::default_label_keys()),
             ..State::default()
         }
     }
@@ -199,7 +204,15 @@ impl State {
     pub fn apply_node(&mut self, n: &core::Node) {
         let name = n.metadata.name.clone().unwrap_or_default();
         match translate::node(n) {
-            Ok(m) => {
+            Ok(mut m) => {
+                let (net, problem) = self.topology.network_of(&name, &m.labels);
+                // Reported when it changes, not on every status update.
+                if let Some(p) = problem
+                    && self.nodes.get(&name).is_none_or(|old| old.network != net)
+                {
+                    self.note(p);
+                }
+                m.network = net;
                 self.nodes.insert(name, m);
             }
             Err(e) => {
@@ -292,6 +305,67 @@ impl State {
         }
         for p in all {
             self.apply_pod(p);
+        }
+        self.touch();
+    }
+
+    /// The node label keys of the network tiers, bottom up, read when the
+    /// cluster has no HyperNodes (default [`network::DEFAULT_LABEL_KEYS`]).
+    pub fn set_network_label_keys(&mut self, keys: Vec<String>) {
+        self.topology.set_label_keys(keys);
+        self.renetwork(Vec::new());
+    }
+
+    pub fn apply_hypernode(&mut self, h: &crd::topology::HyperNode) {
+        let name = h.metadata.name.clone().unwrap_or_default();
+        let mut problems = Vec::new();
+        match network::hypernode(h) {
+            Ok(x) => self.topology.insert(x),
+            Err(e) => {
+                self.topology.remove(&name);
+                problems.push(e.to_string());
+            }
+        }
+        self.renetwork(problems);
+    }
+
+    pub fn delete_hypernode(&mut self, name: &str) {
+        self.topology.remove(name);
+        self.renetwork(Vec::new());
+    }
+
+    /// Replaces every HyperNode with a fresh list (after a watch re-list).
+    pub fn reset_hypernodes(&mut self, all: &[crd::topology::HyperNode]) {
+        self.topology.clear();
+        let mut problems = Vec::new();
+        for h in all {
+            match network::hypernode(h) {
+                Ok(x) => self.topology.insert(x),
+                Err(e) => problems.push(e.to_string()),
+            }
+        }
+        self.renetwork(problems);
+    }
+
+    /// Resolves every node's network tiers again (the HyperNodes or the label
+    /// keys changed) and reports what is wrong with them, briefly.
+    fn renetwork(&mut self, mut problems: Vec<String>) {
+        problems.extend(self.topology.rebuild());
+        let mut ambiguous = Vec::new();
+        for (name, n) in self.nodes.iter_mut() {
+            let (net, problem) = self.topology.network_of(name, &n.labels);
+            n.network = net;
+            ambiguous.extend(problem);
+        }
+        let more = ambiguous.len().saturating_sub(5);
+        problems.extend(ambiguous.into_iter().take(5));
+        if more > 0 {
+            problems.push(format!(
+                "{more} more node(s) held by more than one HyperNode of one tier"
+            ));
+        }
+        for p in problems {
+            self.note(p);
         }
         self.touch();
     }
@@ -728,6 +802,7 @@ impl State {
                     min,
                 );
                 g.min_resources = spec.and_then(|s| s.min_resources.clone());
+                g.network_topology = spec.and_then(|s| s.network_topology);
                 g.kind = spec
                     .and_then(|s| s.kind)
                     .or(p.kind)
@@ -911,6 +986,170 @@ mod tests {
         let b = s.build();
         let plan = tessera_sched::schedule(&b.snapshot, &tessera_sched::Config::default());
         assert_eq!(plan.bindings[0].node, "n2");
+    }
+
+    fn racked_node(name: &str, rack: &str) -> core::Node {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": {crate::network::DEFAULT_LABEL_KEYS[0]: rack}},
+            "status": {"allocatable": {"cpu": "4", "memory": "8Gi", "pods": "10"}}
+        }))
+        .unwrap()
+    }
+
+    fn gang(s: &mut State, name: &str, pods: usize, topology: serde_json::Value) {
+        let g: crd::volcano::PodGroup = serde_json::from_value(serde_json::json!({
+            "apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"minMember": pods, "networkTopology": topology}
+        }))
+        .unwrap();
+        s.apply_volcano_group(&g);
+        for i in 0..pods {
+            let mut p = pod("ns", &format!("{name}-{i}"), "tessera", None, Some(name));
+            p.spec.as_mut().unwrap().containers[0].resources =
+                serde_json::from_value(serde_json::json!({"requests": {"cpu": "3"}})).unwrap();
+            s.apply_pod(&p);
+        }
+    }
+
+    /// Rack `a` (a1, a2) is fuller, so binpack prefers it; rack `b` (b1..b3)
+    /// is the only one with room for three 3-core pods.
+    fn two_racks() -> State {
+        let mut s = State::new("tessera");
+        for (n, r) in [
+            ("a1", "a"),
+            ("a2", "a"),
+            ("b1", "b"),
+            ("b2", "b"),
+            ("b3", "b"),
+        ] {
+            s.apply_node(&racked_node(n, r));
+        }
+        for n in ["a1", "a2"] {
+            s.apply_pod(&pod(
+                "other",
+                &format!("on-{n}"),
+                "default-scheduler",
+                Some(n),
+                None,
+            ));
+        }
+        s
+    }
+
+    fn placed(s: &State) -> (Vec<String>, tessera_model::Plan) {
+        let b = s.build();
+        let plan = tessera_sched::schedule(&b.snapshot, &tessera_sched::Config::default());
+        let mut nodes: Vec<String> = plan.bindings.iter().map(|b| b.node.clone()).collect();
+        nodes.sort();
+        (nodes, plan)
+    }
+
+    #[test]
+    fn hard_tier_one_gang_stays_in_one_rack() {
+        // Without a constraint the gang takes the fuller rack first and spans.
+        let mut s = two_racks();
+        gang(&mut s, "free", 3, serde_json::Value::Null);
+        let (nodes, _) = placed(&s);
+        assert_eq!(nodes.len(), 3);
+        assert!(nodes.iter().any(|n| n.starts_with('a')), "{nodes:?}");
+        // Hard tier 1: all in rack b.
+        let mut s = two_racks();
+        gang(
+            &mut s,
+            "job",
+            3,
+            serde_json::json!({"mode": "hard", "highestTierAllowed": 1}),
+        );
+        let b = s.build();
+        assert_eq!(
+            b.snapshot
+                .groups
+                .iter()
+                .find(|g| g.name == "ns/job")
+                .unwrap()
+                .network_topology,
+            Some(tessera_model::NetworkTier {
+                tier: 1,
+                strength: tessera_model::Strength::Hard
+            })
+        );
+        let (nodes, _) = placed(&s);
+        assert_eq!(nodes, ["b1", "b2", "b3"]);
+    }
+
+    #[test]
+    fn soft_gang_spans_when_it_must_and_hard_waits() {
+        let mut s = two_racks();
+        gang(
+            &mut s,
+            "soft",
+            4,
+            serde_json::json!({"mode": "soft", "highestTierAllowed": 1}),
+        );
+        let (nodes, _) = placed(&s);
+        assert_eq!(nodes.len(), 4, "{nodes:?}");
+        let mut s = two_racks();
+        gang(
+            &mut s,
+            "hard",
+            4,
+            serde_json::json!({"mode": "hard", "highestTierAllowed": 1}),
+        );
+        let (nodes, plan) = placed(&s);
+        assert!(nodes.is_empty(), "{nodes:?}");
+        assert!(
+            plan.pending[0].reason.contains("tier-1"),
+            "{}",
+            plan.pending[0].reason
+        );
+    }
+
+    #[test]
+    fn hypernodes_replace_labels_and_follow_changes() {
+        let mut s = two_racks();
+        let net = |s: &State, n: &str| {
+            s.build()
+                .snapshot
+                .nodes
+                .iter()
+                .find(|x| x.name == n)
+                .map(|x| x.network.clone())
+                .unwrap()
+        };
+        assert_eq!(net(&s, "a1"), ["a"]);
+        let hn = |name: &str, tier: i64, members: serde_json::Value| -> crd::topology::HyperNode {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "topology.volcano.sh/v1alpha1", "kind": "HyperNode",
+                "metadata": {"name": name}, "spec": {"tier": tier, "members": members}
+            }))
+            .unwrap()
+        };
+        s.apply_hypernode(&hn(
+            "rack-x",
+            1,
+            serde_json::json!([{"type": "Node", "selector": {"regexMatch": {"pattern": "^(a1|b1)$"}}}]),
+        ));
+        s.apply_hypernode(&hn(
+            "spine",
+            2,
+            serde_json::json!([{"type": "HyperNode", "selector": {"exactMatch": {"name": "rack-x"}}}]),
+        ));
+        assert_eq!(net(&s, "a1"), ["rack-x", "spine"]);
+        assert!(net(&s, "a2").is_empty());
+        // A node that arrives later is resolved on arrival.
+        s.apply_node(&racked_node("c1", "c"));
+        assert!(net(&s, "c1").is_empty());
+        // A bad HyperNode is reported and holds nothing.
+        s.errors.clear();
+        s.apply_hypernode(&hn("rack-x", 0, serde_json::json!([])));
+        assert!(s.errors[0].contains("spec.tier"), "{:?}", s.errors);
+        assert!(net(&s, "a1").is_empty());
+        // Without HyperNodes, the labels count again.
+        s.reset_hypernodes(&[]);
+        assert_eq!(net(&s, "b1"), ["b"]);
+        s.set_network_label_keys(vec!["zone".into()]);
+        assert!(net(&s, "b1").is_empty());
     }
 
     #[test]

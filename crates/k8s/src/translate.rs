@@ -12,8 +12,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use serde::{Deserialize, Serialize};
 use tessera_model::{
-    GpuDevice, GpuRequest, GroupKind, Queue, Resources, Taint, TaintEffect, Task, Toleration,
-    TolerationOperator, parse_bytes, parse_count, parse_cpu_milli,
+    GpuDevice, GpuRequest, GroupKind, NetworkTier, Queue, Resources, Strength, Taint, TaintEffect,
+    Task, Toleration, TolerationOperator, parse_bytes, parse_count, parse_cpu_milli,
 };
 
 use crate::crd;
@@ -543,6 +543,8 @@ pub struct GroupSpec {
     pub queue: Option<String>,
     pub priority_class: Option<String>,
     pub kind: Option<GroupKind>,
+    /// All pods within one domain of a network tier (`spec.networkTopology`).
+    pub network_topology: Option<NetworkTier>,
     pub created_ms: u64,
     /// The status Tessera last saw on the object (to write only changes).
     pub status_phase: Option<String>,
@@ -569,6 +571,69 @@ fn min_member(object: &str, v: Option<i32>) -> Result<u32, TranslateError> {
     }
 }
 
+/// Volcano's `networkTopology` as the model's [`NetworkTier`]: `mode` (`hard`,
+/// the default, or `soft`) is the strength, `highestTierAllowed` the tier (0 =
+/// one node, 1 = one tier-1 HyperNode, …). Volcano's scheduler ignores a
+/// `networkTopology` that names no tier and its webhook refuses one; here it is
+/// an error, as is `highestTierName` (tier names are not resolved yet).
+pub fn network_topology(
+    object: &str,
+    nt: Option<&crd::NetworkTopologySpec>,
+) -> Result<Option<NetworkTier>, TranslateError> {
+    let Some(nt) = nt else {
+        return Ok(None);
+    };
+    let strength = match nt.mode.as_deref() {
+        None | Some("") | Some("hard") => Strength::Hard,
+        Some("soft") => Strength::Soft,
+        Some(m) => {
+            return Err(err(
+                object,
+                "spec.networkTopology.mode",
+                m,
+                "not a mode (hard, soft)",
+            ));
+        }
+    };
+    let name = nt.highest_tier_name.as_deref().filter(|n| !n.is_empty());
+    let tier = match (nt.highest_tier_allowed, name) {
+        (Some(_), Some(n)) => {
+            return Err(err(
+                object,
+                "spec.networkTopology.highestTierName",
+                n,
+                "set together with highestTierAllowed; give one of them",
+            ));
+        }
+        (None, Some(n)) => {
+            return Err(err(
+                object,
+                "spec.networkTopology.highestTierName",
+                n,
+                "tier names are not supported yet; give the tier as highestTierAllowed",
+            ));
+        }
+        (None, None) => {
+            return Err(err(
+                object,
+                "spec.networkTopology.highestTierAllowed",
+                "",
+                "missing: a network topology needs the highest tier its pods may span",
+            ));
+        }
+        (Some(t), None) => t,
+    };
+    let tier = u8::try_from(tier).map_err(|_| {
+        err(
+            object,
+            "spec.networkTopology.highestTierAllowed",
+            &tier.to_string(),
+            "must be a tier from 0 to 255",
+        )
+    })?;
+    Ok(Some(NetworkTier { tier, strength }))
+}
+
 fn min_res(
     object: &str,
     r: Option<&crd::ResourceList>,
@@ -591,6 +656,7 @@ pub fn tessera_group(g: &crd::PodGroup) -> Result<GroupSpec, TranslateError> {
         queue: g.spec.queue.clone(),
         priority_class: g.spec.priority_class_name.clone(),
         kind: group_kind(&object, g.spec.kind.as_deref())?,
+        network_topology: network_topology(&object, g.spec.network_topology.as_ref())?,
         created_ms: meta_ms(&g.metadata),
         status_phase: g.status.as_ref().and_then(|s| s.phase.clone()),
         status_running: g.status.as_ref().and_then(|s| s.running),
@@ -613,6 +679,7 @@ pub fn volcano_group(g: &crd::volcano::PodGroup) -> Result<GroupSpec, TranslateE
         queue: g.spec.queue.clone(),
         priority_class: g.spec.priority_class_name.clone(),
         kind: None,
+        network_topology: network_topology(&object, g.spec.network_topology.as_ref())?,
         created_ms: meta_ms(&g.metadata),
         status_phase: g.status.as_ref().and_then(|s| s.phase.clone()),
         status_running: g.status.as_ref().and_then(|s| s.running),
@@ -635,6 +702,7 @@ pub fn x_k8s_group(g: &crd::x_k8s::PodGroup) -> Result<GroupSpec, TranslateError
         queue: None,
         priority_class: None,
         kind: None,
+        network_topology: None,
         created_ms: meta_ms(&g.metadata),
         status_phase: g.status.as_ref().and_then(|s| s.phase.clone()),
         status_running: g.status.as_ref().and_then(|s| s.running),
@@ -968,6 +1036,92 @@ mod tests {
         l.insert("tier".into(), "test".into());
         assert!(!selector_matches(&sel, &l));
         assert!(selector_matches(&LabelSelector::default(), &l));
+    }
+
+    #[test]
+    fn network_topology_of_pod_groups() {
+        let tg: crd::PodGroup = serde_json::from_value(serde_json::json!({
+            "apiVersion": "scheduling.tessera.dev/v1alpha1", "kind": "PodGroup",
+            "metadata": {"name": "job", "namespace": "ns"},
+            "spec": {"minMember": 2, "networkTopology": {"mode": "soft", "highestTierAllowed": 2}}
+        }))
+        .unwrap();
+        assert_eq!(
+            tessera_group(&tg).unwrap().network_topology,
+            Some(NetworkTier {
+                tier: 2,
+                strength: Strength::Soft
+            })
+        );
+        let vg = |nt: serde_json::Value| -> crd::volcano::PodGroup {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+                "metadata": {"name": "job", "namespace": "ns"},
+                "spec": {"minMember": 2, "networkTopology": nt}
+            }))
+            .unwrap()
+        };
+        // Volcano's default mode is hard.
+        assert_eq!(
+            volcano_group(&vg(serde_json::json!({"highestTierAllowed": 1})))
+                .unwrap()
+                .network_topology,
+            Some(NetworkTier {
+                tier: 1,
+                strength: Strength::Hard
+            })
+        );
+        assert_eq!(
+            volcano_group(&vg(
+                serde_json::json!({"mode": "hard", "highestTierAllowed": 0})
+            ))
+            .unwrap()
+            .network_topology
+            .map(|n| n.tier),
+            Some(0)
+        );
+        let mut none = vg(serde_json::json!({}));
+        none.spec.network_topology = None;
+        assert_eq!(volcano_group(&none).unwrap().network_topology, None);
+        for (nt, field, value) in [
+            (
+                serde_json::json!({"mode": "strict", "highestTierAllowed": 1}),
+                "spec.networkTopology.mode",
+                "strict",
+            ),
+            (
+                serde_json::json!({"highestTierAllowed": -1}),
+                "spec.networkTopology.highestTierAllowed",
+                "-1",
+            ),
+            (
+                serde_json::json!({"highestTierAllowed": 256}),
+                "spec.networkTopology.highestTierAllowed",
+                "256",
+            ),
+            (
+                serde_json::json!({"mode": "hard"}),
+                "spec.networkTopology.highestTierAllowed",
+                "",
+            ),
+            (
+                serde_json::json!({"highestTierName": "rack"}),
+                "spec.networkTopology.highestTierName",
+                "rack",
+            ),
+            (
+                serde_json::json!({"highestTierName": "rack", "highestTierAllowed": 1}),
+                "spec.networkTopology.highestTierName",
+                "rack",
+            ),
+        ] {
+            let e = volcano_group(&vg(nt.clone())).unwrap_err();
+            assert_eq!(
+                (e.object.as_str(), e.field.as_str(), e.value.as_str()),
+                ("podgroup.scheduling.volcano.sh ns/job", field, value),
+                "{nt}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -224,6 +224,7 @@ async fn install_crds(client: Client) {
         "scheduling.tessera.dev/v1alpha1",
         "scheduling.volcano.sh/v1beta1",
         "scheduling.x-k8s.io/v1alpha1",
+        "topology.volcano.sh/v1alpha1",
     ] {
         wait_for(gv, Duration::from_secs(30), || async {
             client
@@ -273,6 +274,10 @@ async fn against_a_real_apiserver() {
         (
             "scheduler-plugins PodGroup with node affinity",
             Box::pin(coscheduling_affinity(client.clone())),
+        ),
+        (
+            "network topology: HyperNodes, hard gang in one rack, soft gang spans",
+            Box::pin(network_topology(client.clone())),
         ),
         (
             "agent pods on the agent shard",
@@ -653,6 +658,144 @@ async fn coscheduling_affinity(client: Client) {
     )
     .await;
     ctl.stop().await;
+}
+
+/// Racks as Volcano HyperNodes: `rack-a` (nodes by name pattern), `rack-b`
+/// (nodes by label), both under `spine` (tier 2). Each node has 4 cores; rack
+/// a holds 2 nodes, rack b 3.
+async fn network_topology(client: Client) {
+    use tessera_k8s::crd::topology::HyperNode;
+    let racks = || {
+        vec![
+            fake_node("a1", "4", "16Gi", 0, &[]),
+            fake_node("a2", "4", "16Gi", 0, &[]),
+            fake_node("b1", "4", "16Gi", 0, &[("rack", "b")]),
+            fake_node("b2", "4", "16Gi", 0, &[("rack", "b")]),
+            fake_node("b3", "4", "16Gi", 0, &[("rack", "b")]),
+        ]
+    };
+    let hns: Api<HyperNode> = Api::all(client.clone());
+    for h in [
+        json!({"metadata": {"name": "rack-a"}, "spec": {"tier": 1, "members": [
+            {"type": "Node", "selector": {"regexMatch": {"pattern": "^a[0-9]+$"}}}]}}),
+        json!({"metadata": {"name": "rack-b"}, "spec": {"tier": 1, "members": [
+            {"type": "Node", "selector": {"labelMatch": {"matchLabels": {"rack": "b"}}}}]}}),
+        json!({"metadata": {"name": "spine"}, "spec": {"tier": 2, "members": [
+            {"type": "HyperNode", "selector": {"exactMatch": {"name": "rack-a"}}},
+            {"type": "HyperNode", "selector": {"exactMatch": {"name": "rack-b"}}}]}}),
+    ] {
+        let mut h = h;
+        json_merge(
+            &mut h,
+            json!({"apiVersion": "topology.volcano.sh/v1alpha1", "kind": "HyperNode"}),
+        );
+        apply_json(&hns, h).await;
+    }
+    let gang = |ns: &str, name: &str, n: usize, mode: &str| {
+        let pods: Vec<core::Pod> = (0..n)
+            .map(|i| {
+                pod_with(
+                    ns,
+                    &format!("{name}-{i}"),
+                    "tessera",
+                    "3",
+                    json!({"metadata": {"annotations": {"scheduling.k8s.io/group-name": name}}}),
+                )
+            })
+            .collect();
+        let pg = json!({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"minMember": n, "networkTopology": {"mode": mode, "highestTierAllowed": 1}}});
+        (pg, pods)
+    };
+
+    // 1. A hard tier-1 gang of three 3-core pods: only rack b has room for it
+    // in one rack. Another scheduler's pods fill a1 and a2 a little, so that
+    // binpack alone would start on them and span both racks.
+    fresh_nodes(&client, racks()).await;
+    let others = namespace(&client, "s9-others").await;
+    for n in ["a1", "a2"] {
+        let mut p = fake_pod(
+            "s9-others",
+            &format!("on-{n}"),
+            "default-scheduler",
+            "1",
+            "64Mi",
+        );
+        p.spec.as_mut().unwrap().node_name = Some(n.into());
+        others.create(&PostParams::default(), &p).await.unwrap();
+    }
+    let pods = namespace(&client, "s9").await;
+    let pgs: Api<tessera_k8s::crd::volcano::PodGroup> = Api::namespaced(client.clone(), "s9");
+    let (pg, members) = gang("s9", "hard", 3, "hard");
+    apply_json(&pgs, pg).await;
+    for p in &members {
+        pods.create(&PostParams::default(), p).await.unwrap();
+    }
+    let ctl = start_ready(&client, "tessera").await;
+    wait_bound(&pods, 3, "the hard tier-1 gang").await;
+    let nodes: Vec<String> = pods_by_name(&pods)
+        .await
+        .values()
+        .filter_map(node_of)
+        .collect();
+    assert!(
+        nodes.iter().all(|n| n.starts_with('b')),
+        "a hard tier-1 gang spans racks: {nodes:?}"
+    );
+    ctl.stop().await;
+
+    // 2. Gangs of four 3-core pods: no rack holds one. The hard one waits and
+    // says why; the soft one spans both racks.
+    fresh_nodes(&client, racks()).await;
+    let pods = namespace(&client, "s10").await;
+    let pgs: Api<tessera_k8s::crd::volcano::PodGroup> = Api::namespaced(client.clone(), "s10");
+    let ctl = start_ready(&client, "tessera").await;
+    let (pg, members) = gang("s10", "hard", 4, "hard");
+    apply_json(&pgs, pg).await;
+    for p in &members {
+        pods.create(&PostParams::default(), p).await.unwrap();
+    }
+    let msg = wait_for(
+        "a pending reason on hard-0",
+        Duration::from_secs(30),
+        || async {
+            pods.get("hard-0")
+                .await
+                .ok()
+                .and_then(|p| condition_message(&p))
+                .filter(|m| m.contains("tier-1"))
+        },
+    )
+    .await;
+    assert!(msg.contains("network domain"), "reason: {msg}");
+    let (pg, members) = gang("s10", "soft", 4, "soft");
+    apply_json(&pgs, pg).await;
+    for p in &members {
+        pods.create(&PostParams::default(), p).await.unwrap();
+    }
+    wait_bound(&pods, 4, "the soft tier-1 gang").await;
+    let all = pods_by_name(&pods).await;
+    let soft: Vec<String> = all
+        .values()
+        .filter(|p| p.name_any().starts_with("soft-"))
+        .filter_map(node_of)
+        .collect();
+    assert_eq!(soft.len(), 4, "{soft:?}");
+    assert!(
+        soft.iter().any(|n| n.starts_with('a')) && soft.iter().any(|n| n.starts_with('b')),
+        "the soft gang spans both racks: {soft:?}"
+    );
+    assert!(
+        all.values()
+            .filter(|p| p.name_any().starts_with("hard-"))
+            .all(|p| node_of(p).is_none()),
+        "no pod of the hard gang is bound"
+    );
+    ctl.stop().await;
+    let _ = hns
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await;
 }
 
 async fn agent_shard(client: Client) {

@@ -2,8 +2,8 @@
 //! listed (a CRD whose lists are forbidden by RBAC, or removed after
 //! discovery): it treats those kinds as empty instead of waiting for them. A
 //! mock service under `kube::Client` plays the apiserver: it announces
-//! Volcano's group, answers 403 to its lists, 404 to every other optional kind,
-//! and empty lists for Nodes and Pods.
+//! Volcano's groups (scheduling and HyperNode topology), answers 403 to their
+//! lists, 404 to every other optional kind, and empty lists for Nodes and Pods.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
@@ -41,7 +41,18 @@ fn mock(log: Arc<Mutex<Vec<String>>>) -> Client {
                                {"name": "queues", "singularName": "queue", "namespaced": false, "kind": "Queue", "verbs": ["list", "watch"]}]})
                     .to_string(),
                 ),
-                p if p.starts_with("/apis/scheduling.volcano.sh/") => (403, status(403, "Forbidden")),
+                "/apis/topology.volcano.sh/v1alpha1" => (
+                    200,
+                    json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "topology.volcano.sh/v1alpha1",
+                           "resources": [
+                               {"name": "hypernodes", "singularName": "hypernode", "namespaced": false, "kind": "HyperNode", "verbs": ["list", "watch"]}]})
+                    .to_string(),
+                ),
+                p if p.starts_with("/apis/scheduling.volcano.sh/")
+                    || p.starts_with("/apis/topology.volcano.sh/") =>
+                {
+                    (403, status(403, "Forbidden"))
+                }
                 // Watches fail (and back off); the first lists are what count.
                 "/api/v1/nodes" | "/api/v1/pods" if watch => (500, status(500, "InternalError")),
                 "/api/v1/nodes" => (200, list("NodeList")),
@@ -84,6 +95,7 @@ async fn starts_without_an_optional_api_it_cannot_list() {
     for p in [
         "/apis/scheduling.volcano.sh/v1beta1/podgroups watch=false",
         "/apis/scheduling.volcano.sh/v1beta1/queues watch=false",
+        "/apis/topology.volcano.sh/v1alpha1/hypernodes watch=false",
     ] {
         assert!(seen.iter().any(|s| s == p), "never listed {p}: {seen:#?}");
     }

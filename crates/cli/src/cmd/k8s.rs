@@ -72,6 +72,15 @@ pub struct RunArgs {
     /// Do not write an event for each pending reason (the pod condition still is).
     #[arg(long)]
     pub no_events: bool,
+    /// Node label keys of the network tiers (rack, spine, …), bottom up,
+    /// comma-separated; read when the cluster has no Volcano HyperNodes.
+    #[arg(
+        long,
+        value_name = "KEYS",
+        value_delimiter = ',',
+        default_values_t = tessera_k8s::network::default_label_keys()
+    )]
+    pub network_label_keys: Vec<String>,
 }
 
 pub fn run(c: K8sCommand) -> i32 {
@@ -143,6 +152,12 @@ fn run_cmd(a: RunArgs) -> i32 {
             concurrency: a.concurrency.max(1),
             period: Duration::from_secs(5),
             events: !a.no_events,
+            network_label_keys: a
+                .network_label_keys
+                .iter()
+                .map(|k| k.trim().to_string())
+                .filter(|k| !k.is_empty())
+                .collect(),
             ..RunConfig::default()
         };
         let (tx, rx) = tokio::sync::watch::channel(false);

@@ -1281,6 +1281,12 @@ mod tests {
         }
         let (_, plan) = plan_of(&s);
         assert_eq!(plan.pending.len(), 4, "{plan}");
+        assert!(
+            plan.pending[0]
+                .reason
+                .ends_with("0/2 nodes fit: 2 nodes lack free nvidia.com/mig-1g.5gb"),
+            "{plan}"
+        );
     }
 
     #[test]

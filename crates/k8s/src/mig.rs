@@ -53,6 +53,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::sync::OnceLock;
 
 use tessera_model::mig::{self, MigGeometry, MigInstance, MigLayout, Occupancy};
 use tessera_model::{GpuDevice, GpuRequest, Node, Pending, Plan, Resources};
@@ -249,6 +250,16 @@ fn shapes(g: &MigGeometry) -> Vec<Shape> {
     v
 }
 
+/// [`shapes`] of a model of the tables, worked out once per process.
+fn shapes_of(g: &MigGeometry) -> &'static [Shape] {
+    static ALL: OnceLock<Vec<Vec<Shape>>> = OnceLock::new();
+    let all = ALL.get_or_init(|| mig::GEOMETRIES.iter().map(shapes).collect());
+    mig::GEOMETRIES
+        .iter()
+        .position(|x| x.model == g.model)
+        .map_or(&[], |i| all[i].as_slice())
+}
+
 /// Chooses a shape for each of `gpus` GPUs so that the shapes add up to
 /// `want` exactly: depth first over shapes in a fixed order (each GPU takes a
 /// shape no earlier in the list than the GPU before it), remembering states
@@ -296,7 +307,7 @@ fn fit(shapes: &[Shape], want: &[u64], gpus: usize) -> Option<Vec<usize>> {
     }
     let mut left = want.to_vec();
     let mut out = Vec::new();
-    let mut budget = 20_000;
+    let mut budget = 5_000;
     go(
         shapes,
         &mut left,
@@ -428,39 +439,37 @@ fn mixed(
                     ));
                 }
             }
-            let shapes = shapes(g);
+            let (mem, comp) = g
+                .profiles
+                .iter()
+                .zip(&want)
+                .fold((0u64, 0u64), |(m, c), (p, k)| {
+                    (m + k * u64::from(p.slices), c + k * u64::from(p.compute))
+                });
             let placed: Vec<Vec<(&'static str, u8)>> = match mig_gpus {
                 Some(n) => {
-                    let n = usize::try_from(n.min(1024)).unwrap_or(1024);
-                    match fit(&shapes, &want, n) {
+                    let n = n.min(1024);
+                    if mem > n * u64::from(g.memory_slices)
+                        || comp > n * u64::from(g.compute_slices)
+                    {
+                        return Err(err(
+                            object,
+                            &label_field(keys::GFD_COUNT),
+                            &count_label.unwrap_or(0).to_string(),
+                            format!(
+                                "{total} MIG instances need {mem} memory and {comp} compute \
+                                 slices, more than {n} MIG-enabled {} GPUs have \
+                                 ({whole} of the GPUs are without MIG)",
+                                g.model
+                            ),
+                        ));
+                    }
+                    let shapes = shapes_of(g);
+                    match fit(shapes, &want, n as usize) {
                         Some(pick) => pick.iter().map(|&i| shapes[i].layout.clone()).collect(),
-                        None => {
-                            let ff = first_fit(g, &want);
-                            // First fit is not exact: only a count that cannot
-                            // hold the instances' slices at all is an error.
-                            let (mem, comp) = g.profiles.iter().zip(&want).fold(
-                                (0u64, 0u64),
-                                |(m, c), (p, k)| {
-                                    (m + k * u64::from(p.slices), c + k * u64::from(p.compute))
-                                },
-                            );
-                            if mem > n as u64 * u64::from(g.memory_slices)
-                                || comp > n as u64 * u64::from(g.compute_slices)
-                            {
-                                return Err(err(
-                                    object,
-                                    &label_field(keys::GFD_COUNT),
-                                    &count_label.unwrap_or(0).to_string(),
-                                    format!(
-                                        "{total} MIG instances need {mem} memory and {comp} compute \
-                                         slices, more than {n} MIG-enabled {} GPUs have \
-                                         ({whole} of the GPUs are without MIG)",
-                                        g.model
-                                    ),
-                                ));
-                            }
-                            ff
-                        }
+                        // The search is bounded; first fit is legal, if not
+                        // always on as few GPUs.
+                        None => first_fit(g, &want),
                     }
                 }
                 None => first_fit(g, &want),

@@ -11,7 +11,8 @@
 //!   agent shard. Pure.
 //! * **apply**: evictions through the Eviction API (PDBs checked first, and the
 //!   server enforces them too), device assignments (DRA claim allocations, GPU
-//!   index annotations), bindings through the `binding` subresource, all with
+//!   index and MIG instance annotations; plans that would create MIG instances
+//!   are held back, [`crate::mig::hold_reconfigurations`]), bindings through the `binding` subresource, all with
 //!   bounded concurrency. Bindings are pipelined: a planned pod is assumed on
 //!   its node at once and its write goes on in the background while the next
 //!   cycle decides (a failed write forgets it). Then pending reasons (`PodScheduled=False` and an

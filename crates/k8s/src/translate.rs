@@ -161,7 +161,8 @@ pub fn gpu_model(product: &str) -> String {
 
 /// Translates a Node: allocatable (status.allocatable, else capacity), labels,
 /// taints, cordon, and its GPUs from `nvidia.com/gpu` plus GPU Feature
-/// Discovery labels (product, memory in MiB, NVLink clique).
+/// Discovery labels (product, memory in MiB, NVLink clique), and MIG-enabled
+/// GPUs from the MIG labels and `nvidia.com/mig-<profile>` ([`crate::mig`]).
 pub fn node(n: &core::Node) -> Result<tessera_model::Node, TranslateError> {
     let name = n.metadata.name.clone().unwrap_or_default();
     let object = format!("node {name}");

@@ -48,6 +48,10 @@
 //!   `nvidia.com/gpu`), so they stay whole devices named `<GPU>-MIG-<profile>`
 //!   with one instance's memory; the labels are only checked. An `-MIG-INVALID`
 //!   node offers no GPUs.
+//! * While NVIDIA's mig-manager re-partitions a node
+//!   (`nvidia.com/mig.config.state` is `pending` or `rebooting`, as its
+//!   `reconfigure-mig.sh` in NVIDIA/mig-parted sets it before `success` or
+//!   `failed`), the node offers no MIG instances.
 //! * Tessera never creates or destroys instances on Kubernetes: a plan that
 //!   would is held back with a reason ([`hold_reconfigurations`]).
 
@@ -364,7 +368,7 @@ fn mixed(
     node: &mut Node,
 ) -> Result<(), TranslateError> {
     // The advertised instances (allocatable is what kubelet admits against).
-    let advertised: Vec<(String, u64)> = node
+    let mut advertised: Vec<(String, u64)> = node
         .allocatable
         .extended
         .iter()
@@ -375,6 +379,19 @@ fn mixed(
     for (p, _) in &advertised {
         for suffix in ["count", "memory", "slices.gi", "slices.ci"] {
             label_u64(object, labels, &format!("{RESOURCE_PREFIX}{p}.{suffix}"))?;
+        }
+    }
+    // NVIDIA's mig-manager is re-partitioning the node (it stops the device
+    // plugin and GFD, then sets `success` or `failed`): what is advertised is
+    // on its way out, so nothing is handed out until it is done.
+    if matches!(
+        labels.get(keys::MIG_CONFIG_STATE).map(|s| s.trim()),
+        Some("pending" | "rebooting")
+    ) {
+        for (p, _) in advertised.drain(..) {
+            node.allocatable
+                .extended
+                .insert(format!("{RESOURCE_PREFIX}{p}"), 0);
         }
     }
     let total: u64 = advertised.iter().map(|(_, c)| *c).sum();
@@ -926,6 +943,33 @@ mod tests {
         }
         assert_eq!(n.allocatable.gpu_milli, 8000);
         check_layouts(&n);
+    }
+
+    #[test]
+    fn nothing_is_handed_out_while_mig_manager_repartitions() {
+        let mut node = dgx_a100_balanced("a1");
+        for (state, offered) in [
+            ("pending", 0),
+            ("rebooting", 0),
+            ("success", 16),
+            ("failed", 16),
+        ] {
+            node.metadata
+                .labels
+                .as_mut()
+                .unwrap()
+                .insert("nvidia.com/mig.config.state".into(), state.into());
+            let n = translate::node(&node).unwrap();
+            assert_eq!(
+                n.allocatable.extended.get("nvidia.com/mig-1g.5gb"),
+                Some(&offered),
+                "{state}"
+            );
+            assert_eq!(
+                per_profile(&n).get("1g.5gb").copied().unwrap_or(0),
+                offered as usize
+            );
+        }
     }
 
     #[test]

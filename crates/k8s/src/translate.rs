@@ -52,6 +52,8 @@ pub mod keys {
     pub const GFD_MIG_STRATEGY: &str = "nvidia.com/mig.strategy";
     pub const GFD_MIG_CAPABLE: &str = "nvidia.com/mig.capable";
     pub const GFD_SLICES_GI: &str = "nvidia.com/gpu.slices.gi";
+    /// NVIDIA mig-manager's progress: `pending`, `rebooting`, `success`, `failed`.
+    pub const MIG_CONFIG_STATE: &str = "nvidia.com/mig.config.state";
     /// Written by Tessera at binding: the MIG instance the pod holds,
     /// `gpu=2,profile=3g.40gb,start=4` (read back so occupancy survives a restart).
     pub const MIG_INSTANCE: &str = "scheduling.tessera.dev/mig-instance";

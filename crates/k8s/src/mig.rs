@@ -357,6 +357,16 @@ fn first_fit(g: &MigGeometry, want: &[u64]) -> Vec<Vec<(&'static str, u8)>> {
     gpus.into_iter().map(|(_, l)| l).collect()
 }
 
+/// Compute slices of a profile by its name (`3g.40gb` -> 3; 1 when the name
+/// does not say).
+fn compute_of(profile: &str) -> u64 {
+    profile
+        .split_once('g')
+        .and_then(|(n, _)| n.parse().ok())
+        .unwrap_or(1)
+        .max(1)
+}
+
 /// Most instances a node may advertise before Tessera calls it nonsense
 /// (1024 GPUs of 7 instances).
 const MAX_INSTANCES: u64 = 7 * 1024;
@@ -411,7 +421,14 @@ fn mixed(
     let memory = label_u64(object, labels, keys::GFD_MEMORY)?
         .unwrap_or(0)
         .saturating_mul(1 << 20);
-    let whole = node.gpus.len() as u64;
+    // GPUs without MIG, as nvidia.com/gpu counts them (each once, also when
+    // time-slicing advertises it `nvidia.com/gpu.replicas` times).
+    let replicas = labels
+        .get(keys::GFD_REPLICAS)
+        .and_then(|r| r.trim().parse::<u64>().ok())
+        .unwrap_or(1)
+        .max(1);
+    let whole = (node.gpus.len() as u64).div_ceil(replicas);
     let count_label = label_u64(object, labels, keys::GFD_COUNT)?;
     // MIG-enabled GPUs: GFD counts them in gpu.count, the device plugin leaves
     // them out of nvidia.com/gpu.
@@ -509,8 +526,15 @@ fn mixed(
         }
         None => {
             // No geometry: one idle instance per advertised device, dealt out
-            // over the MIG-enabled GPUs, numbered in order on each.
-            let n = mig_gpus.unwrap_or(1).clamp(1, 1024);
+            // over the MIG-enabled GPUs, numbered in order on each. Without
+            // gpu.count, as many GPUs as the instances' compute slices (the
+            // `Ng` of a profile's name) fill at 7 a GPU.
+            let n = mig_gpus
+                .unwrap_or_else(|| {
+                    let compute: u64 = advertised.iter().map(|(p, c)| c * compute_of(p)).sum();
+                    compute.div_ceil(7)
+                })
+                .clamp(1, 1024);
             let mut out: Vec<Vec<MigInstance>> = vec![Vec::new(); n as usize];
             let mut k = 0u64;
             for (p, c) in &advertised {
@@ -1013,6 +1037,40 @@ mod tests {
             })
             .collect();
         assert_eq!(starts, vec![vec![0, 1], vec![0]]);
+        // Without gpu.count: 9 × 1g and 1 × 3g fill two GPUs of 7 compute slices.
+        let n = translate::node(&gfd_node(
+            "b2",
+            &[("nvidia.com/gpu.product", "NVIDIA-B200")],
+            &[
+                ("nvidia.com/mig-1g.23gb", "9"),
+                ("nvidia.com/mig-3g.90gb", "1"),
+            ],
+        ))
+        .unwrap();
+        assert_eq!(n.gpus.len(), 2);
+        assert_eq!(n.allocatable.gpu_milli, 2000);
+    }
+
+    #[test]
+    fn time_sliced_gpus_without_mig_count_once() {
+        // Two whole A100s shared 4 ways, two cut into 3g.20gb.
+        let n = translate::node(&gfd_node(
+            "t1",
+            &[
+                ("nvidia.com/gpu.product", "NVIDIA-A100-SXM4-40GB"),
+                ("nvidia.com/gpu.count", "4"),
+                ("nvidia.com/gpu.replicas", "4"),
+                ("nvidia.com/mig.strategy", "mixed"),
+            ],
+            &[("nvidia.com/gpu", "8"), ("nvidia.com/mig-3g.20gb", "4")],
+        ))
+        .unwrap();
+        let mig: Vec<usize> = n
+            .gpus
+            .iter()
+            .filter_map(|g| g.mig.as_ref().map(|l| l.instances.len()))
+            .collect();
+        assert_eq!(mig, vec![2, 2]);
     }
 
     #[test]

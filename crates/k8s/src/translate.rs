@@ -52,6 +52,7 @@ pub mod keys {
     pub const GFD_MIG_STRATEGY: &str = "nvidia.com/mig.strategy";
     pub const GFD_MIG_CAPABLE: &str = "nvidia.com/mig.capable";
     pub const GFD_SLICES_GI: &str = "nvidia.com/gpu.slices.gi";
+    pub const GFD_REPLICAS: &str = "nvidia.com/gpu.replicas";
     /// NVIDIA mig-manager's progress: `pending`, `rebooting`, `success`, `failed`.
     pub const MIG_CONFIG_STATE: &str = "nvidia.com/mig.config.state";
     /// Written by Tessera at binding: the MIG instance the pod holds,

@@ -12,7 +12,8 @@
 //!   agent shard. Pure.
 //! * **apply**: evictions through the Eviction API (PDBs checked first, and the
 //!   server enforces them too), device assignments (DRA claim allocations, GPU
-//!   index annotations), bindings through the `binding` subresource, all with
+//!   index and MIG instance annotations; plans that would create MIG instances
+//!   are held back, [`crate::mig::hold_reconfigurations`]), bindings through the `binding` subresource, all with
 //!   bounded concurrency. Bindings are pipelined: a planned pod is assumed on
 //!   its node at once and its write goes on in the background while the next
 //!   cycle decides (a failed write forgets it). Then pending reasons (`PodScheduled=False` and an
@@ -40,6 +41,7 @@ use tokio::sync::mpsc;
 use crate::crd;
 use crate::dra;
 use crate::leader::{self, Leadership, LeaseConfig};
+use crate::mig;
 use crate::state::{Built, PodKey, State};
 use crate::translate::{self, keys};
 
@@ -308,7 +310,7 @@ impl Writer {
         Api::namespaced(self.client.clone(), ns)
     }
 
-    /// Binds one pod: DRA claims first, GPU indices, then the binding.
+    /// Binds one pod: DRA claims first, GPU indices and MIG instance, then the binding.
     async fn bind(&self, job: BindJob) -> BindOutcome {
         let (ns, name) = &job.key;
         for (claim, patch) in &job.claims {
@@ -323,9 +325,16 @@ impl Writer {
                 Err(e) => return BindOutcome::Failed(format!("allocating claim {claim}: {e:?}")),
             }
         }
+        let mut annotations = serde_json::Map::new();
         if !job.gpus.is_empty() && job.claims.is_empty() {
             let list: Vec<String> = job.gpus.iter().map(u32::to_string).collect();
-            let patch = json!({"metadata": {"annotations": {keys::GPU_INDICES: list.join(",")}}});
+            annotations.insert(keys::GPU_INDICES.into(), list.join(",").into());
+        }
+        if let Some(m) = &job.mig {
+            annotations.insert(keys::MIG_INSTANCE.into(), m.to_string().into());
+        }
+        if !annotations.is_empty() {
+            let patch = json!({"metadata": {"annotations": annotations}});
             if let Err(e) = self
                 .write(
                     self.pods(ns)
@@ -434,6 +443,8 @@ struct BindJob {
     gpus: Vec<u32>,
     /// `(claim name, status patch)`.
     claims: Vec<(String, serde_json::Value)>,
+    /// The MIG instance the pod gets (an existing one: see [`mig::hold_reconfigurations`]).
+    mig: Option<mig::Instance>,
 }
 
 enum BindOutcome {
@@ -476,6 +487,7 @@ fn bind_job(state: &State, key: PodKey, node: String, gpus: Vec<u32>) -> BindJob
         node,
         gpus,
         claims,
+        mig: None,
     }
 }
 
@@ -959,6 +971,9 @@ impl Loop {
     ) {
         let w = self.writer.clone();
         let conc = self.cfg.concurrency.max(1);
+        // MIG instances are used as the node has them, never made here.
+        let mut plan = plan;
+        mig::hold_reconfigurations(&mut plan);
 
         // 1. Evictions, PDBs checked first.
         let mut allowed = built.pdb_allowed.clone();
@@ -1022,7 +1037,16 @@ impl Loop {
                     .await_victims(b.task.group.clone(), victims.clone());
                 continue;
             }
-            jobs.push(bind_job(&self.state, key, b.node.clone(), b.gpus.clone()));
+            let mut job = bind_job(&self.state, key, b.node.clone(), b.gpus.clone());
+            job.mig = match (&b.mig, b.gpus.first()) {
+                (Some(m), Some(&gpu)) => Some(mig::Instance {
+                    gpu,
+                    profile: m.profile.clone(),
+                    start: m.start,
+                }),
+                _ => None,
+            };
+            jobs.push(job);
         }
         for (key, node) in &agent {
             jobs.push(bind_job(&self.state, key.clone(), node.clone(), Vec::new()));
@@ -1033,8 +1057,12 @@ impl Loop {
         // bind forgets the pod, and the next cycle plans it again.
         let mut bound: BTreeSet<PodKey> = BTreeSet::new();
         for j in &jobs {
-            self.state
-                .assume(j.key.clone(), j.node.clone(), j.gpus.clone());
+            self.state.assume(
+                j.key.clone(),
+                j.node.clone(),
+                j.gpus.clone(),
+                j.mig.as_ref().map(|m| m.start),
+            );
             self.written.remove(&j.key);
             bound.insert(j.key.clone());
         }

@@ -14,6 +14,7 @@ pub mod crd;
 pub mod dra;
 pub mod leader;
 pub mod manifests;
+pub mod mig;
 pub mod network;
 pub mod state;
 pub mod testenv;

@@ -77,6 +77,8 @@ pub struct Shard {
 pub struct Assumed {
     pub node: String,
     pub gpus: Vec<u32>,
+    /// For a MIG pod: the first memory slice of its instance on `gpus[0]`.
+    pub mig_start: Option<u8>,
 }
 
 /// Every translated object, by key.
@@ -375,11 +377,18 @@ impl State {
     }
 
     /// Records a binding made by this controller until the watch shows it.
-    pub fn assume(&mut self, key: PodKey, node: String, gpus: Vec<u32>) {
+    pub fn assume(&mut self, key: PodKey, node: String, gpus: Vec<u32>, mig_start: Option<u8>) {
         if let Some(p) = self.pods.get(&key)
             && p.task.node.is_none()
         {
-            self.assumed.insert(key, Assumed { node, gpus });
+            self.assumed.insert(
+                key,
+                Assumed {
+                    node,
+                    gpus,
+                    mig_start,
+                },
+            );
             self.touch();
         }
     }
@@ -646,6 +655,7 @@ impl State {
             {
                 task.node = Some(a.node.clone());
                 task.gpu_indices = a.gpus.clone();
+                task.mig_start = a.mig_start;
             }
             // DRA claims: GPUs counted as whole GPUs of the claim's request.
             if !p.claims.is_empty() || !p.claims_missing.is_empty() {
@@ -951,7 +961,7 @@ mod tests {
             Some(("ns".into(), "mine".into()))
         );
         // A second pod of ours does not fit beside the two.
-        s.assume(("ns".into(), "mine".into()), "n1".into(), vec![]);
+        s.assume(("ns".into(), "mine".into()), "n1".into(), vec![], None);
         s.apply_pod(&pod("ns", "mine2", "tessera", None, None));
         let b = s.build();
         let plan = tessera_sched::schedule(&b.snapshot, &tessera_sched::Config::default());

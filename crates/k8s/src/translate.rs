@@ -47,6 +47,17 @@ pub mod keys {
     pub const GFD_COUNT: &str = "nvidia.com/gpu.count";
     pub const GFD_MEMORY: &str = "nvidia.com/gpu.memory";
     pub const GFD_CLIQUE: &str = "nvidia.com/gpu.clique";
+    /// GFD's MIG labels (see [`crate::mig`]): `single` or `mixed`; `true` or
+    /// `false`; compute slices of one instance (single strategy).
+    pub const GFD_MIG_STRATEGY: &str = "nvidia.com/mig.strategy";
+    pub const GFD_MIG_CAPABLE: &str = "nvidia.com/mig.capable";
+    pub const GFD_SLICES_GI: &str = "nvidia.com/gpu.slices.gi";
+    pub const GFD_REPLICAS: &str = "nvidia.com/gpu.replicas";
+    /// NVIDIA mig-manager's progress: `pending`, `rebooting`, `success`, `failed`.
+    pub const MIG_CONFIG_STATE: &str = "nvidia.com/mig.config.state";
+    /// Written by Tessera at binding: the MIG instance the pod holds,
+    /// `gpu=2,profile=3g.40gb,start=4` (read back so occupancy survives a restart).
+    pub const MIG_INSTANCE: &str = "scheduling.tessera.dev/mig-instance";
     /// Prefix of the synthetic node labels that carry required node affinity
     /// into the model's node selectors (snapshot only; never written).
     pub const AFFINITY_PREFIX: &str = "affinity.scheduling.tessera.dev/";
@@ -153,7 +164,8 @@ pub fn gpu_model(product: &str) -> String {
 
 /// Translates a Node: allocatable (status.allocatable, else capacity), labels,
 /// taints, cordon, and its GPUs from `nvidia.com/gpu` plus GPU Feature
-/// Discovery labels (product, memory in MiB, NVLink clique).
+/// Discovery labels (product, memory in MiB, NVLink clique), and MIG-enabled
+/// GPUs from the MIG labels and `nvidia.com/mig-<profile>` ([`crate::mig`]).
 pub fn node(n: &core::Node) -> Result<tessera_model::Node, TranslateError> {
     let name = n.metadata.name.clone().unwrap_or_default();
     let object = format!("node {name}");
@@ -202,6 +214,7 @@ pub fn node(n: &core::Node) -> Result<tessera_model::Node, TranslateError> {
         node.allocatable.gpu_milli = gpus * 1000;
         node.allocatable.gpu_memory = memory.saturating_mul(gpus);
     }
+    crate::mig::apply_to_node(&object, &labels, &mut node)?;
     node.labels = labels;
     if let Some(spec) = &n.spec {
         node.unschedulable = spec.unschedulable.unwrap_or(false);
@@ -359,6 +372,7 @@ pub fn pod(p: &core::Pod) -> Result<PodInfo, TranslateError> {
                 .collect()
         })
         .unwrap_or_default();
+    let mig_models = models.clone();
     let gpu = match (gpus, ann.get(keys::GPU_MILLI)) {
         (0, None) => GpuRequest::None,
         (n, None) => GpuRequest::Whole {
@@ -424,6 +438,13 @@ pub fn pod(p: &core::Pod) -> Result<PodInfo, TranslateError> {
         }
     };
 
+    // One MIG instance (`nvidia.com/mig-<profile>: 1`); its count stays in the
+    // extended resources too, as the node's guard.
+    let bound = spec
+        .and_then(|s| s.node_name.as_deref())
+        .is_some_and(|n| !n.is_empty());
+    let gpu = crate::mig::pod_request(&object, &req, &gpu, bound, &mig_models)?.unwrap_or(gpu);
+
     let mut task = Task::new(name.clone(), req).with_gpu(gpu);
     let mut affinity = None;
     let mut claims = Vec::new();
@@ -467,6 +488,22 @@ pub fn pod(p: &core::Pod) -> Result<PodInfo, TranslateError> {
         && let Some(g) = ann.get(keys::GPU_INDICES)
     {
         task.gpu_indices = g.split(',').filter_map(|s| s.trim().parse().ok()).collect();
+    }
+    if task.node.is_some()
+        && let GpuRequest::Mig { profile, .. } = &task.gpu
+        && let Some(v) = ann.get(keys::MIG_INSTANCE)
+    {
+        let i = crate::mig::Instance::parse(&object, v)?;
+        if &i.profile != profile {
+            return Err(err(
+                &object,
+                &format!("metadata.annotations[{}]", keys::MIG_INSTANCE),
+                v,
+                format!("the pod asks for MIG {profile}, not {}", i.profile),
+            ));
+        }
+        task.gpu_indices = vec![i.gpu];
+        task.mig_start = Some(i.start);
     }
     let kind = match ann.get(keys::KIND).or_else(|| labels.get(keys::KIND)) {
         Some(k) => Some(parse_kind(

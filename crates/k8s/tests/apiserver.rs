@@ -284,6 +284,10 @@ async fn against_a_real_apiserver() {
             Box::pin(agent_shard(client.clone())),
         ),
         (
+            "MIG instances from GFD labels, recorded, surviving a restart",
+            Box::pin(mig_instances(client.clone())),
+        ),
+        (
             "two replicas, one killed",
             Box::pin(two_replicas(client.clone())),
         ),
@@ -851,6 +855,147 @@ async fn agent_shard(client: Client) {
         .delete("agent", &DeleteParams::default())
         .await
         .unwrap();
+}
+
+/// A node as GFD and NVIDIA's device plugin publish it under the mixed MIG
+/// strategy: one A100-SXM4-40GB with MIG on, `instances` per profile.
+fn mig_node(name: &str, instances: &[(&str, u32)]) -> core::Node {
+    let mut labels = vec![
+        (
+            "nvidia.com/gpu.product".to_string(),
+            "NVIDIA-A100-SXM4-40GB".to_string(),
+        ),
+        ("nvidia.com/gpu.count".into(), "1".into()),
+        ("nvidia.com/gpu.memory".into(), "40960".into()),
+        ("nvidia.com/mig.capable".into(), "true".into()),
+        ("nvidia.com/mig.strategy".into(), "mixed".into()),
+    ];
+    for (p, c) in instances {
+        labels.push((format!("nvidia.com/mig-{p}.count"), c.to_string()));
+        let gi = p.split('g').next().unwrap_or("1").to_string();
+        labels.push((format!("nvidia.com/mig-{p}.slices.gi"), gi));
+    }
+    let l: Vec<(&str, &str)> = labels
+        .iter()
+        .map(|(a, b)| (a.as_str(), b.as_str()))
+        .collect();
+    let mut n = fake_node(name, "16", "64Gi", 0, &l);
+    let status = n.status.as_mut().unwrap();
+    for list in [status.allocatable.as_mut(), status.capacity.as_mut()]
+        .into_iter()
+        .flatten()
+    {
+        for (p, c) in instances {
+            list.insert(
+                format!("nvidia.com/mig-{p}"),
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity(c.to_string()),
+            );
+        }
+    }
+    n
+}
+
+fn mig_pod(ns: &str, name: &str, profile: &str) -> core::Pod {
+    let r = format!("nvidia.com/mig-{profile}");
+    pod_with(
+        ns,
+        name,
+        "tessera",
+        "1",
+        json!({"spec": {"containers": [{"name": "main", "image": "x",
+            "resources": {"requests": {"cpu": "1", &r: "1"}, "limits": {&r: "1"}}}]}}),
+    )
+}
+
+/// (node, GPU, start) of each bound pod's recorded MIG instance.
+async fn mig_instances_of(pods: &Api<core::Pod>) -> BTreeMap<String, (String, String)> {
+    pods_by_name(pods)
+        .await
+        .into_iter()
+        .filter_map(|(name, p)| {
+            let node = node_of(&p)?;
+            let inst = p
+                .annotations()
+                .get("scheduling.tessera.dev/mig-instance")
+                .cloned()
+                .unwrap_or_default();
+            Some((name, (node, inst)))
+        })
+        .collect()
+}
+
+async fn mig_instances(client: Client) {
+    fresh_nodes(
+        &client,
+        vec![
+            mig_node("m1", &[("1g.5gb", 2), ("3g.20gb", 1)]),
+            mig_node("m2", &[("3g.20gb", 2)]),
+        ],
+    )
+    .await;
+    let pods = namespace(&client, "s8").await;
+    let ctl = start_ready(&client, "tessera").await;
+    for i in 0..3 {
+        pods.create(
+            &PostParams::default(),
+            &mig_pod("s8", &format!("small{i}"), "1g.5gb"),
+        )
+        .await
+        .unwrap();
+    }
+    for i in 0..2 {
+        pods.create(
+            &PostParams::default(),
+            &mig_pod("s8", &format!("half{i}"), "3g.20gb"),
+        )
+        .await
+        .unwrap();
+    }
+    wait_bound(&pods, 4, "two 1g.5gb and two 3g.20gb pods bound").await;
+    // The third 1g.5gb pod has no instance anywhere: it waits, and says why.
+    let why = wait_for("small2's pending reason", Duration::from_secs(30), || {
+        let pods = pods.clone();
+        async move {
+            let all = pods_by_name(&pods).await;
+            let p = all.values().find(|p| node_of(p).is_none())?;
+            condition_message(p).map(|m| (p.name_any(), m))
+        }
+    })
+    .await;
+    assert!(why.0.starts_with("small"), "{why:?}");
+    assert!(why.1.contains("1g.5gb"), "{why:?}");
+    ctl.stop().await;
+
+    // A new controller reads the recorded instances back and gives the last
+    // 3g.20gb instance to a new pod.
+    let ctl = start_ready(&client, "tessera").await;
+    pods.create(&PostParams::default(), &mig_pod("s8", "half2", "3g.20gb"))
+        .await
+        .unwrap();
+    wait_bound(&pods, 5, "the third 3g.20gb pod bound after a restart").await;
+    let got = mig_instances_of(&pods).await;
+    assert_eq!(got.len(), 5, "{got:#?}");
+    let mut seen = std::collections::BTreeSet::new();
+    for (name, (node, inst)) in &got {
+        let profile = if name.starts_with("small") {
+            "1g.5gb"
+        } else {
+            "3g.20gb"
+        };
+        assert!(
+            inst.starts_with("gpu=0,") && inst.contains(&format!(",profile={profile},start=")),
+            "{name} on {node}: {inst:?}"
+        );
+        if name.starts_with("small") {
+            assert_eq!(node, "m1", "{name}");
+        }
+        assert!(
+            seen.insert((node.clone(), inst.clone())),
+            "instance given twice: {got:#?}"
+        );
+    }
+    assert_eq!(ctl.metrics.bind_conflicts.load(Relaxed), 0);
+    ctl.stop().await;
 }
 
 async fn two_replicas(client: Client) {

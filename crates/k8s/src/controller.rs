@@ -95,6 +95,9 @@ pub struct Metrics {
     pub claims_allocated: AtomicU64,
     /// Microseconds spent in the schedulers (snapshot assembly included).
     pub decide_us: AtomicU64,
+    /// Cycles whose snapshot was patched from the last one rather than
+    /// assembled afresh.
+    pub assembled_in_part: AtomicU64,
     /// Microseconds spent applying plans.
     pub apply_us: AtomicU64,
     /// Whether the initial lists are in and this replica leads.
@@ -935,7 +938,8 @@ impl Loop {
     /// One cycle; returns how long the decision took.
     async fn cycle(&mut self) -> Duration {
         let t0 = Instant::now();
-        let mut built = self.state.build();
+        // Patched from the last cycle's snapshot when only pods changed.
+        let mut built = self.state.build_incremental();
         let snapshot = std::mem::take(&mut built.snapshot);
         let sched = self.cfg.sched.clone();
         let agent_pods = std::mem::take(&mut built.agent_pods);
@@ -943,22 +947,28 @@ impl Loop {
         let decided = tokio::task::spawn_blocking(move || {
             let plan = tessera_sched::schedule(&snapshot, &sched);
             let agent = crate::agent::place(&agent_pods, &agent_nodes);
-            (snapshot, plan, agent, agent_pods)
+            (snapshot, plan, agent, agent_pods, agent_nodes)
         })
         .await;
-        let Ok((snapshot, plan, agent, agent_pods)) = decided else {
+        let Ok((snapshot, plan, agent, agent_pods, agent_nodes)) = decided else {
+            // The snapshot is lost with the thread; the next one is assembled afresh.
             eprintln!("tessera-k8s: the scheduler panicked; skipping this cycle");
             return t0.elapsed();
         };
         built.snapshot = snapshot;
+        built.agent_nodes = agent_nodes;
         let m = self.writer.metrics.clone();
         let decide = t0.elapsed();
         m.decide_us.fetch_add(decide.as_micros() as u64, Relaxed);
         m.cycles.fetch_add(1, Relaxed);
         let t1 = Instant::now();
-        self.apply(&built, plan, agent, agent_pods).await;
+        self.apply(&built, plan, agent, &agent_pods).await;
         m.apply_us
             .fetch_add(t1.elapsed().as_micros() as u64, Relaxed);
+        built.agent_pods = agent_pods;
+        self.state.recycle(built);
+        m.assembled_in_part
+            .store(self.state.assembled_in_part(), Relaxed);
         decide
     }
 
@@ -967,7 +977,7 @@ impl Loop {
         built: &Built,
         plan: tessera_model::Plan,
         agent: Vec<(PodKey, String)>,
-        agent_pods: Vec<crate::state::AgentPod>,
+        agent_pods: &[crate::state::AgentPod],
     ) {
         let w = self.writer.clone();
         let conc = self.cfg.concurrency.max(1);
@@ -1087,7 +1097,7 @@ impl Loop {
         }
         reasons.extend(built.waiting.iter().cloned());
         let placed: BTreeSet<&PodKey> = agent.iter().map(|(k, _)| k).collect();
-        for a in &agent_pods {
+        for a in agent_pods {
             if !placed.contains(&a.key) {
                 reasons.push((
                     a.key.clone(),

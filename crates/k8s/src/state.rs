@@ -11,12 +11,14 @@ use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::resource::v1 as res;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use tessera_model::{GpuRequest, GroupKind, PodGroup, Queue, Resources, Snapshot};
+use tessera_model::{Queue, Resources, Snapshot};
 
 use crate::crd;
 use crate::dra::{self, ClaimInfo, SliceInfo};
 use crate::network::{self, Topology};
-use crate::translate::{self, GroupRef, GroupSpec, PodInfo};
+use crate::translate::{self, GroupSpec, PodInfo};
+
+mod assemble;
 
 /// A pod's key: namespace and name.
 pub type PodKey = (String, String);
@@ -106,6 +108,15 @@ pub struct State {
     pub errors: Vec<String>,
     /// Bumped on every change; the controller schedules when it moved.
     pub generation: u64,
+    /// Bumped on every change that is not only to pods (or their assumed
+    /// bindings): a snapshot can then not be patched.
+    global: u64,
+    /// Pods changed since the last assembly.
+    dirty: BTreeSet<PodKey>,
+    /// What the last assembly was made of, and the snapshot handed back.
+    index: Option<assemble::Index>,
+    parked: Option<Built>,
+    assembled_in_part: u64,
 }
 
 /// Where a model group came from.
@@ -167,6 +178,13 @@ impl State {
 
     fn touch(&mut self) {
         self.generation += 1;
+        self.global += 1;
+    }
+
+    /// A change to one pod only (or to the binding assumed for it).
+    fn touch_pod(&mut self, key: &PodKey) {
+        self.generation += 1;
+        self.dirty.insert(key.clone());
     }
 
     fn note(&mut self, e: impl ToString) {
@@ -251,7 +269,7 @@ impl State {
                     self.assumed.remove(&key);
                 }
                 self.bad_pods.remove(&key);
-                self.pods.insert(key, info);
+                self.pods.insert(key.clone(), info);
                 // The watch confirming a binding this controller made, or an
                 // update of a field the schedulers do not read (our own
                 // `PodScheduled` condition, say): the snapshot would come out
@@ -265,12 +283,12 @@ impl State {
                     == Some(self.scheduler_name.as_str());
                 self.pods.remove(&key);
                 if ours {
-                    self.bad_pods.insert(key, e.to_string());
+                    self.bad_pods.insert(key.clone(), e.to_string());
                 }
                 self.note(e);
             }
         }
-        self.touch();
+        self.touch_pod(&key);
     }
 
     /// Whether `build` would read `new` exactly as it reads the pod at `key`
@@ -344,11 +362,18 @@ impl State {
         self.pods.remove(key);
         self.bad_pods.remove(key);
         self.assumed.remove(key);
+        let mut awaited = false;
         self.awaiting.retain(|_, victims| {
-            victims.remove(key);
+            awaited |= victims.remove(key);
             !victims.is_empty()
         });
-        self.touch();
+        if awaited {
+            // A group's wait for its victims changed: not a change to this
+            // pod alone.
+            self.touch();
+        } else {
+            self.touch_pod(key);
+        }
     }
 
     /// Replaces every node with a fresh list (after a watch re-list).
@@ -462,21 +487,21 @@ impl State {
             && p.task.node.is_none()
         {
             self.assumed.insert(
-                key,
+                key.clone(),
                 Assumed {
                     node,
                     gpus,
                     mig_start,
                 },
             );
-            self.touch();
+            self.touch_pod(&key);
         }
     }
 
     /// Forgets an assumed binding (the write failed).
     pub fn forget(&mut self, key: &PodKey) {
         if self.assumed.remove(key).is_some() {
-            self.touch();
+            self.touch_pod(key);
         }
     }
 
@@ -488,6 +513,7 @@ impl State {
             .collect();
         if !alive.is_empty() {
             self.awaiting.entry(group).or_default().extend(alive);
+            self.touch();
         }
     }
 
@@ -672,319 +698,6 @@ impl State {
             .or_else(|| m.get("volcano"))
             .or_else(|| m.get("x-k8s"))
     }
-
-    /// Assembles the snapshot the schedulers read.
-    pub fn build(&self) -> Built {
-        let mut b = Built::default();
-        let agent_nodes = self.agent_nodes();
-
-        // Queues: Tessera's definition wins over Volcano's of the same name.
-        for m in self.queues.values() {
-            if let Some(q) = m.get("tessera").or_else(|| m.get("volcano")) {
-                b.snapshot.queues.push(q.clone());
-            }
-        }
-        if !self.queues.contains_key("default") {
-            b.snapshot.queues.push(Queue::new("default"));
-        }
-
-        // PDBs: bound matching pods and the disruptions they allow.
-        let mut pdb_healthy: BTreeMap<(String, String), usize> = BTreeMap::new();
-        if !self.pdbs.is_empty() {
-            for p in self.pods.values() {
-                let bound = p.task.node.is_some() || self.assumed.contains_key(&p.key());
-                if !bound || p.terminating {
-                    continue;
-                }
-                for (k, pdb) in &self.pdbs {
-                    if pdb.namespace == p.namespace
-                        && translate::selector_matches(&pdb.selector, &p.labels)
-                    {
-                        *pdb_healthy.entry(k.clone()).or_default() += 1;
-                        b.pdb_of_pod.entry(p.key()).or_default().push(k.clone());
-                    }
-                }
-            }
-            for (k, pdb) in &self.pdbs {
-                let h = pdb_healthy.get(k).copied().unwrap_or(0);
-                b.pdb_allowed.insert(k.clone(), pdb.allowed(h));
-            }
-        }
-
-        // Affinities in use by pending pods of ours.
-        let mut affinities: BTreeMap<String, &core::NodeSelector> = BTreeMap::new();
-        let mut claim_pins: BTreeMap<PodKey, String> = BTreeMap::new();
-
-        let mut groups: BTreeMap<String, PodGroup> = BTreeMap::new();
-        let mut usage: BTreeMap<&str, Resources> = BTreeMap::new();
-        for p in self.pods.values() {
-            let key = p.key();
-            let ours = p.scheduler == self.scheduler_name;
-            let assumed = self.assumed.get(&key);
-            let node = p
-                .task
-                .node
-                .clone()
-                .or_else(|| assumed.map(|a| a.node.clone()));
-            if node.is_none() && (!ours || p.terminating) {
-                continue;
-            }
-            let mut task = p.task.clone();
-            if let Some(a) = assumed
-                && task.node.is_none()
-            {
-                task.node = Some(a.node.clone());
-                task.gpu_indices = a.gpus.clone();
-                task.mig_start = a.mig_start;
-            }
-            // DRA claims: GPUs counted as whole GPUs of the claim's request.
-            if !p.claims.is_empty() || !p.claims_missing.is_empty() {
-                if node.is_none() {
-                    if let Some(m) = p.claims_missing.first() {
-                        b.waiting.push((
-                            key,
-                            format!("waiting for the ResourceClaim of pod claim {m} to be created"),
-                        ));
-                        continue;
-                    }
-                    let mut count = 0;
-                    let mut missing = None;
-                    for c in &p.claims {
-                        match self.claim(&p.namespace, c) {
-                            Some(ci) => {
-                                count += ci.gpus();
-                                if let Some(n) = &ci.allocated_node {
-                                    claim_pins.insert(key.clone(), n.clone());
-                                }
-                            }
-                            None => missing = Some(c.clone()),
-                        }
-                    }
-                    if let Some(m) = missing {
-                        b.waiting
-                            .push((key, format!("waiting for ResourceClaim {m}")));
-                        continue;
-                    }
-                    if count > 0 {
-                        task.gpu = GpuRequest::Whole {
-                            count: count + task.gpu.whole(),
-                            models: task.gpu.models().to_vec(),
-                        };
-                    }
-                } else {
-                    let count: u32 = p
-                        .claims
-                        .iter()
-                        .filter_map(|c| self.claim(&p.namespace, c))
-                        .map(|c| c.gpus())
-                        .sum();
-                    if count > 0 && task.gpu == GpuRequest::None {
-                        task.gpu = GpuRequest::Whole {
-                            count,
-                            models: vec![],
-                        };
-                    }
-                }
-            }
-            if let Some(n) = &node {
-                let mut r = task.request();
-                if let Some(nd) = self.nodes.get(n)
-                    && nd.gpus.is_empty()
-                {
-                    r.gpu_memory = 0;
-                }
-                usage
-                    .entry(
-                        self.nodes
-                            .get_key_value(n)
-                            .map(|(k, _)| k.as_str())
-                            .unwrap_or(""),
-                    )
-                    .or_default()
-                    .add_assign_saturating(&r);
-            }
-            if !ours {
-                task.name = format!("{}/{}", p.namespace, p.name);
-                groups
-                    .entry(OTHERS.to_string())
-                    .or_insert_with(|| {
-                        let mut g = PodGroup::new(OTHERS, "~none", 0);
-                        g.preemptable = false;
-                        g
-                    })
-                    .tasks
-                    .push(task);
-                continue;
-            }
-            // Required node affinity becomes a synthetic node label.
-            if node.is_none() {
-                if let Some(a) = &p.affinity {
-                    let k = translate::affinity_key(a);
-                    task.node_selector.insert(k.clone(), "true".into());
-                    affinities.insert(k, a);
-                }
-                if let Some(n) = claim_pins.get(&key) {
-                    task.node_selector.insert(
-                        format!("{}claim", translate::keys::AFFINITY_PREFIX),
-                        n.clone(),
-                    );
-                }
-            }
-            let (gname, spec) = match &p.group {
-                GroupRef::None => (format!("{}/{}@pod", p.namespace, p.name), None),
-                GroupRef::Named(g) => match self.group_spec(&p.namespace, g) {
-                    Some(s) => (format!("{}/{}", p.namespace, g), Some(s)),
-                    None => {
-                        if node.is_none() {
-                            b.waiting
-                                .push((key, format!("waiting for PodGroup {}/{g}", p.namespace)));
-                        }
-                        // A bound pod of a vanished group still holds its node.
-                        if let Some(_n) = &node {
-                            task.name = format!("{}/{}", p.namespace, p.name);
-                            groups
-                                .entry(OTHERS.to_string())
-                                .or_insert_with(|| {
-                                    let mut g = PodGroup::new(OTHERS, "~none", 0);
-                                    g.preemptable = false;
-                                    g
-                                })
-                                .tasks
-                                .push(task);
-                        }
-                        continue;
-                    }
-                },
-            };
-            if let Some(victims) = self.awaiting.get(&gname)
-                && node.is_none()
-            {
-                b.waiting.push((
-                    key,
-                    format!(
-                        "waiting for {} preempted pod(s) to terminate",
-                        victims.len()
-                    ),
-                ));
-                continue;
-            }
-            let is_agent = p.kind == Some(GroupKind::Agent)
-                || spec.is_some_and(|s| s.kind == Some(GroupKind::Agent));
-            if is_agent && !agent_nodes.is_empty() {
-                if node.is_none() {
-                    b.agent_pods.push(AgentPod {
-                        key,
-                        request: task.request(),
-                        priority: p.priority.unwrap_or(0),
-                        tenant: p.namespace.clone(),
-                    });
-                    continue;
-                }
-            }
-            let g = groups.entry(gname.clone()).or_insert_with(|| {
-                let (min, queue) = match spec {
-                    Some(s) => (s.min_member, s.queue.clone()),
-                    None => (1, p.queue.clone()),
-                };
-                let mut g = PodGroup::new(
-                    gname.clone(),
-                    queue.unwrap_or_else(|| "default".into()),
-                    min,
-                );
-                g.min_resources = spec.and_then(|s| s.min_resources.clone());
-                g.network_topology = spec.and_then(|s| s.network_topology);
-                g.kind = spec
-                    .and_then(|s| s.kind)
-                    .or(p.kind)
-                    .unwrap_or(GroupKind::Batch);
-                g.creation = spec.map(|s| s.created_ms).unwrap_or(p.created_ms);
-                g.priority = spec
-                    .and_then(|s| s.priority_class.as_ref())
-                    .and_then(|c| self.priority_classes.get(c).copied())
-                    .unwrap_or(i32::MIN);
-                b.meta.insert(
-                    gname.clone(),
-                    GroupMeta {
-                        namespace: p.namespace.clone(),
-                        podgroup: spec.map(|s| (s.api, s.name.clone())),
-                    },
-                );
-                g
-            });
-            let prio = p
-                .priority
-                .or_else(|| {
-                    p.priority_class
-                        .as_ref()
-                        .and_then(|c| self.priority_classes.get(c).copied())
-                })
-                .unwrap_or(0);
-            if spec.is_none_or(|s| s.priority_class.is_none()) {
-                g.priority = g.priority.max(prio);
-            }
-            if !p.preemptable {
-                g.preemptable = false;
-            }
-            // PDB-aware: a running pod no disruption may touch keeps its group
-            // out of victim searches.
-            if node.is_some()
-                && b.pdb_of_pod
-                    .get(&key)
-                    .is_some_and(|ks| ks.iter().any(|k| b.pdb_allowed.get(k) == Some(&0)))
-            {
-                g.preemptable = false;
-            }
-            if node.is_none() {
-                b.pending.entry(gname).or_default().push(key);
-            }
-            g.tasks.push(task);
-        }
-        for g in groups.values_mut() {
-            if g.priority == i32::MIN {
-                g.priority = 0;
-            }
-        }
-        for (key, reason) in &self.bad_pods {
-            b.waiting
-                .push((key.clone(), format!("cannot read the pod: {reason}")));
-        }
-
-        // Nodes: DRA GPUs, synthetic affinity labels, agent shard cordoned for
-        // the batch scheduler.
-        let mut slices_by_node: BTreeMap<&str, Vec<&SliceInfo>> = BTreeMap::new();
-        for s in self.slices.values() {
-            slices_by_node.entry(s.node.as_str()).or_default().push(s);
-        }
-        b.snapshot.nodes.reserve(self.nodes.len());
-        for (name, n) in &self.nodes {
-            let mut n = n.clone();
-            if let Some(s) = slices_by_node.get(name.as_str()) {
-                dra::apply_to_node(&mut n, s);
-            }
-            for (k, sel) in &affinities {
-                if translate::node_selector_matches(sel, name, &n.labels) {
-                    n.labels.insert(k.clone(), "true".into());
-                }
-            }
-            if claim_pins.values().any(|p| p == name) {
-                n.labels.insert(
-                    format!("{}claim", translate::keys::AFFINITY_PREFIX),
-                    name.clone(),
-                );
-            }
-            if agent_nodes.contains(name.as_str()) {
-                let mut free = n.allocatable.clone();
-                if let Some(u) = usage.get(name.as_str()) {
-                    free.sub_assign_saturating(u);
-                }
-                b.agent_nodes.push((name.clone(), free));
-                n.unschedulable = true;
-            }
-            b.snapshot.nodes.push(n);
-        }
-        b.snapshot.groups = groups.into_values().collect();
-        b
-    }
 }
 
 #[cfg(test)]
@@ -1110,6 +823,132 @@ mod tests {
                 if st.generation == before.0 {
                     proptest::prop_assert_eq!(format!("{:?}", st.build()), before.1);
                 }
+            }
+        }
+    }
+
+    /// A pod for the equivalence test: ours or another scheduler's, maybe
+    /// bound, in a PodGroup or not, maybe an agent, maybe with a required node
+    /// affinity, with a priority and a label.
+    fn any_pod(name: &str, v: [u8; 6]) -> core::Pod {
+        let mut ann = serde_json::Map::new();
+        if v[2] == 1 {
+            ann.insert("scheduling.k8s.io/group-name".into(), "g".into());
+        }
+        if v[3] == 1 {
+            ann.insert("scheduling.tessera.dev/kind".into(), "agent".into());
+        }
+        let node = [None, Some("n1"), Some("n2"), Some("n3")][v[1] as usize % 4];
+        let mut spec = serde_json::json!({
+            "schedulerName": (["tessera", "other"][v[0] as usize % 2]),
+            "nodeName": node,
+            "priority": v[5] as i32 % 3,
+            "containers": [{"name": "c", "resources": {"requests": {"cpu": "1"}}}]
+        });
+        if v[4] == 1 {
+            spec["affinity"] = serde_json::json!({"nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["b"]}]}]}}});
+        }
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "ns", "annotations": ann,
+                         "labels": {"l": (["x", "y"][v[5] as usize % 2])}},
+            "spec": spec
+        }))
+        .unwrap()
+    }
+
+    fn group_g(min: u32) -> GroupSpec {
+        GroupSpec {
+            api: "volcano",
+            namespace: "ns".into(),
+            name: "g".into(),
+            min_member: min,
+            min_resources: None,
+            queue: None,
+            priority_class: None,
+            kind: None,
+            network_topology: None,
+            created_ms: 7,
+            status_phase: None,
+            status_running: None,
+        }
+    }
+
+    #[test]
+    fn a_patched_snapshot_equals_a_fresh_one_and_is_used() {
+        let mut st = State::new("tessera");
+        st.apply_node(&node("n1", "8"));
+        st.apply_node(&node("n2", "8"));
+        st.apply_group(group_g(2));
+        for (i, n) in ["a", "b", "c", "d"].iter().enumerate() {
+            st.apply_pod(&any_pod(n, [0, i as u8 % 3, (i % 2) as u8, 0, 0, i as u8]));
+        }
+        let b = st.build_incremental();
+        assert_eq!(format!("{b:?}"), format!("{:?}", st.build()));
+        st.recycle(b);
+        assert_eq!(st.assembled_in_part(), 0);
+        // Only pods change: the next assembly patches.
+        st.apply_pod(&any_pod("e", [0, 0, 1, 0, 1, 1]));
+        st.assume(("ns".into(), "a".into()), "n2".into(), vec![], None);
+        st.delete_pod(&("ns".into(), "b".into()));
+        let b = st.build_incremental();
+        assert_eq!(st.assembled_in_part(), 1);
+        assert_eq!(format!("{b:?}"), format!("{:?}", st.build()));
+        st.recycle(b);
+        // Anything else: afresh.
+        st.apply_node(&node("n2", "16"));
+        let b = st.build_incremental();
+        assert_eq!(st.assembled_in_part(), 1);
+        assert_eq!(format!("{b:?}"), format!("{:?}", st.build()));
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 512, ..Default::default() })]
+
+        /// Whatever happens between cycles, the snapshot a cycle reads
+        /// (patched when only pods changed) equals one assembled afresh.
+        #[test]
+        fn a_patched_snapshot_always_equals_a_fresh_one(
+            ops in proptest::collection::vec(
+                (0u8..12, 0u8..5, proptest::array::uniform6(0u8..4)), 1..60)
+        ) {
+            let mut st = State::new("tessera");
+            st.apply_node(&node("n1", "8"));
+            st.apply_node(&node("n2", "8"));
+            for (op, p, v) in ops {
+                let name = ["a", "b", "c", "d", "e"][p as usize];
+                let key: PodKey = ("ns".into(), name.into());
+                let on = ["n1", "n2", "n3"][v[1] as usize % 3];
+                match op {
+                    0..=4 => st.apply_pod(&any_pod(name, v)),
+                    5 => st.assume(key, on.into(), vec![], None),
+                    6 => st.forget(&key),
+                    7 => st.delete_pod(&key),
+                    8 => {
+                        if v[0] % 2 == 0 {
+                            st.apply_group(group_g(v[2] as u32));
+                        } else {
+                            st.delete_group("volcano", "ns", "g");
+                        }
+                    }
+                    9 => st.apply_node(&node(on, ["8", "16"][v[2] as usize % 2])),
+                    10 => {
+                        let shard: crd::NodeShard = serde_json::from_value(serde_json::json!({
+                            "apiVersion": "scheduling.tessera.dev/v1alpha1", "kind": "NodeShard",
+                            "metadata": {"name": "agents"},
+                            "spec": {"owner": "agent", "nodesDesired": [on]}
+                        })).unwrap();
+                        if v[0] % 2 == 0 { st.apply_shard(&shard) } else { st.delete_shard("agents") }
+                    }
+                    _ => {
+                        // A victim awaited, then gone.
+                        st.await_victims("ns/g".into(), [key.clone()].into());
+                    }
+                }
+                let b = st.build_incremental();
+                proptest::prop_assert_eq!(format!("{b:?}"), format!("{:?}", st.build()));
+                st.recycle(b);
             }
         }
     }

@@ -141,26 +141,41 @@ fn strategy(
 /// Adds what a node's MIG labels and resources say to `node`, whose GPUs
 /// without MIG (from `nvidia.com/gpu`) are already there. See the module
 /// documentation for what is read and what is assumed.
+///
+/// MIG labels never cost a node its place: when they are malformed or do not
+/// add up, the node is left as it was without them (its CPUs, memory, GPUs
+/// without MIG and every extended-resource count, `nvidia.com/mig-*`
+/// included, which still limit the pods kubelet admits) and the problem is
+/// returned for the caller to report.
 pub fn apply_to_node(
     object: &str,
     labels: &BTreeMap<String, String>,
     node: &mut Node,
-) -> Result<(), TranslateError> {
-    if let Some(v) = labels.get(keys::GFD_MIG_CAPABLE)
-        && !matches!(v.trim(), "true" | "false")
-    {
-        return Err(err(
-            object,
-            &label_field(keys::GFD_MIG_CAPABLE),
-            v,
-            "not true or false",
-        ));
-    }
-    let strategy = strategy(object, labels)?;
-    if strategy == Some(Strategy::Single) {
-        return single(object, labels, node);
-    }
-    mixed(object, labels, node)
+) -> Option<TranslateError> {
+    let r = (|| {
+        if let Some(v) = labels.get(keys::GFD_MIG_CAPABLE)
+            && !matches!(v.trim(), "true" | "false")
+        {
+            return Err(err(
+                object,
+                &label_field(keys::GFD_MIG_CAPABLE),
+                v,
+                "not true or false",
+            ));
+        }
+        let strategy = strategy(object, labels)?;
+        if strategy == Some(Strategy::Single) {
+            return single(object, labels, node);
+        }
+        mixed(object, labels, node)
+    })();
+    r.err().map(|mut e| {
+        e.problem.push_str(
+            "; the node's MIG labels are ignored (no MIG instances are placed on it; its \
+             nvidia.com/mig-* counts still limit the pods it takes)",
+        );
+        e
+    })
 }
 
 /// Single strategy: the instances are the node's `nvidia.com/gpu` devices.
@@ -368,16 +383,103 @@ fn compute_of(profile: &str) -> u64 {
 }
 
 /// Most instances a node may advertise before Tessera calls it nonsense
-/// (1024 GPUs of 7 instances).
+/// (1024 GPUs of 7 instances); also the bound on any one advertised count.
 const MAX_INSTANCES: u64 = 7 * 1024;
 
+/// Most GPUs a node may have.
+const MAX_GPUS: u64 = 1024;
+
+/// How many more GPUs than the slices need [`place`] tries an exact layout on
+/// before it falls back to first fit.
+const EXTRA_GPUS_TRIED: u64 = 3;
+
+/// Layouts of the instances `want` (per profile of `g`) on `gpus` MIG-enabled
+/// GPUs, or on as few as [`place`] finds when `gpus` is `None`. Pure;
+/// computed by [`place`] and kept in a small per-thread cache keyed by the
+/// inputs, since the same node status comes again with every heartbeat and
+/// relist and a search with no exact answer spends its whole budget.
+fn layouts_for(
+    g: &'static MigGeometry,
+    gpus: Option<u64>,
+    want: &[u64],
+) -> Vec<Vec<(&'static str, u8)>> {
+    type Key = (&'static str, Option<u64>, Vec<u64>);
+    type Cache = BTreeMap<Key, Vec<Vec<(&'static str, u8)>>>;
+    thread_local! {
+        static CACHE: std::cell::RefCell<Cache> = const { std::cell::RefCell::new(BTreeMap::new()) };
+    }
+    let key = (g.model, gpus, want.to_vec());
+    if let Some(hit) = CACHE.with(|c| c.borrow().get(&key).cloned()) {
+        return hit;
+    }
+    let placed = place(g, gpus, want);
+    CACHE.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.len() >= 256 {
+            c.clear();
+        }
+        c.insert(key, placed.clone());
+    });
+    placed
+}
+
+thread_local! {
+    /// Layout searches [`place`] ran on this thread (tests read it).
+    static SEARCHES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Searches run so far on this thread.
+#[cfg(test)]
+fn searches() -> u64 {
+    SEARCHES.with(std::cell::Cell::get)
+}
+
+/// Legal layouts holding `want`: an exact fit on `gpus` GPUs; without a GPU
+/// count, on the fewest GPUs the search finds, from the least the slices
+/// need up; first fit by size when the bounded search finds nothing.
+fn place(g: &MigGeometry, gpus: Option<u64>, want: &[u64]) -> Vec<Vec<(&'static str, u8)>> {
+    SEARCHES.with(|c| c.set(c.get() + 1));
+    let shapes = shapes_of(g);
+    let pick = |n: u64| {
+        fit(shapes, want, n as usize)
+            .map(|pick| pick.iter().map(|&i| shapes[i].layout.clone()).collect())
+    };
+    if let Some(n) = gpus {
+        return pick(n).unwrap_or_else(|| first_fit(g, want));
+    }
+    let ff = first_fit(g, want);
+    let (mem, comp) = slices(g, want);
+    let least = mem
+        .div_ceil(u64::from(g.memory_slices.max(1)))
+        .max(comp.div_ceil(u64::from(g.compute_slices.max(1))))
+        .max(1);
+    (least..(ff.len() as u64).min(least + EXTRA_GPUS_TRIED))
+        .find_map(pick)
+        .unwrap_or(ff)
+}
+
+/// Memory and compute slices the instances `want` take.
+fn slices(g: &MigGeometry, want: &[u64]) -> (u64, u64) {
+    g.profiles
+        .iter()
+        .zip(want)
+        .fold((0u64, 0u64), |(m, c), (p, k)| {
+            (
+                m.saturating_add(k.saturating_mul(u64::from(p.slices))),
+                c.saturating_add(k.saturating_mul(u64::from(p.compute))),
+            )
+        })
+}
+
 /// Mixed strategy: MIG-enabled GPUs laid out from `nvidia.com/mig-<profile>`.
+/// An `Err` leaves `node` as it was, but for the zeroed counts of a node that
+/// mig-manager is re-partitioning.
 fn mixed(
     object: &str,
     labels: &BTreeMap<String, String>,
     node: &mut Node,
 ) -> Result<(), TranslateError> {
-    // The advertised instances (allocatable is what kubelet admits against).
+    // The advertised devices (allocatable is what kubelet admits against).
     let mut advertised: Vec<(String, u64)> = node
         .allocatable
         .extended
@@ -385,9 +487,19 @@ fn mixed(
         .filter_map(|(k, v)| profile_of_resource(k).map(|p| (p.to_string(), *v)))
         .filter(|(_, v)| *v > 0)
         .collect();
+    for (p, c) in &advertised {
+        if *c > MAX_INSTANCES {
+            return Err(err(
+                object,
+                &format!("status.allocatable[{RESOURCE_PREFIX}{p}]"),
+                &c.to_string(),
+                format!("more MIG instances than {MAX_INSTANCES}"),
+            ));
+        }
+    }
     // GFD's per-profile labels must at least be well formed.
     for (p, _) in &advertised {
-        for suffix in ["count", "memory", "slices.gi", "slices.ci"] {
+        for suffix in ["count", "memory", "slices.gi", "slices.ci", "replicas"] {
             label_u64(object, labels, &format!("{RESOURCE_PREFIX}{p}.{suffix}"))?;
         }
     }
@@ -404,7 +516,30 @@ fn mixed(
                 .insert(format!("{RESOURCE_PREFIX}{p}"), 0);
         }
     }
-    let total: u64 = advertised.iter().map(|(_, c)| *c).sum();
+    // Time-sliced profiles: the device plugin advertises each instance
+    // `nvidia.com/mig-<profile>.replicas` times.
+    for (p, c) in &mut advertised {
+        let r = label_u64(object, labels, &format!("{RESOURCE_PREFIX}{p}.replicas"))?
+            .unwrap_or(1)
+            .max(1);
+        if *c % r != 0 {
+            return Err(err(
+                object,
+                &format!("status.allocatable[{RESOURCE_PREFIX}{p}]"),
+                &c.to_string(),
+                format!(
+                    "not a multiple of the {r} replicas of each instance \
+                     ({RESOURCE_PREFIX}{p}.replicas)"
+                ),
+            ));
+        }
+        *c /= r;
+    }
+    // Each count is at most MAX_INSTANCES, and there are few: no overflow.
+    let total = advertised
+        .iter()
+        .try_fold(0u64, |t, (_, c)| t.checked_add(*c))
+        .unwrap_or(u64::MAX);
     if total == 0 {
         return Ok(());
     }
@@ -421,18 +556,27 @@ fn mixed(
     let memory = label_u64(object, labels, keys::GFD_MEMORY)?
         .unwrap_or(0)
         .saturating_mul(1 << 20);
-    // GPUs without MIG, as nvidia.com/gpu counts them (each once, also when
-    // time-slicing advertises it `nvidia.com/gpu.replicas` times).
+    // GPUs without MIG, as the device plugin counts them (each once, also when
+    // time-slicing advertises it `nvidia.com/gpu.replicas` times, and under
+    // the name `nvidia.com/gpu.shared` when the plugin renames shared GPUs).
     let replicas = labels
         .get(keys::GFD_REPLICAS)
         .and_then(|r| r.trim().parse::<u64>().ok())
         .unwrap_or(1)
         .max(1);
-    let whole = (node.gpus.len() as u64).div_ceil(replicas);
+    let shared = node
+        .allocatable
+        .extended
+        .get(SHARED_GPU_RESOURCE)
+        .copied()
+        .unwrap_or(0);
+    let whole = (node.gpus.len() as u64)
+        .saturating_add(shared)
+        .div_ceil(replicas);
     let count_label = label_u64(object, labels, keys::GFD_COUNT)?;
     // MIG-enabled GPUs: GFD counts them in gpu.count, the device plugin leaves
     // them out of nvidia.com/gpu.
-    let mig_gpus = count_label.map(|c| c.saturating_sub(whole));
+    let mig_gpus = count_label.map(|c| c.saturating_sub(whole).min(MAX_GPUS));
 
     let layouts: Vec<Vec<MigInstance>> = match geometry {
         Some(g) => {
@@ -473,42 +617,23 @@ fn mixed(
                     ));
                 }
             }
-            let (mem, comp) = g
-                .profiles
-                .iter()
-                .zip(&want)
-                .fold((0u64, 0u64), |(m, c), (p, k)| {
-                    (m + k * u64::from(p.slices), c + k * u64::from(p.compute))
-                });
-            let placed: Vec<Vec<(&'static str, u8)>> = match mig_gpus {
-                Some(n) => {
-                    let n = n.min(1024);
-                    if mem > n * u64::from(g.memory_slices)
-                        || comp > n * u64::from(g.compute_slices)
-                    {
-                        return Err(err(
-                            object,
-                            &label_field(keys::GFD_COUNT),
-                            &count_label.unwrap_or(0).to_string(),
-                            format!(
-                                "{total} MIG instances need {mem} memory and {comp} compute \
-                                 slices, more than {n} MIG-enabled {} GPUs have \
-                                 ({whole} of the GPUs are without MIG)",
-                                g.model
-                            ),
-                        ));
-                    }
-                    let shapes = shapes_of(g);
-                    match fit(shapes, &want, n as usize) {
-                        Some(pick) => pick.iter().map(|&i| shapes[i].layout.clone()).collect(),
-                        // The search is bounded; first fit is legal, if not
-                        // always on as few GPUs.
-                        None => first_fit(g, &want),
-                    }
-                }
-                None => first_fit(g, &want),
-            };
-            placed
+            let (mem, comp) = slices(g, &want);
+            if let Some(n) = mig_gpus
+                && (mem > n * u64::from(g.memory_slices) || comp > n * u64::from(g.compute_slices))
+            {
+                return Err(err(
+                    object,
+                    &label_field(keys::GFD_COUNT),
+                    &count_label.unwrap_or(0).to_string(),
+                    format!(
+                        "{total} MIG instances need {mem} memory and {comp} compute \
+                         slices, more than {n} MIG-enabled {} GPUs have \
+                         ({whole} of the GPUs are without MIG)",
+                        g.model
+                    ),
+                ));
+            }
+            layouts_for(g, mig_gpus, &want)
                 .into_iter()
                 .map(|l| {
                     let mut v: Vec<MigInstance> = l
@@ -531,12 +656,16 @@ fn mixed(
             // `Ng` of a profile's name) fill at 7 a GPU.
             let n = mig_gpus
                 .unwrap_or_else(|| {
-                    let compute: u64 = advertised.iter().map(|(p, c)| c * compute_of(p)).sum();
+                    let compute = advertised
+                        .iter()
+                        .map(|(p, c)| c.saturating_mul(compute_of(p)))
+                        .fold(0u64, u64::saturating_add);
                     compute.div_ceil(7)
                 })
-                .clamp(1, 1024);
+                .clamp(1, MAX_GPUS);
             let mut out: Vec<Vec<MigInstance>> = vec![Vec::new(); n as usize];
             let mut k = 0u64;
+            // `total` is at most MAX_INSTANCES.
             for (p, c) in &advertised {
                 for _ in 0..*c {
                     let gpu = &mut out[(k % n) as usize];
@@ -553,7 +682,7 @@ fn mixed(
         }
     };
     let mig_gpus = mig_gpus
-        .map(|n| n.min(1024) as usize)
+        .map(|n| n as usize)
         .unwrap_or(0)
         .max(layouts.len());
     let model = match (geometry, product) {
@@ -580,63 +709,90 @@ fn mixed(
     Ok(())
 }
 
+/// The profiles a node's device plugin time-slices (GFD's
+/// `nvidia.com/mig-<profile>.replicas` above 1). Pods asking for them are
+/// counted, not given an instance: several share one.
+pub fn time_sliced_profiles(labels: &BTreeMap<String, String>) -> BTreeSet<String> {
+    labels
+        .range(RESOURCE_PREFIX.to_string()..)
+        .take_while(|(k, _)| k.starts_with(RESOURCE_PREFIX))
+        .filter_map(|(k, v)| {
+            let p = profile_of_resource(k)?.strip_suffix(".replicas")?;
+            (v.trim().parse::<u64>().ok()? > 1).then(|| p.to_string())
+        })
+        .collect()
+}
+
+/// What the device plugin advertises GPUs without MIG as when time-slicing
+/// renames them (`renameByDefault`).
+pub const SHARED_GPU_RESOURCE: &str = "nvidia.com/gpu.shared";
+
 /// What a pod asks of MIG: one instance of a profile the tables know, from its
 /// summed requests (`nvidia.com/mig-<profile>: 1`), replacing `gpu` (what
 /// `nvidia.com/gpu` and the fraction annotations asked for). `None`: no such
 /// request (profiles no table knows stay extended-resource counts).
 ///
-/// A pod that is not bound yet must ask for exactly one instance and nothing
-/// else of GPUs: the model places one instance per pod. A bound pod that asks
-/// for more runs already; it keeps counting as extended resources only.
+/// The model places one instance per pod. A pod that asks for more (two of a
+/// profile, two profiles, or an instance and `nvidia.com/gpu` or a fraction)
+/// is scheduled as before MIG support: by its extended-resource counts alone,
+/// with no particular instance; the second value says so when the pod is not
+/// bound yet (a bound pod runs already, and is only counted).
 pub fn pod_request(
     object: &str,
     req: &Resources,
     gpu: &GpuRequest,
     bound: bool,
     models: &[String],
-) -> Result<Option<GpuRequest>, TranslateError> {
+) -> (Option<GpuRequest>, Option<TranslateError>) {
     let asked: Vec<(&str, u64)> = req
         .extended
         .iter()
         .filter_map(|(k, v)| profile_of_resource(k).map(|p| (p, *v)))
         .filter(|(p, v)| *v > 0 && known_profile(p))
         .collect();
-    let [(profile, count)] = asked.as_slice() else {
-        if asked.len() > 1 && !bound {
+    let counted = |field: &str, value: &str, why: &str| {
+        (!bound).then(|| {
+            err(
+                object,
+                field,
+                value,
+                format!(
+                    "{why}: Tessera places one MIG instance per pod, so this pod is scheduled \
+                     by its nvidia.com/mig-* counts alone, on no particular instance"
+                ),
+            )
+        })
+    };
+    match asked.as_slice() {
+        [] => (None, None),
+        [(profile, 1)] if *gpu == GpuRequest::None => (Some(mig_request(profile, models)), None),
+        [(profile, count)] if *count != 1 => (
+            None,
+            counted(
+                &format!("resources.requests[{RESOURCE_PREFIX}{profile}]"),
+                &count.to_string(),
+                "more than one instance",
+            ),
+        ),
+        [(profile, _)] => (
+            None,
+            counted(
+                &format!("resources.requests[{RESOURCE_PREFIX}{profile}]"),
+                "1",
+                "a MIG instance together with nvidia.com/gpu or a GPU fraction",
+            ),
+        ),
+        _ => {
             let names: Vec<String> = asked
                 .iter()
                 .map(|(p, _)| format!("{RESOURCE_PREFIX}{p}"))
                 .collect();
-            return Err(err(
-                object,
-                "resources.requests",
-                &names.join(", "),
-                "a pod asks for one MIG instance of one profile (Tessera places one per pod)",
-            ));
+            (
+                None,
+                counted("resources.requests", &names.join(", "), "instances of several profiles"),
+            )
         }
-        return Ok(None);
-    };
-    let field = format!("resources.requests[{RESOURCE_PREFIX}{profile}]");
-    if bound {
-        return Ok((*count == 1 && *gpu == GpuRequest::None).then(|| mig_request(profile, models)));
     }
-    if *count != 1 {
-        return Err(err(
-            object,
-            &field,
-            &count.to_string(),
-            "a pod asks for one MIG instance (Tessera places one per pod; split the pod)",
-        ));
-    }
-    if *gpu != GpuRequest::None {
-        return Err(err(
-            object,
-            &field,
-            "1",
-            "a pod asks either for a MIG instance or for nvidia.com/gpu or a GPU fraction, not both",
-        ));
-    }
-    Ok(Some(mig_request(profile, models)))
 }
 
 /// The model names in `gpu-models` as MIG GPUs are named (the tables'

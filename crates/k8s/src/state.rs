@@ -261,7 +261,11 @@ impl State {
         match translate::pod(p) {
             Ok(info) => {
                 // Reported when they change, not on every update of the pod.
-                if self.pods.get(&key).is_none_or(|old| old.notes != info.notes) {
+                if self
+                    .pods
+                    .get(&key)
+                    .is_none_or(|old| old.notes != info.notes)
+                {
                     for n in &info.notes {
                         self.note(n);
                     }

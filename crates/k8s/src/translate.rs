@@ -508,7 +508,9 @@ pub fn pod(p: &core::Pod) -> Result<PodInfo, TranslateError> {
                 &object,
                 &format!("metadata.annotations[{field}]"),
                 v,
-                format!("{why}; ignored, the pod still counts on its node but on no particular GPU"),
+                format!(
+                    "{why}; ignored, the pod still counts on its node but on no particular GPU"
+                ),
             )
             .to_string()
         };

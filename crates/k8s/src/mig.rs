@@ -1442,6 +1442,32 @@ mod tests {
             let bound = settle(&mut s);
             assert!(bound.is_empty(), "{bound:?}");
         }
+        // A record that reads well but names no instance of the layout (no
+        // such GPU, no such start): nothing panics, and the count still
+        // guards the node.
+        for nowhere in [
+            "gpu=99,profile=3g.20gb,start=0",
+            "gpu=0,profile=3g.20gb,start=3",
+            "gpu=0,profile=3g.20gb,start=255",
+        ] {
+            let mut s = State::new("tessera");
+            s.apply_node(&node);
+            for (p, record) in [("ok", "gpu=0,profile=3g.20gb,start=0"), ("odd", nowhere)] {
+                s.apply_pod(&mig_pod(
+                    p,
+                    serde_json::json!({"nvidia.com/mig-3g.20gb": "1"}),
+                    serde_json::json!({"spec": {"nodeName": "a1"}, "metadata": {"annotations": {
+                        "scheduling.tessera.dev/mig-instance": record}}}),
+                ));
+            }
+            s.apply_pod(&mig_pod(
+                "new",
+                serde_json::json!({"nvidia.com/mig-3g.20gb": "1"}),
+                serde_json::json!({}),
+            ));
+            let bound = settle(&mut s);
+            assert!(bound.is_empty(), "{nowhere}: {bound:?}");
+        }
         // The same for a whole-GPU pod's gpu-indices.
         let mut s = State::new("tessera");
         s.apply_node(&gfd_node(

@@ -328,14 +328,7 @@ impl Writer {
                 Err(e) => return BindOutcome::Failed(format!("allocating claim {claim}: {e:?}")),
             }
         }
-        let mut annotations = serde_json::Map::new();
-        if !job.gpus.is_empty() && job.claims.is_empty() {
-            let list: Vec<String> = job.gpus.iter().map(u32::to_string).collect();
-            annotations.insert(keys::GPU_INDICES.into(), list.join(",").into());
-        }
-        if let Some(m) = &job.mig {
-            annotations.insert(keys::MIG_INSTANCE.into(), m.to_string().into());
-        }
+        let annotations = bind_annotations(&job);
         if !annotations.is_empty() {
             let patch = json!({"metadata": {"annotations": annotations}});
             if let Err(e) = self
@@ -448,6 +441,21 @@ struct BindJob {
     claims: Vec<(String, serde_json::Value)>,
     /// The MIG instance the pod gets (an existing one: see [`mig::hold_reconfigurations`]).
     mig: Option<mig::Instance>,
+}
+
+/// The annotations recording what a binding gives the pod: its GPUs, or its
+/// MIG instance. Not both: a MIG pod's GPU index is Tessera's bookkeeping (see
+/// [`crate::mig`]), which a device plugin reading `gpu-indices` would take
+/// for a physical GPU.
+fn bind_annotations(job: &BindJob) -> serde_json::Map<String, serde_json::Value> {
+    let mut annotations = serde_json::Map::new();
+    if let Some(m) = &job.mig {
+        annotations.insert(keys::MIG_INSTANCE.into(), m.to_string().into());
+    } else if !job.gpus.is_empty() && job.claims.is_empty() {
+        let list: Vec<String> = job.gpus.iter().map(u32::to_string).collect();
+        annotations.insert(keys::GPU_INDICES.into(), list.join(",").into());
+    }
+    annotations
 }
 
 enum BindOutcome {
@@ -1258,5 +1266,34 @@ impl Loop {
                 .write(api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)))
                 .await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mig_pods_get_their_instance_recorded_not_gpu_indices() {
+        let job = |mig: Option<mig::Instance>| BindJob {
+            key: ("ns".into(), "p".into()),
+            node: "a1".into(),
+            gpus: vec![3],
+            claims: Vec::new(),
+            mig,
+        };
+        let a = bind_annotations(&job(Some(mig::Instance {
+            gpu: 3,
+            profile: "3g.20gb".into(),
+            start: 4,
+        })));
+        assert_eq!(
+            a.get(keys::MIG_INSTANCE).and_then(|v| v.as_str()),
+            Some("gpu=3,profile=3g.20gb,start=4")
+        );
+        assert!(a.get(keys::GPU_INDICES).is_none(), "{a:?}");
+        let a = bind_annotations(&job(None));
+        assert_eq!(a.get(keys::GPU_INDICES).and_then(|v| v.as_str()), Some("3"));
+        assert!(a.get(keys::MIG_INSTANCE).is_none(), "{a:?}");
     }
 }

@@ -104,6 +104,8 @@ pub struct State {
     /// The network tiers above nodes (HyperNodes, else node labels); each
     /// node's domains are kept in its translated `network`.
     topology: Topology,
+    /// Nodes whose device plugin time-slices MIG profiles: node -> profiles.
+    time_sliced_mig: BTreeMap<String, BTreeSet<String>>,
     /// Objects that could not be translated (logged once by the controller).
     pub errors: Vec<String>,
     /// Bumped on every change; the controller schedules when it moved.
@@ -223,8 +225,8 @@ impl State {
 
     pub fn apply_node(&mut self, n: &core::Node) {
         let name = n.metadata.name.clone().unwrap_or_default();
-        match translate::node(n) {
-            Ok(mut m) => {
+        match translate::node_noting(n) {
+            Ok((mut m, mig_problem)) => {
                 let (net, problem) = self.topology.network_of(&name, &m.labels);
                 // Reported when it changes, not on every status update.
                 if let Some(p) = problem
@@ -238,10 +240,21 @@ impl State {
                 if self.nodes.get(&name) == Some(&m) {
                     return;
                 }
+                // Reported when the node changes, not on every status update.
+                if let Some(p) = mig_problem {
+                    self.note(p);
+                }
+                let sliced = crate::mig::time_sliced_profiles(&m.labels);
+                if sliced.is_empty() {
+                    self.time_sliced_mig.remove(&name);
+                } else {
+                    self.time_sliced_mig.insert(name.clone(), sliced);
+                }
                 self.nodes.insert(name, m);
             }
             Err(e) => {
                 self.nodes.remove(&name);
+                self.time_sliced_mig.remove(&name);
                 self.note(e);
             }
         }
@@ -250,6 +263,7 @@ impl State {
 
     pub fn delete_node(&mut self, name: &str) {
         self.nodes.remove(name);
+        self.time_sliced_mig.remove(name);
         self.touch();
     }
 
@@ -264,6 +278,16 @@ impl State {
         }
         match translate::pod(p) {
             Ok(info) => {
+                // Reported when they change, not on every update of the pod.
+                if self
+                    .pods
+                    .get(&key)
+                    .is_none_or(|old| old.notes != info.notes)
+                {
+                    for n in &info.notes {
+                        self.note(n);
+                    }
+                }
                 let unchanged = self.reads_the_same(&key, &info);
                 if info.task.node.is_some() {
                     self.assumed.remove(&key);
@@ -338,6 +362,7 @@ impl State {
                 created_ms,
                 preemptable,
                 scheduled_message: _,
+                notes: _,
             } = old;
             *namespace == new.namespace
                 && *name == new.name

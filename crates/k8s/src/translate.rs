@@ -167,6 +167,14 @@ pub fn gpu_model(product: &str) -> String {
 /// Discovery labels (product, memory in MiB, NVLink clique), and MIG-enabled
 /// GPUs from the MIG labels and `nvidia.com/mig-<profile>` ([`crate::mig`]).
 pub fn node(n: &core::Node) -> Result<tessera_model::Node, TranslateError> {
+    node_noting(n).map(|(node, _)| node)
+}
+
+/// [`node`], with the problem of MIG labels that were ignored, if any (the
+/// node is kept without its MIG instances; see [`crate::mig::apply_to_node`]).
+pub fn node_noting(
+    n: &core::Node,
+) -> Result<(tessera_model::Node, Option<TranslateError>), TranslateError> {
     let name = n.metadata.name.clone().unwrap_or_default();
     let object = format!("node {name}");
     let status = n.status.as_ref();
@@ -214,7 +222,7 @@ pub fn node(n: &core::Node) -> Result<tessera_model::Node, TranslateError> {
         node.allocatable.gpu_milli = gpus * 1000;
         node.allocatable.gpu_memory = memory.saturating_mul(gpus);
     }
-    crate::mig::apply_to_node(&object, &labels, &mut node)?;
+    let mig_problem = crate::mig::apply_to_node(&object, &labels, &mut node);
     node.labels = labels;
     if let Some(spec) = &n.spec {
         node.unschedulable = spec.unschedulable.unwrap_or(false);
@@ -226,7 +234,7 @@ pub fn node(n: &core::Node) -> Result<tessera_model::Node, TranslateError> {
             });
         }
     }
-    Ok(node)
+    Ok((node, mig_problem))
 }
 
 /// Which PodGroup a pod belongs to.
@@ -268,6 +276,9 @@ pub struct PodInfo {
     pub preemptable: bool,
     /// Whether `PodScheduled=False` is already set with this message.
     pub scheduled_message: Option<String>,
+    /// Problems that did not stop the translation (a bad annotation that is
+    /// ignored, a MIG request scheduled by counts alone), to be reported.
+    pub notes: Vec<String>,
 }
 
 impl PodInfo {
@@ -443,7 +454,10 @@ pub fn pod(p: &core::Pod) -> Result<PodInfo, TranslateError> {
     let bound = spec
         .and_then(|s| s.node_name.as_deref())
         .is_some_and(|n| !n.is_empty());
-    let gpu = crate::mig::pod_request(&object, &req, &gpu, bound, &mig_models)?.unwrap_or(gpu);
+    let mut notes = Vec::new();
+    let (mig, note) = crate::mig::pod_request(&object, &req, &gpu, bound, &mig_models);
+    notes.extend(note.map(|e| e.to_string()));
+    let gpu = mig.unwrap_or(gpu);
 
     let mut task = Task::new(name.clone(), req).with_gpu(gpu);
     let mut affinity = None;
@@ -484,26 +498,53 @@ pub fn pod(p: &core::Pod) -> Result<PodInfo, TranslateError> {
             }
         }
     }
-    if task.node.is_some()
-        && let Some(g) = ann.get(keys::GPU_INDICES)
-    {
-        task.gpu_indices = g.split(',').filter_map(|s| s.trim().parse().ok()).collect();
-    }
-    if task.node.is_some()
-        && let GpuRequest::Mig { profile, .. } = &task.gpu
-        && let Some(v) = ann.get(keys::MIG_INSTANCE)
-    {
-        let i = crate::mig::Instance::parse(&object, v)?;
-        if &i.profile != profile {
-            return Err(err(
+    // What Tessera recorded at binding. Anyone who may patch the pod may
+    // change it, so it never makes a bound pod fail to translate (that would
+    // drop the pod and its resources from the snapshot, and overcommit its
+    // node): a bad record is reported and ignored, and the pod still counts.
+    if task.node.is_some() {
+        let ignored = |field: &str, v: &str, why: String| {
+            err(
                 &object,
-                &format!("metadata.annotations[{}]", keys::MIG_INSTANCE),
+                &format!("metadata.annotations[{field}]"),
                 v,
-                format!("the pod asks for MIG {profile}, not {}", i.profile),
-            ));
+                format!(
+                    "{why}; ignored, the pod still counts on its node but on no particular GPU"
+                ),
+            )
+            .to_string()
+        };
+        if let GpuRequest::Mig { profile, .. } = &task.gpu {
+            if let Some(v) = ann.get(keys::MIG_INSTANCE) {
+                match crate::mig::Instance::parse(&object, v) {
+                    Ok(i) if &i.profile == profile => {
+                        task.gpu_indices = vec![i.gpu];
+                        task.mig_start = Some(i.start);
+                    }
+                    Ok(i) => notes.push(ignored(
+                        keys::MIG_INSTANCE,
+                        v,
+                        format!("the pod asks for MIG {profile}, not {}", i.profile),
+                    )),
+                    Err(e) => notes.push(ignored(keys::MIG_INSTANCE, v, e.problem)),
+                }
+            }
+        } else if let Some(g) = ann.get(keys::GPU_INDICES) {
+            match g
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::parse::<u32>)
+                .collect::<Result<Vec<u32>, _>>()
+            {
+                Ok(v) => task.gpu_indices = v,
+                Err(_) => notes.push(ignored(
+                    keys::GPU_INDICES,
+                    g,
+                    "not a comma-separated list of GPU indices".into(),
+                )),
+            }
         }
-        task.gpu_indices = vec![i.gpu];
-        task.mig_start = Some(i.start);
     }
     let kind = match ann.get(keys::KIND).or_else(|| labels.get(keys::KIND)) {
         Some(k) => Some(parse_kind(
@@ -555,6 +596,7 @@ pub fn pod(p: &core::Pod) -> Result<PodInfo, TranslateError> {
             .unwrap_or(0),
         preemptable: ann.get(keys::PREEMPTABLE).map(String::as_str) != Some("false"),
         scheduled_message,
+        notes,
         namespace,
         name,
     })

@@ -88,6 +88,13 @@ pub(super) struct Index {
     pins: BTreeMap<String, usize>,
 }
 
+/// What every pod's part depends on that is the same for all pods.
+struct Ctx<'a> {
+    agent_nodes: &'a BTreeSet<&'a str>,
+    /// MIG profiles some node time-slices.
+    time_sliced: &'a BTreeSet<&'a str>,
+}
+
 fn others_group() -> PodGroup {
     let mut g = PodGroup::new(OTHERS, "~none", 0);
     g.preemptable = false;
@@ -189,6 +196,16 @@ impl State {
         mut nodes: bool,
     ) -> (Index, Built) {
         let agent_nodes = self.agent_nodes();
+        let time_sliced: BTreeSet<&str> = self
+            .time_sliced_mig
+            .values()
+            .flatten()
+            .map(String::as_str)
+            .collect();
+        let ctx = Ctx {
+            agent_nodes: &agent_nodes,
+            time_sliced: &time_sliced,
+        };
         let mut groups: BTreeSet<String> = BTreeSet::new();
         let mut agent_usage = nodes;
         let others_at = |b: &Built| {
@@ -197,10 +214,7 @@ impl State {
                 .binary_search_by(|g| g.name.as_str().cmp(OTHERS))
         };
         for key in changed {
-            let new = self
-                .pods
-                .get(&key)
-                .map(|p| self.pod_out(&key, p, &b, &agent_nodes));
+            let new = self.pods.get(&key).map(|p| self.pod_out(&key, p, &b, &ctx));
             let old = ix.outs.remove(&key);
             for (o, add) in old
                 .iter()
@@ -389,13 +403,8 @@ impl State {
     }
 
     /// One pod's part of the snapshot (`b` holds the PDB counts).
-    fn pod_out(
-        &self,
-        key: &PodKey,
-        p: &PodInfo,
-        b: &Built,
-        agent_nodes: &BTreeSet<&str>,
-    ) -> PodOut {
+    fn pod_out(&self, key: &PodKey, p: &PodInfo, b: &Built, ctx: &Ctx<'_>) -> PodOut {
+        let agent_nodes = ctx.agent_nodes;
         let mut out = PodOut {
             dest: Dest::Skip,
             usage: None,
@@ -413,6 +422,15 @@ impl State {
             return out;
         }
         let mut task = p.task.clone();
+        // A time-sliced profile: several pods share an instance, so its
+        // pods are counted (nvidia.com/mig-*), not given one.
+        if let GpuRequest::Mig { profile, .. } = &task.gpu
+            && ctx.time_sliced.contains(profile.as_str())
+        {
+            task.gpu = GpuRequest::None;
+            task.gpu_indices.clear();
+            task.mig_start = None;
+        }
         if let Some(a) = assumed
             && task.node.is_none()
         {

@@ -45,6 +45,24 @@ fn setup(cfg: HostConfig) -> Option<(tempfile::TempDir, Host)> {
     Some((d, host))
 }
 
+/// Waits until process `pid` has exited (gone, or a zombie not yet reaped).
+async fn wait_dead(pid: u32) {
+    loop {
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Err(_) => return,
+            Ok(s) => {
+                let state = s
+                    .rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().next());
+                if matches!(state, Some("Z" | "X")) {
+                    return;
+                }
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
 fn body(r: &tessera_agent::host::Invocation) -> Value {
     serde_json::from_slice(&r.reply.body).unwrap()
 }
@@ -90,6 +108,10 @@ async fn sessions_have_affinity_meter_usage_and_survive_sandbox_kills() {
         .args(["-KILL", &pid.to_string()])
         .status()
         .unwrap();
+    // SIGKILL is delivered asynchronously: until the sandbox's init has
+    // exited (and with it, by the kernel, every process of its namespace), the
+    // old agent can still answer. Wait for that, not for a time.
+    wait_dead(pid).await;
     let r3 = host
         .invoke("t1", "echo", None, "s1", br#"{"q": 3}"#, "application/json")
         .await

@@ -564,8 +564,11 @@ pub struct CycleCost {
     /// Of them, pending (ours, to place).
     pub pending: usize,
     pub runs: usize,
-    /// `State::build`: the snapshot the schedulers read.
+    /// `State::build`: the snapshot the schedulers read, assembled afresh.
     pub build_ms: f64,
+    /// `State::build_incremental` after one pending pod changed: the last
+    /// snapshot patched, as a controller cycle does when only pods changed.
+    pub patch_ms: f64,
     /// `tessera_sched::schedule` over that snapshot.
     pub schedule_ms: f64,
     /// Pending pods the session placed.
@@ -604,14 +607,30 @@ pub fn cycle_cost(nodes: usize, pods: usize, pending: usize, runs: usize) -> Cyc
         sched.push(t.elapsed().as_secs_f64() * 1000.0);
         placed = plan.bindings.len();
     }
+    // Patched: one pending pod changes between cycles (a label), the
+    // snapshot of the last cycle is handed back and patched.
+    let mut patch = Vec::new();
+    let first = st.build_incremental();
+    st.recycle(first);
+    for r in 0..runs.max(1) {
+        let mut p = fake_pod("bench", "p000000", scheduler, "100m", "128Mi");
+        p.metadata.labels = Some([("run".to_string(), r.to_string())].into());
+        st.apply_pod(&p);
+        let t = Instant::now();
+        let b = st.build_incremental();
+        patch.push(t.elapsed().as_secs_f64() * 1000.0);
+        st.recycle(b);
+    }
     build.sort_by(|a, b| a.total_cmp(b));
     sched.sort_by(|a, b| a.total_cmp(b));
+    patch.sort_by(|a, b| a.total_cmp(b));
     CycleCost {
         nodes,
         pods,
         pending,
         runs: runs.max(1),
         build_ms: pct(&build, 0.5),
+        patch_ms: pct(&patch, 0.5),
         schedule_ms: pct(&sched, 0.5),
         placed,
     }

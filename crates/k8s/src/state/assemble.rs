@@ -76,8 +76,9 @@ pub(super) struct Index {
     /// `State::global` when it was made.
     global: u64,
     outs: BTreeMap<PodKey, PodOut>,
-    /// Model group name → its member pods.
-    members: BTreeMap<String, BTreeSet<PodKey>>,
+    /// Model group name → its member pods, sorted (most groups have one
+    /// member: a sorted `Vec` costs far less than a `BTreeSet` there).
+    members: BTreeMap<String, Vec<PodKey>>,
     /// The pods behind the others group's tasks, in the same order.
     others: Vec<PodKey>,
     waiting: BTreeMap<PodKey, String>,
@@ -187,14 +188,16 @@ impl State {
     }
 
     /// Works the parts of the pods in `changed` out again and patches `b` (made
-    /// from `ix`) with them; `nodes` forces the nodes to be built.
+    /// from `ix`) with them; `fresh`: both start empty (a full assembly), so
+    /// the nodes are built and nothing needs removing.
     fn patch(
         &self,
         mut ix: Index,
         mut b: Built,
         changed: Vec<PodKey>,
-        mut nodes: bool,
+        fresh: bool,
     ) -> (Index, Built) {
+        let mut nodes = fresh;
         let agent_nodes = self.agent_nodes();
         let time_sliced: BTreeSet<&str> = self
             .time_sliced_mig
@@ -257,13 +260,15 @@ impl State {
                     Dest::Group(m) => {
                         groups.insert(m.gname.clone());
                         let set = ix.members.entry(m.gname.clone()).or_default();
-                        if add {
-                            set.insert(key.clone());
-                        } else {
-                            set.remove(&key);
-                            if set.is_empty() {
-                                ix.members.remove(&m.gname);
+                        match (set.binary_search(&key), add) {
+                            (Err(i), true) => set.insert(i, key.clone()),
+                            (Ok(i), false) => {
+                                set.remove(i);
                             }
+                            _ => {}
+                        }
+                        if set.is_empty() {
+                            ix.members.remove(&m.gname);
                         }
                     }
                     Dest::Others(t) => {
@@ -300,7 +305,7 @@ impl State {
             }
         }
         for gname in &groups {
-            self.fold(gname, &ix, &mut b);
+            self.fold(gname, &ix, &mut b, fresh);
         }
         b.waiting = ix
             .waiting
@@ -323,13 +328,15 @@ impl State {
 
     /// Replaces (or adds, or removes) model group `gname` in `b`, folded from
     /// its members in key order.
-    fn fold(&self, gname: &str, ix: &Index, b: &mut Built) {
+    fn fold(&self, gname: &str, ix: &Index, b: &mut Built, fresh: bool) {
         let at = b
             .snapshot
             .groups
             .binary_search_by(|g| g.name.as_str().cmp(gname));
-        b.meta.remove(gname);
-        b.pending.remove(gname);
+        if !fresh {
+            b.meta.remove(gname);
+            b.pending.remove(gname);
+        }
         let members = ix.members.get(gname).into_iter().flatten();
         let mut g: Option<PodGroup> = None;
         let mut pending = Vec::new();

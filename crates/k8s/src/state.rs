@@ -1455,10 +1455,21 @@ mod tests {
             1,
             serde_json::json!({"mode": "hard", "highestTierAllowed": 5}),
         );
+        s.apply_node(&node("n1", "4"));
         let b = s.build();
         assert_eq!(
             b.snapshot.groups[0].network_topology.map(|n| n.tier),
             Some(5)
+        );
+        // The gang waits, and says why (not "the 0 free GPUs it needs").
+        let (nodes, plan) = placed(&s);
+        assert!(nodes.is_empty());
+        assert!(
+            plan.pending[0]
+                .reason
+                .contains("no schedulable node is in one"),
+            "{}",
+            plan.pending[0].reason
         );
     }
 

@@ -39,8 +39,9 @@ pub struct NetworkTopologySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = "^(hard|soft)$"))]
     pub mode: Option<String>,
-    /// The highest network tier all pods may span (0 = one node, 1 = one
-    /// tier-1 HyperNode such as a rack, …).
+    /// All pods within one domain of a tier at most this one (0 = one node,
+    /// 1 = one tier-1 HyperNode such as a rack, 2 = a tier-2 HyperNode or a
+    /// rack, …); default 1, as Volcano's Job API.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub highest_tier_allowed: Option<i32>,

@@ -18,19 +18,36 @@
 //!   the same `highestTierAllowed` would mean different things in different
 //!   clusters; add it at the end of the list where zones are a tier.
 //!
-//! Rules, the same for both sources:
+//! What a tier number means, as in Volcano (`allocateResourceForTasksWithTopology`
+//! tries the HyperNodes of every tier from the lowest up to `highestTierAllowed`):
+//! `highestTierAllowed: t` is "all pods within one domain of a tier ≤ t". So a
+//! node's list has one entry per tier up to the topology's top tier
+//! ([`Topology::max_tier`]: the highest HyperNode tier, or the number of label
+//! keys), and the entry at tier `t` is the node's domain at the highest tier
+//! ≤ `t` that has one for it:
 //!
+//! * A rack with no parent spine is the node's domain at tier 2 and above too; a
+//!   node in racks (tier 1) under zones (tier 3) with no tier 2 counts in its rack
+//!   at tier 2. With HyperNodes, names are unique across tiers, so an inherited
+//!   name never collides; with labels, an inherited value is written
+//!   `~t<tier>/<value>` (`~t1/r1`), which no label value can be, so a rack `r1`
+//!   is never merged with a spine `r1`.
+//! * A node with no domain at any tier ≤ `t` but one above gets a domain of its
+//!   own at `t` (`~node/<name>`, a name no HyperNode or label value can have): a
+//!   node alone is always within one domain, so this never breaks a constraint
+//!   (Volcano would not use the node for such a gang at all).
 //! * A node in no domain at any tier (no HyperNode holds it, no label) has an
 //!   empty list: a gang with a *hard* constraint does not use it (as in Volcano,
 //!   which schedules such gangs inside HyperNodes only); a soft one may.
-//! * A node without a domain at tier `t` but with one above gets a domain of its
-//!   own at `t` (`~node/<name>`, a name no HyperNode or label value can have): a
-//!   node alone is always within one domain, so this never breaks a constraint.
+//! * A gang's tier above the top tier is clamped to the top tier by
+//!   [`crate::state::State::build`]: Volcano then tries every HyperNode (never
+//!   the nodes outside all of them), which is "within one domain of the top
+//!   tier" here.
 //! * A node that two HyperNodes of one tier hold (overlapping selectors, or a
 //!   HyperNode listed by two parents) is ambiguous at that tier: Volcano refuses a
-//!   HyperNode with two parents. Here the node gets a domain of its own at that
-//!   tier (and its unambiguous domains elsewhere), so no gang counts it in a rack
-//!   it may not be in; the problem is reported.
+//!   HyperNode with two parents. Here the tier counts as one where the node has
+//!   no domain (it inherits its unambiguous domain of a lower tier, else its own),
+//!   so no gang counts it in a rack it may not be in; the problem is reported.
 //! * A `HyperNode` member must have a lower tier than its parent; a link that does
 //!   not go down a tier is ignored and reported. So membership cycles (`a` holds
 //!   `b` holds `a`), which are reported as such, can never loop the resolution.
@@ -69,6 +86,17 @@ pub enum NodeMatch {
     Labels(LabelSelector),
 }
 
+impl PartialEq for NodeMatch {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (NodeMatch::Exact(a), NodeMatch::Exact(b)) => a == b,
+            (NodeMatch::Regex(a), NodeMatch::Regex(b)) => a.as_str() == b.as_str(),
+            (NodeMatch::Labels(a), NodeMatch::Labels(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
 impl NodeMatch {
     pub fn matches(&self, name: &str, labels: &BTreeMap<String, String>) -> bool {
         match self {
@@ -84,7 +112,7 @@ impl NodeMatch {
 }
 
 /// A HyperNode, translated.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct HyperNode {
     pub name: String,
     pub tier: u8,
@@ -190,9 +218,18 @@ pub fn hypernode(h: &crd::HyperNode) -> Result<HyperNode, TranslateError> {
 #[derive(Debug, Default)]
 pub struct Topology {
     hypernodes: BTreeMap<String, HyperNode>,
+    /// HyperNodes that could not be translated, with the error (so that the
+    /// same bad object arriving again is not reported again).
+    rejected: BTreeMap<String, String>,
     label_keys: Vec<String>,
     /// For each HyperNode: itself and every HyperNode above it, by tier.
     above: BTreeMap<String, BTreeMap<u8, BTreeSet<String>>>,
+    /// HyperNodes by the node names their `exactMatch` members give.
+    exact: BTreeMap<String, Vec<String>>,
+    /// HyperNodes with a regex or label member (tried against every node).
+    inexact: Vec<String>,
+    /// The highest HyperNode tier (0 without HyperNodes).
+    top: u8,
 }
 
 impl Topology {
@@ -207,25 +244,64 @@ impl Topology {
         &self.label_keys
     }
 
-    pub fn set_label_keys(&mut self, keys: Vec<String>) {
+    /// Sets the label keys; false when they are the ones in use.
+    pub fn set_label_keys(&mut self, keys: Vec<String>) -> bool {
+        if self.label_keys == keys {
+            return false;
+        }
         self.label_keys = keys;
+        true
     }
 
     pub fn hypernode_count(&self) -> usize {
         self.hypernodes.len()
     }
 
+    /// HyperNodes known, translated or not.
+    pub fn known_count(&self) -> usize {
+        self.hypernodes.len() + self.rejected.len()
+    }
+
+    /// The top tier: every node's list, when not empty, has this many entries;
+    /// 0 when there are no tiers at all.
+    pub fn max_tier(&self) -> u8 {
+        if self.hypernodes.is_empty() {
+            u8::try_from(self.label_keys.len()).unwrap_or(u8::MAX)
+        } else {
+            self.top
+        }
+    }
+
     /// Adds or replaces a HyperNode (call [`Topology::rebuild`] after).
     pub fn insert(&mut self, h: HyperNode) {
+        self.rejected.remove(&h.name);
         self.hypernodes.insert(h.name.clone(), h);
     }
 
-    pub fn remove(&mut self, name: &str) {
+    /// Records a HyperNode that could not be translated: it holds nothing.
+    pub fn reject(&mut self, name: &str, error: String) {
         self.hypernodes.remove(name);
+        self.rejected.insert(name.to_string(), error);
+    }
+
+    /// Whether applying this translation of HyperNode `name` would change
+    /// nothing (the same spec, or the same error, as before).
+    pub fn unchanged(&self, name: &str, h: &Result<HyperNode, String>) -> bool {
+        match h {
+            Ok(h) => self.hypernodes.get(name) == Some(h),
+            Err(e) => !self.hypernodes.contains_key(name) && self.rejected.get(name) == Some(e),
+        }
+    }
+
+    /// Removes a HyperNode; false when there was none of that name.
+    pub fn remove(&mut self, name: &str) -> bool {
+        let rejected = self.rejected.remove(name).is_some();
+        self.hypernodes.remove(name).is_some() || rejected
     }
 
     pub fn clear(&mut self) {
         self.hypernodes.clear();
+        self.rejected.clear();
     }
 
     /// Recomputes which HyperNodes sit above which; returns the problems found
@@ -268,6 +344,22 @@ impl Topology {
             above.insert(h.name.clone(), m);
         }
         self.above = above;
+        self.exact.clear();
+        self.inexact.clear();
+        for h in self.hypernodes.values() {
+            for m in &h.nodes {
+                if let NodeMatch::Exact(n) = m {
+                    let hs = self.exact.entry(n.clone()).or_default();
+                    if hs.last() != Some(&h.name) {
+                        hs.push(h.name.clone());
+                    }
+                }
+            }
+            if h.nodes.iter().any(|m| !matches!(m, NodeMatch::Exact(_))) {
+                self.inexact.push(h.name.clone());
+            }
+        }
+        self.top = self.hypernodes.values().map(|h| h.tier).max().unwrap_or(0);
         problems
     }
 
@@ -283,50 +375,69 @@ impl Topology {
                 .iter()
                 .map(|k| labels.get(k).map(String::as_str).filter(|v| !v.is_empty()))
                 .collect();
-            let top = tiers.iter().rposition(Option::is_some).map_or(0, |t| t + 1);
-            return (fill(node, &tiers, top), None);
+            if tiers.iter().all(Option::is_none) {
+                return (Vec::new(), None);
+            }
+            let net = (0..tiers.len())
+                .map(
+                    |t| match (0..=t).rev().find_map(|u| tiers[u].map(|d| (u, d))) {
+                        Some((u, d)) if u == t => d.to_string(),
+                        // Inherited: marked with its tier, never equal to a value
+                        // of this tier.
+                        Some((u, d)) => format!("~t{}/{d}", u + 1),
+                        None => own_domain(node),
+                    },
+                )
+                .collect();
+            return (net, None);
         }
         let mut by_tier: BTreeMap<u8, BTreeSet<&str>> = BTreeMap::new();
-        for h in self.hypernodes.values() {
-            if h.nodes.iter().any(|m| m.matches(node, labels)) {
-                for (t, names) in self.above.get(&h.name).into_iter().flatten() {
-                    by_tier
-                        .entry(*t)
-                        .or_default()
-                        .extend(names.iter().map(String::as_str));
-                }
+        let holders = self
+            .exact
+            .get(node)
+            .into_iter()
+            .flatten()
+            .filter_map(|h| self.hypernodes.get(h))
+            .chain(
+                self.inexact
+                    .iter()
+                    .filter_map(|h| self.hypernodes.get(h))
+                    .filter(|h| h.nodes.iter().any(|m| m.matches(node, labels))),
+            );
+        for h in holders {
+            for (t, names) in self.above.get(&h.name).into_iter().flatten() {
+                by_tier
+                    .entry(*t)
+                    .or_default()
+                    .extend(names.iter().map(String::as_str));
             }
         }
-        let top = by_tier.keys().next_back().copied().unwrap_or(0);
+        if by_tier.is_empty() {
+            return (Vec::new(), None);
+        }
         let mut problem = Vec::new();
-        let tiers: Vec<Option<&str>> = (1..=top)
-            .map(|t| match by_tier.get(&t) {
-                Some(s) if s.len() == 1 => s.first().copied(),
+        let mut net = Vec::with_capacity(usize::from(self.top));
+        // The domain of the highest tier so far that has exactly one.
+        let mut current: Option<&str> = None;
+        for t in 1..=self.top {
+            match by_tier.get(&t) {
+                Some(s) if s.len() == 1 => current = s.first().copied(),
                 Some(s) if s.len() > 1 => {
                     let names: Vec<&str> = s.iter().copied().collect();
                     problem.push(format!("tier {t} ({})", names.join(", ")));
-                    None
                 }
-                _ => None,
-            })
-            .collect();
+                _ => {}
+            }
+            net.push(current.map_or_else(|| own_domain(node), str::to_string));
+        }
         let problem = (!problem.is_empty()).then(|| {
             format!(
-                "node {node}: held by more than one HyperNode of one tier: {}; it counts as a domain of its own there",
+                "node {node}: held by more than one HyperNode of one tier: {}; at that tier it counts in its domain of a lower tier, else as a domain of its own",
                 problem.join("; ")
             )
         });
-        (fill(node, &tiers, usize::from(top)), problem)
+        (net, problem)
     }
-}
-
-/// Domains bottom up, up to tier `top`; a tier without one (`None`) is the
-/// node's own domain.
-fn fill(node: &str, tiers: &[Option<&str>], top: usize) -> Vec<String> {
-    tiers[..top.min(tiers.len())]
-        .iter()
-        .map(|d| d.map(str::to_string).unwrap_or_else(|| own_domain(node)))
-        .collect()
 }
 
 /// Membership cycles among HyperNodes (`a -> b -> a`), each reported once.
@@ -489,8 +600,10 @@ mod tests {
             hn("s1", 2, serde_json::json!([child("rack-a")])),
             hn("s2", 2, serde_json::json!([child("rack-a")])),
         ]);
+        // There it counts in its rack, which is within one tier-2 domain
+        // whichever spine holds it.
         let (net, problem) = t.network_of("n1", &labels(&[]));
-        assert_eq!(net, ["rack-a".to_string(), own_domain("n1")]);
+        assert_eq!(net, ["rack-a", "rack-a"]);
         assert!(problem.unwrap().contains("tier 2 (s1, s2)"));
     }
 
@@ -524,18 +637,30 @@ mod tests {
     fn label_fallback() {
         let t = Topology::new(default_label_keys());
         let k = DEFAULT_LABEL_KEYS;
+        assert_eq!(t.max_tier(), 3);
+        // Up to the top tier (the number of keys), a missing tier inheriting
+        // the one below, marked so that it never equals a value of its tier.
         assert_eq!(
             t.network_of("n1", &labels(&[(k[0], "r1"), (k[1], "s1")])).0,
-            ["r1", "s1"]
+            ["r1", "s1", "~t2/s1"]
         );
         assert_eq!(
             t.network_of("n1", &labels(&[(k[1], "s1")])).0,
-            [own_domain("n1"), "s1".to_string()]
+            [own_domain("n1"), "s1".to_string(), "~t2/s1".to_string()]
+        );
+        assert_eq!(
+            t.network_of("n1", &labels(&[(k[0], "r1"), (k[2], "z")])).0,
+            ["r1", "~t1/r1", "z"]
         );
         assert_eq!(
             t.network_of("n1", &labels(&[(k[0], "")])).0,
             Vec::<String>::new()
         );
+        // A rack "x" without a spine and a spine "x" elsewhere: two domains
+        // at tier 2.
+        let a = t.network_of("a", &labels(&[(k[0], "x")])).0;
+        let b = t.network_of("b", &labels(&[(k[0], "y"), (k[1], "x")])).0;
+        assert_ne!(a[1], b[1]);
         let t = Topology::new(vec!["rack".into(), "topology.kubernetes.io/zone".into()]);
         assert_eq!(
             t.network_of(
@@ -545,6 +670,61 @@ mod tests {
             .0,
             ["r1", "z"]
         );
+    }
+
+    /// Volcano tries the HyperNodes of every tier up to `highestTierAllowed`:
+    /// a rack without a spine above it is a tier-2 domain too.
+    #[test]
+    fn a_rack_without_a_spine_is_its_tier_2_domain() {
+        let (t, _) = topo(&[
+            hn("rack-a", 1, serde_json::json!([node("a1"), node("a2")])),
+            hn("rack-b", 1, serde_json::json!([node("b1")])),
+            hn("spine", 2, serde_json::json!([child("rack-b")])),
+        ]);
+        assert_eq!(t.max_tier(), 2);
+        let none = labels(&[]);
+        assert_eq!(t.network_of("a1", &none).0, ["rack-a", "rack-a"]);
+        assert_eq!(t.network_of("a2", &none).0, ["rack-a", "rack-a"]);
+        assert_eq!(t.network_of("b1", &none).0, ["rack-b", "spine"]);
+        assert!(t.network_of("elsewhere", &none).0.is_empty());
+    }
+
+    /// Tiers 1 and 3 only: at tier 2 a node counts in its rack, not alone.
+    #[test]
+    fn tiers_1_and_3_only() {
+        let (t, _) = topo(&[
+            hn("rack-a", 1, serde_json::json!([node("a1"), node("a2")])),
+            hn("rack-b", 1, serde_json::json!([node("b1")])),
+            hn(
+                "zone",
+                3,
+                serde_json::json!([child("rack-a"), child("rack-b"), node("z1")]),
+            ),
+        ]);
+        assert_eq!(t.max_tier(), 3);
+        let none = labels(&[]);
+        assert_eq!(t.network_of("a1", &none).0, ["rack-a", "rack-a", "zone"]);
+        assert_eq!(t.network_of("b1", &none).0, ["rack-b", "rack-b", "zone"]);
+        // Directly in the zone: alone below it.
+        assert_eq!(
+            t.network_of("z1", &none).0,
+            [own_domain("z1"), own_domain("z1"), "zone".to_string()]
+        );
+    }
+
+    /// Every node's list reaches the top tier, whichever tier its own
+    /// HyperNodes stop at.
+    #[test]
+    fn lists_reach_the_top_tier() {
+        let (t, _) = topo(&[
+            hn("rack-a", 1, serde_json::json!([node("a1")])),
+            hn("big", 4, serde_json::json!([node("x1")])),
+        ]);
+        let none = labels(&[]);
+        assert_eq!(t.max_tier(), 4);
+        assert_eq!(t.network_of("a1", &none).0, ["rack-a"; 4]);
+        assert_eq!(t.network_of("x1", &none).0.len(), 4);
+        assert_eq!(t.network_of("x1", &none).0[3], "big");
     }
 
     #[test]
@@ -611,12 +791,14 @@ mod tests {
     }
 
     proptest! {
-        /// Resolution never counts a node in a domain of a tier that another
-        /// HyperNode of that tier also holds it in (one domain per tier, and
-        /// only an unambiguous one); every domain it names is a HyperNode of
-        /// that tier holding the node (directly or through members that go
-        /// down a tier), or the node's own; and the result does not depend on
-        /// the order HyperNodes arrive in.
+        /// The specification of [`Topology::network_of`]: a node that some
+        /// HyperNode holds (directly or through members that go down a tier)
+        /// has one entry per tier up to the highest HyperNode tier; at tier
+        /// `t`, the one HyperNode holding it at the highest tier `u <= t`
+        /// where exactly one does (none, or several: a lower tier), else the
+        /// node's own domain. A node nothing holds has none. Hence soundness:
+        /// two nodes with one domain at tier `t` are both held by one
+        /// HyperNode of tier `<= t`.
         #[test]
         fn resolution_is_sound(g in arb_graph()) {
             let hs: Vec<crd::HyperNode> = g.iter().enumerate().map(|(i, (tier, nodes, kids))| {
@@ -626,9 +808,6 @@ mod tests {
                 hn(&format!("h{i}"), i64::from(*tier), serde_json::Value::Array(m))
             }).collect();
             let (t, _) = topo(&hs);
-            let mut rev = hs.clone();
-            rev.reverse();
-            let (t2, _) = topo(&rev);
             // Which HyperNodes hold a node, following links down a tier only.
             let holds = |h: usize, n: usize| -> bool {
                 let mut stack = vec![h];
@@ -642,24 +821,62 @@ mod tests {
                 }
                 false
             };
+            let top = g.iter().map(|h| h.0).max().unwrap_or(0);
+            if !g.is_empty() {
+                prop_assert_eq!(t.max_tier(), top);
+            }
             for n in 0..6 {
                 let name = format!("n{n}");
                 let (net, _) = t.network_of(&name, &BTreeMap::new());
-                prop_assert_eq!(&net, &t2.network_of(&name, &BTreeMap::new()).0);
-                // The specification: up to the highest tier that holds the
-                // node, the one HyperNode of each tier that holds it, else
-                // (none, or several) the node's own domain.
                 let holders = |tier: u8| -> Vec<usize> {
                     (0..g.len()).filter(|&h| g[h].0 == tier && holds(h, n)).collect()
                 };
-                let top = (1u8..5).filter(|&t| !holders(t).is_empty()).max().unwrap_or(0);
+                if (1..=top).all(|t| holders(t).is_empty()) {
+                    prop_assert!(net.is_empty(), "{:?}", net);
+                    continue;
+                }
                 prop_assert_eq!(net.len(), usize::from(top), "{:?}", net);
                 for tier in 1..=top {
-                    let want = match holders(tier)[..] {
-                        [h] => format!("h{h}"),
-                        _ => own_domain(&name),
-                    };
+                    let want = (1..=tier)
+                        .rev()
+                        .find_map(|u| match holders(u)[..] {
+                            [h] => Some(format!("h{h}")),
+                            _ => None,
+                        })
+                        .unwrap_or_else(|| own_domain(&name));
                     prop_assert_eq!(&net[usize::from(tier) - 1], &want);
+                }
+            }
+        }
+
+        /// With labels, two nodes share a domain at tier `t` only when they
+        /// have the same value for one key of a tier `<= t` (never a rack
+        /// value taken for a spine value), and every labelled node's list
+        /// reaches the top tier.
+        #[test]
+        fn label_domains_are_sound(
+            nodes in prop::collection::vec(
+                prop::collection::vec(prop::option::of(0u8..3), 3), 2..6)
+        ) {
+            let t = Topology::new(default_label_keys());
+            let nets: Vec<Vec<String>> = nodes.iter().enumerate().map(|(i, vals)| {
+                let l: BTreeMap<String, String> = vals.iter().enumerate()
+                    .filter_map(|(k, v)| v.map(|v| (DEFAULT_LABEL_KEYS[k].to_string(), format!("v{v}"))))
+                    .collect();
+                t.network_of(&format!("n{i}"), &l).0
+            }).collect();
+            for (i, a) in nets.iter().enumerate() {
+                let labelled = nodes[i].iter().any(Option::is_some);
+                prop_assert_eq!(a.len(), if labelled { 3 } else { 0 });
+                for (j, b) in nets.iter().enumerate().skip(i + 1) {
+                    for tier in 0..a.len().min(b.len()) {
+                        if a[tier] == b[tier] {
+                            prop_assert!(
+                                (0..=tier).any(|u| nodes[i][u].is_some() && nodes[i][u] == nodes[j][u]),
+                                "n{} {:?} and n{} {:?} at tier {}", i, &nodes[i], j, &nodes[j], tier + 1
+                            );
+                        }
+                    }
                 }
             }
         }

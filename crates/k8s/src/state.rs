@@ -444,36 +444,63 @@ impl State {
     /// The node label keys of the network tiers, bottom up, read when the
     /// cluster has no HyperNodes (default [`network::DEFAULT_LABEL_KEYS`]).
     pub fn set_network_label_keys(&mut self, keys: Vec<String>) {
-        self.topology.set_label_keys(keys);
-        self.renetwork(Vec::new());
+        if self.topology.set_label_keys(keys) {
+            self.renetwork(Vec::new());
+        }
     }
 
+    /// A HyperNode added or changed. One whose spec is what it was (Volcano's
+    /// controller writing `status.nodeCount`, auto-discovery rewriting every
+    /// HyperNode each interval) changes nothing and starts no cycle.
     pub fn apply_hypernode(&mut self, h: &crd::topology::HyperNode) {
         let name = h.metadata.name.clone().unwrap_or_default();
+        let x = network::hypernode(h).map_err(|e| e.to_string());
+        if self.topology.unchanged(&name, &x) {
+            return;
+        }
         let mut problems = Vec::new();
-        match network::hypernode(h) {
+        match x {
             Ok(x) => self.topology.insert(x),
             Err(e) => {
-                self.topology.remove(&name);
-                problems.push(e.to_string());
+                self.topology.reject(&name, e.clone());
+                problems.push(e);
             }
         }
         self.renetwork(problems);
     }
 
     pub fn delete_hypernode(&mut self, name: &str) {
-        self.topology.remove(name);
-        self.renetwork(Vec::new());
+        if self.topology.remove(name) {
+            self.renetwork(Vec::new());
+        }
     }
 
-    /// Replaces every HyperNode with a fresh list (after a watch re-list).
+    /// Replaces every HyperNode with a fresh list (after a watch re-list); the
+    /// same list as before changes nothing.
     pub fn reset_hypernodes(&mut self, all: &[crd::topology::HyperNode]) {
+        let all: BTreeMap<String, Result<network::HyperNode, String>> = all
+            .iter()
+            .map(|h| {
+                (
+                    h.metadata.name.clone().unwrap_or_default(),
+                    network::hypernode(h).map_err(|e| e.to_string()),
+                )
+            })
+            .collect();
+        if all.len() == self.topology.known_count()
+            && all.iter().all(|(n, x)| self.topology.unchanged(n, x))
+        {
+            return;
+        }
         self.topology.clear();
         let mut problems = Vec::new();
-        for h in all {
-            match network::hypernode(h) {
+        for (name, x) in all {
+            match x {
                 Ok(x) => self.topology.insert(x),
-                Err(e) => problems.push(e.to_string()),
+                Err(e) => {
+                    self.topology.reject(&name, e.clone());
+                    problems.push(e);
+                }
             }
         }
         self.renetwork(problems);
@@ -1167,14 +1194,8 @@ mod tests {
                 .map(|x| x.network.clone())
                 .unwrap()
         };
-        assert_eq!(net(&s, "a1"), ["a"]);
-        let hn = |name: &str, tier: i64, members: serde_json::Value| -> crd::topology::HyperNode {
-            serde_json::from_value(serde_json::json!({
-                "apiVersion": "topology.volcano.sh/v1alpha1", "kind": "HyperNode",
-                "metadata": {"name": name}, "spec": {"tier": tier, "members": members}
-            }))
-            .unwrap()
-        };
+        // Up to the top tier of the three default keys.
+        assert_eq!(net(&s, "a1"), ["a", "~t1/a", "~t1/a"]);
         s.apply_hypernode(&hn(
             "rack-x",
             1,
@@ -1197,9 +1218,222 @@ mod tests {
         assert!(net(&s, "a1").is_empty());
         // Without HyperNodes, the labels count again.
         s.reset_hypernodes(&[]);
-        assert_eq!(net(&s, "b1"), ["b"]);
+        assert_eq!(net(&s, "b1"), ["b", "~t1/b", "~t1/b"]);
         s.set_network_label_keys(vec!["zone".into()]);
         assert!(net(&s, "b1").is_empty());
+    }
+
+    fn hn(name: &str, tier: i64, members: serde_json::Value) -> crd::topology::HyperNode {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "topology.volcano.sh/v1alpha1", "kind": "HyperNode",
+            "metadata": {"name": name}, "spec": {"tier": tier, "members": members}
+        }))
+        .unwrap()
+    }
+
+    fn exact(kind: &str, names: &[&str]) -> serde_json::Value {
+        serde_json::Value::Array(
+            names
+                .iter()
+                .map(|n| serde_json::json!({"type": kind, "selector": {"exactMatch": {"name": n}}}))
+                .collect(),
+        )
+    }
+
+    /// Nodes a1, a2 (4 cores each, in rack-a) and b1 (in rack-b); the gang
+    /// needs two 3-core pods.
+    fn hypernode_racks(spine_over: &[&str]) -> State {
+        let mut s = State::new("tessera");
+        for n in ["a1", "a2", "b1"] {
+            s.apply_node(&node(n, "4"));
+        }
+        s.apply_hypernode(&hn("rack-a", 1, exact("Node", &["a1", "a2"])));
+        s.apply_hypernode(&hn("rack-b", 1, exact("Node", &["b1"])));
+        if !spine_over.is_empty() {
+            s.apply_hypernode(&hn("spine", 2, exact("HyperNode", spine_over)));
+        }
+        s
+    }
+
+    #[test]
+    fn hard_tier_2_gang_uses_a_rack_without_a_spine() {
+        // Volcano tries tier-1 HyperNodes for highestTierAllowed 2 as well.
+        let mut s = hypernode_racks(&["rack-b"]);
+        gang(
+            &mut s,
+            "job",
+            2,
+            serde_json::json!({"mode": "hard", "highestTierAllowed": 2}),
+        );
+        let (nodes, plan) = placed(&s);
+        assert_eq!(nodes, ["a1", "a2"], "{:?}", plan.pending);
+    }
+
+    #[test]
+    fn a_tier_above_the_top_means_the_top_tier() {
+        // Top tier 1: a tier-5 gang is a tier-1 gang (Volcano tries every
+        // HyperNode, never the nodes outside them).
+        let mut s = hypernode_racks(&[]);
+        s.apply_node(&node("loose", "4"));
+        gang(
+            &mut s,
+            "job",
+            2,
+            serde_json::json!({"mode": "hard", "highestTierAllowed": 5}),
+        );
+        let b = s.build();
+        let g = b
+            .snapshot
+            .groups
+            .iter()
+            .find(|g| g.name == "ns/job")
+            .unwrap();
+        assert_eq!(g.network_topology.map(|n| n.tier), Some(1));
+        let (nodes, plan) = placed(&s);
+        assert_eq!(nodes, ["a1", "a2"], "{:?}", plan.pending);
+        // Three pods: rack-a holds two, rack-b one, `loose` is in no
+        // HyperNode; the gang waits.
+        let mut s = hypernode_racks(&[]);
+        s.apply_node(&node("loose", "4"));
+        gang(
+            &mut s,
+            "job",
+            3,
+            serde_json::json!({"mode": "hard", "highestTierAllowed": 5}),
+        );
+        assert!(placed(&s).0.is_empty());
+        // Without any tier (no HyperNodes, no label keys) the tier stays.
+        let mut s = State::new("tessera");
+        s.set_network_label_keys(Vec::new());
+        gang(
+            &mut s,
+            "job",
+            1,
+            serde_json::json!({"mode": "hard", "highestTierAllowed": 5}),
+        );
+        s.apply_node(&node("n1", "4"));
+        let b = s.build();
+        assert_eq!(
+            b.snapshot.groups[0].network_topology.map(|n| n.tier),
+            Some(5)
+        );
+        // The gang waits, and says why (not "the 0 free GPUs it needs").
+        let (nodes, plan) = placed(&s);
+        assert!(nodes.is_empty());
+        assert!(
+            plan.pending[0]
+                .reason
+                .contains("no schedulable node is in one"),
+            "{}",
+            plan.pending[0].reason
+        );
+    }
+
+    #[test]
+    fn tiers_1_and_3_only_confine_a_tier_2_gang_to_a_rack_not_a_node() {
+        let mut s = State::new("tessera");
+        for n in ["a1", "a2", "b1"] {
+            s.apply_node(&node(n, "4"));
+        }
+        s.apply_hypernode(&hn("rack-a", 1, exact("Node", &["a1", "a2"])));
+        s.apply_hypernode(&hn("rack-b", 1, exact("Node", &["b1"])));
+        s.apply_hypernode(&hn("zone", 3, exact("HyperNode", &["rack-a", "rack-b"])));
+        gang(
+            &mut s,
+            "job",
+            2,
+            serde_json::json!({"mode": "hard", "highestTierAllowed": 2}),
+        );
+        let (nodes, plan) = placed(&s);
+        assert_eq!(nodes, ["a1", "a2"], "{:?}", plan.pending);
+    }
+
+    #[test]
+    fn the_same_hypernode_again_starts_no_cycle() {
+        let mut s = hypernode_racks(&["rack-a", "rack-b"]);
+        let g = s.generation;
+        // Volcano's controller writing `status.nodeCount`.
+        let mut again = hn("rack-a", 1, exact("Node", &["a1", "a2"]));
+        again.status = serde_json::from_value(serde_json::json!({"nodeCount": 2})).unwrap();
+        s.apply_hypernode(&again);
+        assert_eq!(s.generation, g);
+        s.delete_hypernode("never-there");
+        assert_eq!(s.generation, g);
+        let all = [
+            hn("rack-b", 1, exact("Node", &["b1"])),
+            again.clone(),
+            hn("spine", 2, exact("HyperNode", &["rack-a", "rack-b"])),
+        ];
+        s.reset_hypernodes(&all);
+        assert_eq!(s.generation, g);
+        // A bad one is reported once, however often it arrives.
+        s.errors.clear();
+        s.apply_hypernode(&hn("bad", 0, serde_json::json!([])));
+        let g = s.generation;
+        s.apply_hypernode(&hn("bad", 0, serde_json::json!([])));
+        assert_eq!(s.generation, g);
+        assert_eq!(s.errors.len(), 1, "{:?}", s.errors);
+        // A change is one.
+        s.apply_hypernode(&hn("rack-a", 1, exact("Node", &["a1"])));
+        assert_ne!(s.generation, g);
+        let net = s
+            .build()
+            .snapshot
+            .nodes
+            .iter()
+            .find(|n| n.name == "a2")
+            .map(|n| n.network.clone());
+        assert_eq!(net, Some(Vec::new()));
+    }
+
+    proptest::proptest! {
+        /// HyperNodes applied one event at a time (repeats, changes, bad
+        /// ones, deletions, in any order) leave every node where a fresh
+        /// controller that lists the final set puts it: skipping unchanged
+        /// HyperNodes never keeps a stale domain.
+        #[test]
+        fn hypernode_events_agree_with_a_fresh_list(
+            events in proptest::collection::vec((0usize..4, 0usize..5), 0..16)
+        ) {
+            // Variants of four HyperNodes; variant 4 is a deletion, 3 bad.
+            let variant = |h: usize, v: usize| -> Option<crd::topology::HyperNode> {
+                let name = format!("h{h}");
+                match (h, v) {
+                    (_, 4) => None,
+                    (_, 3) => Some(hn(&name, 0, serde_json::json!([]))),
+                    (0 | 1, v) => Some(hn(&name, 1, exact("Node", &[["a1", "a2", "b1"][v], "a2"]))),
+                    (2, v) => Some(hn(&name, 2, exact("HyperNode", &[["h0", "h1", "h0"][v]]))),
+                    (_, v) => Some(hn(&name, [1, 2, 3][v], serde_json::json!(
+                        [{"type": "Node", "selector": {"regexMatch": {"pattern": "^b"}}}]))),
+                }
+            };
+            let mut s = State::new("tessera");
+            for n in ["a1", "a2", "b1"] {
+                s.apply_node(&node(n, "4"));
+            }
+            let mut last: BTreeMap<usize, crd::topology::HyperNode> = BTreeMap::new();
+            for (h, v) in events {
+                match variant(h, v) {
+                    Some(x) => {
+                        s.apply_hypernode(&x);
+                        last.insert(h, x);
+                    }
+                    None => {
+                        s.delete_hypernode(&format!("h{h}"));
+                        last.remove(&h);
+                    }
+                }
+            }
+            let mut fresh = State::new("tessera");
+            for n in ["a1", "a2", "b1"] {
+                fresh.apply_node(&node(n, "4"));
+            }
+            fresh.reset_hypernodes(&last.values().cloned().collect::<Vec<_>>());
+            let nets = |s: &State| -> Vec<Vec<String>> {
+                s.build().snapshot.nodes.iter().map(|n| n.network.clone()).collect()
+            };
+            proptest::prop_assert_eq!(nets(&s), nets(&fresh));
+        }
     }
 
     #[test]

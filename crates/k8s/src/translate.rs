@@ -652,9 +652,9 @@ fn min_member(object: &str, v: Option<i32>) -> Result<u32, TranslateError> {
 
 /// Volcano's `networkTopology` as the model's [`NetworkTier`]: `mode` (`hard`,
 /// the default, or `soft`) is the strength, `highestTierAllowed` the tier (0 =
-/// one node, 1 = one tier-1 HyperNode, …). Volcano's scheduler ignores a
-/// `networkTopology` that names no tier and its webhook refuses one; here it is
-/// an error, as is `highestTierName` (tier names are not resolved yet).
+/// one node, 1 = one domain of tier 1, 2 = one of tier 2 or below, …; default
+/// 1, as Volcano's Job API). `highestTierName` is an error (tier names are not
+/// resolved yet).
 pub fn network_topology(
     object: &str,
     nt: Option<&crd::NetworkTopologySpec>,
@@ -692,14 +692,9 @@ pub fn network_topology(
                 "tier names are not supported yet; give the tier as highestTierAllowed",
             ));
         }
-        (None, None) => {
-            return Err(err(
-                object,
-                "spec.networkTopology.highestTierAllowed",
-                "",
-                "missing: a network topology needs the highest tier its pods may span",
-            ));
-        }
+        // Volcano's Job API defaults the field to 1 (`+kubebuilder:default=1`
+        // in volcano-sh/apis batch/v1alpha1), and its PodGroups copy it.
+        (None, None) => 1,
         (Some(t), None) => t,
     };
     let tier = u8::try_from(tier).map_err(|_| {
@@ -1159,6 +1154,16 @@ mod tests {
             .map(|n| n.tier),
             Some(0)
         );
+        // No tier: 1, Volcano's Job API default.
+        assert_eq!(
+            volcano_group(&vg(serde_json::json!({"mode": "soft"})))
+                .unwrap()
+                .network_topology,
+            Some(NetworkTier {
+                tier: 1,
+                strength: Strength::Soft
+            })
+        );
         let mut none = vg(serde_json::json!({}));
         none.spec.network_topology = None;
         assert_eq!(volcano_group(&none).unwrap().network_topology, None);
@@ -1177,11 +1182,6 @@ mod tests {
                 serde_json::json!({"highestTierAllowed": 256}),
                 "spec.networkTopology.highestTierAllowed",
                 "256",
-            ),
-            (
-                serde_json::json!({"mode": "hard"}),
-                "spec.networkTopology.highestTierAllowed",
-                "",
             ),
             (
                 serde_json::json!({"highestTierName": "rack"}),

@@ -46,7 +46,10 @@ pub struct GpuTopology {
 
 /// A gang's constraint: all its tasks within one domain of network tier `tier`
 /// (0 = one node, 1 = the node's first tier label, e.g. a rack;
-/// 2 = the second, e.g. a spine; …).
+/// 2 = the second, e.g. a spine; …). Volcano's `highestTierAllowed: t` means
+/// "within one domain of a tier ≤ t"; the Kubernetes layer makes the two agree
+/// by giving each node at tier `t` its domain of the highest tier ≤ `t` that
+/// has one (see `tessera-k8s`'s `network.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NetworkTier {

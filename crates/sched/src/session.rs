@@ -903,6 +903,7 @@ impl Session<'_, '_, '_> {
         };
         let (domains, roomiest, need) = self.tier_domains(j, nt);
         let tried = domains.len();
+        let roomiest_none = roomiest.is_none();
         let before = self.st.jobs[j as usize].occupied;
         for d in domains {
             self.tier_filter = Some((nt.tier, d.clone()));
@@ -925,7 +926,12 @@ impl Session<'_, '_, '_> {
         }
         if self.st.jobs[j as usize].reason.is_none() && self.st.jobs[j as usize].occupied == before
         {
-            self.st.jobs[j as usize].reason = Some(if tried == 0 {
+            self.st.jobs[j as usize].reason = Some(if roomiest_none {
+                format!(
+                    "needs its tasks within one tier-{} network domain (hard), and no schedulable node is in one",
+                    nt.tier
+                )
+            } else if tried == 0 {
                 format!(
                     "needs its tasks within one tier-{} network domain (hard), and no domain has the {need} free GPUs it needs",
                     nt.tier

@@ -53,14 +53,7 @@ fn cycle_table(c: &CycleCost) -> String {
         "tessera bench k8s --offline: {} nodes, {} pods ({} pending), median of {} cycles\n\
          snapshot afresh ms   snapshot patched ms   schedule ms   placed\n\
          {:>18.2} {:>21.3} {:>13.2} {:>8}\n",
-        c.nodes,
-        c.pods,
-        c.pending,
-        c.runs,
-        c.build_ms,
-        c.patch_ms,
-        c.schedule_ms,
-        c.placed
+        c.nodes, c.pods, c.pending, c.runs, c.build_ms, c.patch_ms, c.schedule_ms, c.placed
     )
 }
 

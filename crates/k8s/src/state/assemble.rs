@@ -359,7 +359,15 @@ impl State {
                 };
                 let mut g = PodGroup::new(gname, queue.unwrap_or_else(|| "default".into()), min);
                 g.min_resources = spec.and_then(|s| s.min_resources.clone());
-                g.network_topology = spec.and_then(|s| s.network_topology);
+                // A tier above the top one: within one domain of the top tier
+                // (Volcano tries every HyperNode then); without tiers, as given.
+                let top = self.topology.max_tier();
+                g.network_topology = spec.and_then(|s| s.network_topology).map(|mut nt| {
+                    if top > 0 && nt.tier > top {
+                        nt.tier = top;
+                    }
+                    nt
+                });
                 g.kind = spec
                     .and_then(|s| s.kind)
                     .or(m.kind)

@@ -46,7 +46,7 @@ fn setup(cfg: HostConfig) -> Option<(tempfile::TempDir, Host)> {
 }
 
 /// Waits until process `pid` has exited (gone, or a zombie not yet reaped).
-async fn wait_dead(pid: u32) {
+async fn wait_dead(pid: i32) {
     loop {
         match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
             Err(_) => return,

@@ -963,7 +963,7 @@ mod tests {
         #[test]
         fn a_patched_snapshot_always_equals_a_fresh_one(
             ops in proptest::collection::vec(
-                (0u8..12, 0u8..5, proptest::array::uniform6(0u8..4)), 1..60)
+                (0u8..13, 0u8..5, proptest::array::uniform6(0u8..4)), 1..60)
         ) {
             let mut st = State::new("tessera");
             st.apply_node(&node("n1", "8"));
@@ -993,9 +993,29 @@ mod tests {
                         })).unwrap();
                         if v[0] % 2 == 0 { st.apply_shard(&shard) } else { st.delete_shard("agents") }
                     }
-                    _ => {
+                    11 => {
                         // A victim awaited, then gone.
                         st.await_victims("ns/g".into(), [key.clone()].into());
+                    }
+                    _ => {
+                        // A PDB over label l=x: allowing none, one, or gone.
+                        if v[0] == 3 {
+                            st.delete_pdb("ns", "pdb");
+                        } else {
+                            // maxUnavailable 0 allows none; minAvailable 1 or 2
+                            // allows none until enough matching pods are bound.
+                            let spec = if v[0] == 0 {
+                                serde_json::json!({"selector": {"matchLabels": {"l": "x"}},
+                                                   "maxUnavailable": 0})
+                            } else {
+                                serde_json::json!({"selector": {"matchLabels": {"l": "x"}},
+                                                   "minAvailable": v[0] as i32})
+                            };
+                            let pdb: PodDisruptionBudget = serde_json::from_value(serde_json::json!({
+                                "metadata": {"name": "pdb", "namespace": "ns"}, "spec": spec
+                            })).unwrap();
+                            st.apply_pdb(&pdb);
+                        }
                     }
                 }
                 let b = st.build_incremental();

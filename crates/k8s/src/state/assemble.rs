@@ -10,8 +10,10 @@
 //!   builds the nodes: [`State::build`], the reference;
 //! * between two cycles usually only a few pods changed. When nothing but pods
 //!   (and bindings assumed or forgotten) changed since the last assembly, and
-//!   there are no PodDisruptionBudgets (whose counts tie every pod to every
-//!   other), [`State::build_incremental`] patches the last snapshot: it works
+//!   the PodDisruptionBudgets that allow no disruption are still the same
+//!   ones (that decides which groups may be preempted, for every pod, so a
+//!   change there ties every pod to every other), [`State::build_incremental`]
+//!   counts the PDBs again and patches the last snapshot: it works
 //!   out the changed pods' parts again, re-folds only the groups they left or
 //!   joined, patches the others group task by task, and rebuilds the nodes only
 //!   when the set of affinities or claim pins of pending pods changed. Anything
@@ -114,12 +116,10 @@ impl State {
     pub fn build_incremental(&mut self) -> Built {
         let dirty = std::mem::take(&mut self.dirty);
         let last = match (self.index.take(), self.parked.take()) {
-            (Some(ix), Some(b)) if ix.global == self.global && self.pdbs.is_empty() => {
-                Some((ix, b))
-            }
+            (Some(ix), Some(b)) if ix.global == self.global => Some((ix, b)),
             _ => None,
         };
-        let (ix, b) = match last {
+        let (ix, b) = match last.and_then(|(ix, b)| self.recount_pdbs(ix, b)) {
             Some((ix, b)) => {
                 self.assembled_in_part += 1;
                 self.patch(ix, b, dirty.into_iter().collect(), false)
@@ -161,8 +161,29 @@ impl State {
         self.patch(ix, b, self.pods.keys().cloned().collect(), true)
     }
 
+    /// Counts the PDBs again for a snapshot to be patched; `None` (assemble
+    /// afresh) when the set of PDBs that allow no disruption changed, since
+    /// that decides which groups may be preempted, unchanged pods' included.
+    fn recount_pdbs(&self, ix: Index, mut b: Built) -> Option<(Index, Built)> {
+        if self.pdbs.is_empty() && b.pdb_allowed.is_empty() {
+            return Some((ix, b));
+        }
+        let zero = |b: &Built| -> BTreeSet<(String, String)> {
+            b.pdb_allowed
+                .iter()
+                .filter(|(_, a)| **a == 0)
+                .map(|(k, _)| k.clone())
+                .collect()
+        };
+        let before = zero(&b);
+        self.pdb_counts(&mut b);
+        (zero(&b) == before).then_some((ix, b))
+    }
+
     /// PDBs: bound matching pods and the disruptions they allow.
     fn pdb_counts(&self, b: &mut Built) {
+        b.pdb_allowed.clear();
+        b.pdb_of_pod.clear();
         if self.pdbs.is_empty() {
             return;
         }

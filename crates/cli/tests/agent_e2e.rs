@@ -499,10 +499,24 @@ async fn langgraph_sessions_survive_sandbox_and_server_kills() {
 
     // Metered totals equal the sum of the usage records; one tool fee per
     // logical charge; every answered invocation metered.
-    let (st, v) = call(&http, &chaos, M::GET, "/v1/usage?records=true", None)
-        .await
-        .unwrap();
-    assert_eq!(st, 200, "{v}");
+    // Sandboxes are metered (their CPU) when they are released, which goes on
+    // after the sessions answered; the records and the totals are separate
+    // reads, so a record can land between them. Read until two reads agree.
+    // (At most 60 reads: metering that never settles fails below.)
+    let mut last: Option<Value> = None;
+    let mut reads = 0;
+    let v = loop {
+        let (st, v) = call(&http, &chaos, M::GET, "/v1/usage?records=true", None)
+            .await
+            .unwrap();
+        assert_eq!(st, 200, "{v}");
+        reads += 1;
+        if last.as_ref() == Some(&v) || reads >= 60 {
+            break v;
+        }
+        last = Some(v);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
     let records = v["records"].as_array().unwrap();
     let sum: f64 = records.iter().map(|r| r["cost"].as_f64().unwrap()).sum();
     let total = v["tenant_totals"]["cost"].as_f64().unwrap();

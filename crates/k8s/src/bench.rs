@@ -91,6 +91,8 @@ pub struct RunFigures {
     /// Pods created per second by the harness.
     pub create_per_sec: f64,
     pub cycles: u64,
+    /// Of them, cycles whose snapshot was patched from the last one.
+    pub patched_cycles: u64,
     pub decide_ms: f64,
     pub apply_ms: f64,
     /// CPU seconds used during the run, by process: `this process` (the
@@ -405,6 +407,7 @@ fn figures(
         bind_p99_ms: pct(&lat, 0.99),
         create_per_sec,
         cycles: m.cycles.load(Relaxed),
+        patched_cycles: m.assembled_in_part.load(Relaxed),
         decide_ms: m.decide_us.load(Relaxed) as f64 / 1000.0,
         apply_ms: m.apply_us.load(Relaxed) as f64 / 1000.0,
         cpu_seconds,

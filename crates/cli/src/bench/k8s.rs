@@ -63,11 +63,11 @@ fn table(r: &BenchResult) -> String {
         r.scheduler, r.nodes, r.pods, r.node_create_per_sec
     );
     s.push_str(
-        "run            bound   seconds   pods/s   p50 ms   p99 ms   created/s  cycles  decide ms  apply ms\n",
+        "run            bound   seconds   pods/s   p50 ms   p99 ms   created/s  cycles (patched)  decide ms  apply ms\n",
     );
     for x in &r.runs {
         s.push_str(&format!(
-            "{:<13} {:>6} {:>9.2} {:>8.0} {:>8.0} {:>8.0} {:>11.0} {:>7} {:>10.0} {:>9.0}\n",
+            "{:<13} {:>6} {:>9.2} {:>8.0} {:>8.0} {:>8.0} {:>11.0} {:>7} {:>9} {:>10.0} {:>9.0}\n",
             x.mode,
             x.bound,
             x.seconds,
@@ -76,6 +76,7 @@ fn table(r: &BenchResult) -> String {
             x.bind_p99_ms,
             x.create_per_sec,
             x.cycles,
+            format!("({})", x.patched_cycles),
             x.decide_ms,
             x.apply_ms
         ));

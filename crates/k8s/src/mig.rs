@@ -69,19 +69,10 @@ use std::sync::OnceLock;
 use tessera_model::mig::{self, MigGeometry, MigInstance, MigLayout, Occupancy};
 use tessera_model::{GpuDevice, GpuRequest, Node, Pending, Plan, Resources};
 
-use crate::translate::{TranslateError, gpu_model, keys};
+use crate::translate::{TranslateError, err, gpu_model, keys};
 
 /// Prefix of the extended resources of MIG profiles (mixed strategy).
 pub const RESOURCE_PREFIX: &str = "nvidia.com/mig-";
-
-fn err(object: &str, field: &str, value: &str, problem: impl Into<String>) -> TranslateError {
-    TranslateError {
-        object: object.to_string(),
-        field: field.to_string(),
-        value: value.to_string(),
-        problem: problem.into(),
-    }
-}
 
 fn label_field(key: &str) -> String {
     format!("metadata.labels[{key}]")

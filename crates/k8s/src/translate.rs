@@ -84,7 +84,13 @@ impl fmt::Display for TranslateError {
     }
 }
 
-fn err(object: &str, field: &str, value: &str, problem: impl Into<String>) -> TranslateError {
+/// An error naming the object, the field, its value and what is wrong.
+pub(crate) fn err(
+    object: &str,
+    field: &str,
+    value: &str,
+    problem: impl Into<String>,
+) -> TranslateError {
     TranslateError {
         object: object.to_string(),
         field: field.to_string(),

@@ -56,6 +56,11 @@ pub struct RunConfig {
     pub concurrency: usize,
     /// A cycle runs at least this often even without changes.
     pub period: Duration,
+    /// How often to ask the server again which optional APIs it serves; when
+    /// one appeared (a CRD installed after the start), [`run`] returns
+    /// [`RunError::ApisChanged`] so that the caller starts it again with
+    /// watchers for it.
+    pub rediscover: Duration,
     /// The batch scheduler's configuration.
     pub sched: tessera_sched::Config,
     /// Write an event for each pending reason (beside the pod condition).
@@ -72,6 +77,7 @@ impl Default for RunConfig {
             lease: None,
             concurrency: 64,
             period: Duration::from_secs(5),
+            rediscover: Duration::from_secs(60),
             sched: tessera_sched::Config::default(),
             events: true,
             network_label_keys: crate::network::default_label_keys(),
@@ -113,6 +119,8 @@ pub enum RunError {
     Watch(&'static str, String),
     #[error("Kubernetes API: {0}")]
     Api(#[from] kube::Error),
+    #[error("the server now serves {0}; start again to watch it")]
+    ApisChanged(String),
 }
 
 type Change = Box<dyn FnOnce(&mut State) + Send>;
@@ -133,6 +141,29 @@ pub struct Served {
     pub pdb_v1: bool,
     /// Volcano's `topology.volcano.sh/v1alpha1` HyperNodes (Volcano 1.11+).
     pub hypernodes: bool,
+}
+
+impl Served {
+    /// The optional APIs `now` serves that `self` did not.
+    pub fn appeared(&self, now: &Served) -> Vec<&'static str> {
+        let pairs = [
+            (self.tessera, now.tessera, "scheduling.tessera.dev/v1alpha1"),
+            (self.volcano, now.volcano, "scheduling.volcano.sh/v1beta1"),
+            (self.x_k8s, now.x_k8s, "scheduling.x-k8s.io/v1alpha1"),
+            (self.dra, now.dra, "resource.k8s.io/v1"),
+            (self.pdb_v1, now.pdb_v1, "policy/v1"),
+            (
+                self.hypernodes,
+                now.hypernodes,
+                "topology.volcano.sh/v1alpha1",
+            ),
+        ];
+        pairs
+            .into_iter()
+            .filter(|(was, is, _)| !was && *is)
+            .map(|(_, _, api)| api)
+            .collect()
+    }
 }
 
 /// Asks the server which optional APIs it serves.
@@ -855,8 +886,10 @@ pub async fn run(
     metrics.ready.store(false, Relaxed);
     let had_lease = !renew.0.is_empty();
     drop(renew);
+    // Stopped, or starting again to watch a new API: give the lease up now
+    // rather than make the next holder wait for it to expire.
     if had_lease
-        && result.is_ok()
+        && matches!(result, Ok(()) | Err(RunError::ApisChanged(_)))
         && let Some(l) = &lp.cfg.lease
     {
         leader::release(client, l).await;
@@ -873,6 +906,9 @@ impl Loop {
     ) -> Result<(), RunError> {
         let mut last_gen = u64::MAX;
         let mut last_cycle = Instant::now();
+        let every = self.cfg.rediscover.max(Duration::from_millis(10));
+        let mut rediscover = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        rediscover.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let started = Instant::now();
         let mut wait_logged = false;
         loop {
@@ -883,6 +919,13 @@ impl Loop {
                     None => return Err(RunError::Watch("all", "watchers ended".into())),
                 },
                 _ = tokio::time::sleep(self.cfg.period) => forced = true,
+                _ = rediscover.tick() => {
+                    let now = discover(&self.writer.client).await;
+                    let new = self.served.appeared(&now);
+                    if !new.is_empty() {
+                        return Err(RunError::ApisChanged(new.join(", ")));
+                    }
+                }
                 _ = stop.changed() => {}
             }
             if *stop.borrow() {

@@ -5,6 +5,7 @@
 //! Volcano's groups (scheduling and HyperNode topology), answers 403 to their
 //! lists, 404 to every other optional kind, and empty lists for Nodes and Pods.
 
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -22,8 +23,15 @@ fn status(code: u16, reason: &str) -> String {
 }
 
 fn mock(log: Arc<Mutex<Vec<String>>>) -> Client {
+    mock_with(log, Arc::new(AtomicBool::new(false)))
+}
+
+/// The mock; once `x_k8s` is set it also serves scheduler-plugins' API (a CRD
+/// installed after the controller started).
+fn mock_with(log: Arc<Mutex<Vec<String>>>, x_k8s: Arc<AtomicBool>) -> Client {
     let svc = tower::service_fn(move |req: Request<Body>| {
         let log = log.clone();
+        let x_k8s = x_k8s.load(Relaxed);
         async move {
             let path = req.uri().path().to_string();
             let watch = req.uri().query().unwrap_or("").contains("watch=true");
@@ -46,6 +54,13 @@ fn mock(log: Arc<Mutex<Vec<String>>>) -> Client {
                     json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "topology.volcano.sh/v1alpha1",
                            "resources": [
                                {"name": "hypernodes", "singularName": "hypernode", "namespaced": false, "kind": "HyperNode", "verbs": ["list", "watch"]}]})
+                    .to_string(),
+                ),
+                "/apis/scheduling.x-k8s.io/v1alpha1" if x_k8s => (
+                    200,
+                    json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "scheduling.x-k8s.io/v1alpha1",
+                           "resources": [
+                               {"name": "podgroups", "singularName": "podgroup", "namespaced": true, "kind": "PodGroup", "verbs": ["list", "watch"]}]})
                     .to_string(),
                 ),
                 p if p.starts_with("/apis/scheduling.volcano.sh/")
@@ -105,4 +120,36 @@ async fn starts_without_an_optional_api_it_cannot_list() {
         matches!(r, Ok(Ok(Ok(())))),
         "the controller did not stop cleanly: {r:?}"
     );
+}
+
+#[tokio::test]
+async fn an_api_that_appears_later_makes_the_controller_start_again() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let x_k8s = Arc::new(AtomicBool::new(false));
+    let client = mock_with(log.clone(), x_k8s.clone());
+    let metrics = Arc::new(Metrics::default());
+    let (_stop, rx) = tokio::sync::watch::channel(false);
+    let cfg = RunConfig {
+        period: Duration::from_millis(100),
+        rediscover: Duration::from_millis(100),
+        ..RunConfig::default()
+    };
+    let h = tokio::spawn(tessera_k8s::run(client, cfg, metrics.clone(), rx));
+    let start = Instant::now();
+    while !metrics.ready.load(Relaxed) {
+        assert!(start.elapsed() < Duration::from_secs(30), "never ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Nothing new: it keeps running through several rediscoveries.
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    assert!(!h.is_finished(), "stopped with nothing new served");
+    // scheduler-plugins' CRD is installed.
+    x_k8s.store(true, Relaxed);
+    let r = tokio::time::timeout(Duration::from_secs(10), h).await;
+    match r {
+        Ok(Ok(Err(tessera_k8s::RunError::ApisChanged(apis)))) => {
+            assert_eq!(apis, "scheduling.x-k8s.io/v1alpha1")
+        }
+        other => panic!("expected ApisChanged, got {other:?}"),
+    }
 }

@@ -170,9 +170,22 @@ fn run_cmd(a: RunArgs) -> i32 {
             "tessera k8s run: {identity} scheduling pods of schedulerName {}",
             cfg.scheduler_name
         );
-        match tessera_k8s::run(client, cfg, Arc::new(Metrics::default()), rx).await {
-            Ok(()) => 0,
-            Err(e) => fail(EXIT_FAILURE, e),
+        loop {
+            let r = tessera_k8s::run(
+                client.clone(),
+                cfg.clone(),
+                Arc::new(Metrics::default()),
+                rx.clone(),
+            )
+            .await;
+            match r {
+                Ok(()) => return 0,
+                // A CRD installed after the start: watch it too.
+                Err(e @ tessera_k8s::RunError::ApisChanged(_)) => {
+                    eprintln!("tessera k8s run: {e}; starting again");
+                }
+                Err(e) => return fail(EXIT_FAILURE, e),
+            }
         }
     })
 }

@@ -211,6 +211,16 @@ struct Running {
     child: Option<std::process::Child>,
 }
 
+impl Drop for Running {
+    /// kube-scheduler must not outlive a benchmark that returned early.
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 impl Running {
     fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(|c| c.id())

@@ -1020,6 +1020,7 @@ mod tests {
                 }
                 let b = st.build_incremental();
                 proptest::prop_assert_eq!(format!("{b:?}"), format!("{:?}", st.build()));
+                proptest::prop_assert_eq!(st.index.as_ref().map(|ix| ix.recomputed()), Some(0));
                 st.recycle(b);
             }
         }

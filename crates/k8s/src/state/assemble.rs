@@ -39,8 +39,9 @@ enum Dest {
     Skip,
     Waiting(String),
     Agent(AgentPod),
-    /// A task of the others group (capacity in use, never moved).
-    Others(Task),
+    /// A task of the others group (capacity in use, never moved). The task
+    /// moves into the snapshot when the part is applied (`None` after).
+    Others(Option<Task>),
     Group(Member),
 }
 
@@ -48,7 +49,9 @@ enum Dest {
 #[derive(Debug, Clone)]
 struct Member {
     gname: String,
-    task: Task,
+    /// Moves into the snapshot's group when the group is folded (`None`
+    /// after): a task is held once, by the snapshot.
+    task: Option<Task>,
     pending: bool,
     /// `(namespace, PodGroup name)` when a PodGroup object defines the group.
     spec: Option<(String, String)>,
@@ -89,6 +92,16 @@ pub(super) struct Index {
     affinities: BTreeMap<String, (usize, core::NodeSelector)>,
     /// Pinned node → pending pods pinned to it.
     pins: BTreeMap<String, usize>,
+    /// Tasks that were in neither the changed parts nor the snapshot and had
+    /// to be worked out again (tests check it stays 0).
+    recomputed: u64,
+}
+
+impl Index {
+    #[cfg(test)]
+    pub(super) fn recomputed(&self) -> u64 {
+        self.recomputed
+    }
 }
 
 /// What every pod's part depends on that is the same for all pods.
@@ -237,14 +250,14 @@ impl State {
                 .groups
                 .binary_search_by(|g| g.name.as_str().cmp(OTHERS))
         };
+        // Each touched group's members before this patch: its tasks in the
+        // snapshot are theirs, in that order.
+        let mut before: BTreeMap<String, Vec<PodKey>> = BTreeMap::new();
         for key in changed {
-            let new = self.pods.get(&key).map(|p| self.pod_out(&key, p, &b, &ctx));
+            let mut new = self.pods.get(&key).map(|p| self.pod_out(&key, p, &b, &ctx));
             let old = ix.outs.remove(&key);
-            for (o, add) in old
-                .iter()
-                .map(|o| (o, false))
-                .chain(new.iter().map(|o| (o, true)))
-            {
+            for (o, add) in [(old.as_ref(), false), (new.as_ref(), true)] {
+                let Some(o) = o else { continue };
                 if let Some((n, _)) = &o.usage
                     && agent_nodes.contains(n.as_str())
                 {
@@ -263,7 +276,7 @@ impl State {
                     nodes |= count(&mut ix.pins, n, add, || 0, |e| e);
                 }
                 match &o.dest {
-                    Dest::Skip => {}
+                    Dest::Skip | Dest::Others(_) => {}
                     Dest::Waiting(r) => {
                         if add {
                             ix.waiting.insert(key.clone(), r.clone());
@@ -279,7 +292,13 @@ impl State {
                         }
                     }
                     Dest::Group(m) => {
-                        groups.insert(m.gname.clone());
+                        if !groups.contains(&m.gname) {
+                            groups.insert(m.gname.clone());
+                            before.insert(
+                                m.gname.clone(),
+                                ix.members.get(&m.gname).cloned().unwrap_or_default(),
+                            );
+                        }
                         let set = ix.members.entry(m.gname.clone()).or_default();
                         match (set.binary_search(&key), add) {
                             (Err(i), true) => set.insert(i, key.clone()),
@@ -292,41 +311,47 @@ impl State {
                             ix.members.remove(&m.gname);
                         }
                     }
-                    Dest::Others(t) => {
-                        let at = ix.others.binary_search(&key);
-                        let gi = match others_at(&b) {
-                            Ok(i) => i,
-                            Err(i) => {
-                                b.snapshot.groups.insert(i, others_group());
-                                i
-                            }
-                        };
-                        let tasks = &mut b.snapshot.groups[gi].tasks;
-                        match (at, add) {
-                            (Err(i), true) => {
-                                ix.others.insert(i, key.clone());
-                                tasks.insert(i, t.clone());
-                            }
-                            (Ok(i), false) => {
-                                ix.others.remove(i);
-                                tasks.remove(i);
-                            }
-                            // Cannot happen: an old part is removed before its
-                            // new one is added.
-                            _ => {}
-                        }
-                        if tasks.is_empty() {
-                            b.snapshot.groups.remove(gi);
-                        }
-                    }
                 }
+            }
+            // The others group, patched task by task: the old part's task
+            // out, the new part's task (moved) in.
+            if let Some(PodOut {
+                dest: Dest::Others(_),
+                ..
+            }) = &old
+                && let Ok(i) = ix.others.binary_search(&key)
+                && let Ok(gi) = others_at(&b)
+            {
+                ix.others.remove(i);
+                b.snapshot.groups[gi].tasks.remove(i);
+                if b.snapshot.groups[gi].tasks.is_empty() {
+                    b.snapshot.groups.remove(gi);
+                }
+            }
+            if let Some(PodOut {
+                dest: Dest::Others(t),
+                ..
+            }) = new.as_mut()
+                && let Err(i) = ix.others.binary_search(&key)
+                && let Some(task) = t.take()
+            {
+                let gi = match others_at(&b) {
+                    Ok(gi) => gi,
+                    Err(gi) => {
+                        b.snapshot.groups.insert(gi, others_group());
+                        gi
+                    }
+                };
+                ix.others.insert(i, key.clone());
+                b.snapshot.groups[gi].tasks.insert(i, task);
             }
             if let Some(o) = new {
                 ix.outs.insert(key, o);
             }
         }
         for gname in &groups {
-            self.fold(gname, &ix, &mut b, fresh);
+            let before = before.remove(gname).unwrap_or_default();
+            self.fold(gname, &before, &mut ix, &mut b, fresh, &ctx);
         }
         b.waiting = ix
             .waiting
@@ -349,7 +374,17 @@ impl State {
 
     /// Replaces (or adds, or removes) model group `gname` in `b`, folded from
     /// its members in key order.
-    fn fold(&self, gname: &str, ix: &Index, b: &mut Built, fresh: bool) {
+    /// `before`: the group's members before this patch (its tasks in the
+    /// snapshot are theirs, in that order).
+    fn fold(
+        &self,
+        gname: &str,
+        before: &[PodKey],
+        ix: &mut Index,
+        b: &mut Built,
+        fresh: bool,
+        ctx: &Ctx<'_>,
+    ) {
         let at = b
             .snapshot
             .groups
@@ -358,16 +393,54 @@ impl State {
             b.meta.remove(gname);
             b.pending.remove(gname);
         }
-        let members = ix.members.get(gname).into_iter().flatten();
+        // The unchanged members' tasks, taken from the group as it was.
+        let mut old_tasks: Vec<Option<Task>> = match at {
+            Ok(i) => std::mem::take(&mut b.snapshot.groups[i].tasks)
+                .into_iter()
+                .map(Some)
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        let Index {
+            outs,
+            members,
+            recomputed,
+            ..
+        } = ix;
+        let members = members.get(gname).map(Vec::as_slice).unwrap_or_default();
         let mut g: Option<PodGroup> = None;
         let mut pending = Vec::new();
         for key in members {
             let Some(PodOut {
                 dest: Dest::Group(m),
                 ..
-            }) = ix.outs.get(key)
+            }) = outs.get_mut(key)
             else {
                 continue;
+            };
+            let task = match m.task.take() {
+                Some(t) => t,
+                None => match before
+                    .binary_search(key)
+                    .ok()
+                    .and_then(|j| old_tasks.get_mut(j))
+                    .and_then(Option::take)
+                {
+                    Some(t) => t,
+                    // Never expected (a member's task is either new or in
+                    // the group as it was); worked out again if it happens.
+                    None => {
+                        *recomputed += 1;
+                        let again = self.pods.get(key).map(|p| self.pod_out(key, p, b, ctx));
+                        match again {
+                            Some(PodOut {
+                                dest: Dest::Group(Member { task: Some(t), .. }),
+                                ..
+                            }) => t,
+                            _ => continue,
+                        }
+                    }
+                },
             };
             let spec = m
                 .spec
@@ -416,7 +489,7 @@ impl State {
             if m.pending {
                 pending.push(key.clone());
             }
-            g.tasks.push(m.task.clone());
+            g.tasks.push(task);
         }
         if !pending.is_empty() {
             b.pending.insert(gname.to_string(), pending);
@@ -538,7 +611,7 @@ impl State {
         }
         if !ours {
             task.name = format!("{}/{}", p.namespace, p.name);
-            out.dest = Dest::Others(task);
+            out.dest = Dest::Others(Some(task));
             return out;
         }
         // Required node affinity becomes a synthetic node label.
@@ -566,7 +639,7 @@ impl State {
                     } else {
                         // A bound pod of a vanished group still holds its node.
                         task.name = format!("{}/{}", p.namespace, p.name);
-                        out.dest = Dest::Others(task);
+                        out.dest = Dest::Others(Some(task));
                     }
                     return out;
                 }
@@ -609,7 +682,7 @@ impl State {
         out.dest = Dest::Group(Member {
             gname,
             pending: node.is_none(),
-            task,
+            task: Some(task),
             spec: spec.map(|_| match &p.group {
                 GroupRef::Named(g) => (p.namespace.clone(), g.clone()),
                 GroupRef::None => (p.namespace.clone(), String::new()),

@@ -27,6 +27,21 @@ pub type PodKey = (String, String);
 /// (their requests use capacity).
 pub const OTHERS: &str = "~others";
 
+/// `p` without Tessera's annotations and labels (and Volcano's preemptable
+/// annotation): what is left of a pod whose scheduling keys cannot be read.
+fn without_scheduling_keys(p: &core::Pod) -> core::Pod {
+    let mut p = p.clone();
+    let drop =
+        |k: &String| k.starts_with("scheduling.tessera.dev/") || k == translate::keys::PREEMPTABLE;
+    if let Some(a) = p.metadata.annotations.as_mut() {
+        a.retain(|k, _| !drop(k));
+    }
+    if let Some(l) = p.metadata.labels.as_mut() {
+        l.retain(|k, _| !drop(k));
+    }
+    p
+}
+
 /// A PodDisruptionBudget, as far as eviction needs it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Pdb {
@@ -303,6 +318,21 @@ impl State {
                 }
             }
             Err(e) => {
+                // A bound pod holds its node whatever Tessera can read of it:
+                // when only Tessera's own keys are bad, count it without them
+                // rather than drop it (its node would look emptier than it is).
+                if p.spec.as_ref().is_some_and(|s| s.node_name.is_some())
+                    && let Ok(info) = translate::pod(&without_scheduling_keys(p))
+                {
+                    self.note(format!(
+                        "{e} (the pod is bound: counted without those keys)"
+                    ));
+                    self.bad_pods.remove(&key);
+                    self.pods.insert(key.clone(), info);
+                    self.assumed.remove(&key);
+                    self.touch_pod(&key);
+                    return;
+                }
                 let ours = p.spec.as_ref().and_then(|s| s.scheduler_name.as_deref())
                     == Some(self.scheduler_name.as_str());
                 self.pods.remove(&key);
@@ -1024,6 +1054,39 @@ mod tests {
                 st.recycle(b);
             }
         }
+    }
+
+    #[test]
+    fn a_bound_pod_with_bad_scheduling_keys_still_counts() {
+        let mut st = State::new("tessera");
+        st.apply_node(&node("n1", "2"));
+        let mut p = pod("ns", "a", "tessera", Some("n1"), None);
+        p.metadata.annotations =
+            Some([(translate::keys::GPU_MILLI.to_string(), "lots".to_string())].into());
+        st.apply_pod(&p);
+        assert!(
+            st.errors
+                .iter()
+                .any(|e| e.contains("lots") && e.contains("counted")),
+            "{:?}",
+            st.errors
+        );
+        let b = st.build();
+        let tasks: Vec<_> = b.snapshot.groups.iter().flat_map(|g| &g.tasks).collect();
+        assert_eq!(tasks.len(), 1, "the bound pod still holds its CPU");
+        assert_eq!(tasks[0].node.as_deref(), Some("n1"));
+        // The same keys on a pod still to place: it waits with the reason.
+        let mut q = pod("ns", "b", "tessera", None, None);
+        q.metadata.annotations = p.metadata.annotations.clone();
+        st.apply_pod(&q);
+        let b = st.build();
+        assert!(
+            b.waiting
+                .iter()
+                .any(|(k, r)| k.1 == "b" && r.contains("lots")),
+            "{:?}",
+            b.waiting
+        );
     }
 
     #[test]

@@ -14,7 +14,7 @@
 
 use super::queue::{AgentQueue, QueueConfig, QueueLens};
 use super::select::{Candidate, Cursor, SelectConfig, select};
-use super::shard::Owner;
+use super::shard::{Access, Owner, ShardMode};
 use super::sync::{Arc, Mutex, RwLock, lock};
 use super::table::{CommitError, NodeTable};
 use super::task::AgentTask;
@@ -275,7 +275,7 @@ impl<'t> AgentScheduler<'t> {
                 }
             }
             if !bound {
-                if w.cands.is_empty() {
+                if w.cands.is_empty() && !self.may_fit(&lists, &task) {
                     w.no_room.push(task);
                 } else {
                     w.retry.push(task);
@@ -293,6 +293,23 @@ impl<'t> AgentScheduler<'t> {
             w.retry.clear();
         }
         taken
+    }
+
+    /// Whether `task` fits on a node of the lists, read consistently (waiting
+    /// out writers). `select` skips a node that another worker is writing at
+    /// that instant; when every node with room was being written, finding no
+    /// candidate is contention, not a lack of room, and must not count as a
+    /// failed attempt (enough of those make a task unschedulable). The slow
+    /// path only: `select` already scanned every node to find nothing.
+    fn may_fit(&self, lists: &ShardLists, task: &AgentTask) -> bool {
+        let mode = self.cfg.select.mode;
+        let fits = |n: &u32, want: Access| {
+            self.table.read(*n).is_some_and(|r| {
+                r.phase.access(Owner::Agent, mode) == want && task.demand.fits_in(&r.free)
+            })
+        };
+        lists.own.iter().any(|n| fits(n, Access::Own))
+            || (mode == ShardMode::Soft && lists.borrow.iter().any(|n| fits(n, Access::Borrow)))
     }
 
     /// Runs `workers` threads until `stop` returns true while the active queue is

@@ -149,3 +149,42 @@ fn two_workers_share_queue_and_nodes() {
         }
     });
 }
+
+#[test]
+fn contention_is_not_lack_of_room() {
+    // One node with room for both tasks. In the interleavings where one
+    // worker selects while the other holds the node's write lock, the first
+    // finds no candidate; that must not count as a failed attempt (one is
+    // enough to make a task unschedulable here).
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(2);
+    b.check(|| {
+        let t = table(&[20]);
+        let mut cfg = AgentConfig::new();
+        cfg.batch = 1;
+        cfg.queue.max_attempts = 1;
+        let s = loom::sync::Arc::new(AgentScheduler::new(t, cfg, vec![0], vec![]));
+        let tasks: Vec<AgentTask> = (0..2)
+            .map(|i| AgentTask::new(i, TenantId(0), Demand::new(10, 1)))
+            .collect();
+        s.submit(&tasks);
+        let work = |s: &AgentScheduler<'static>, id: usize| {
+            let mut w = s.worker(id, 2);
+            let mut out = Vec::new();
+            for _ in 0..2 {
+                s.step(&mut w, &FixedClock(0), &mut out);
+            }
+            out
+        };
+        let s2 = s.clone();
+        let h = thread::spawn(move || work(&s2, 1));
+        let mut all = work(&s, 0);
+        all.extend(h.join().unwrap());
+        assert_eq!(
+            s.queue_lens().unschedulable,
+            0,
+            "a task that fits was given up"
+        );
+        assert!(all.len() <= 2);
+    });
+}

@@ -5,8 +5,8 @@
 
 use loom::thread;
 use tessera_sched::agent::{
-    AgentConfig, AgentScheduler, AgentTask, CommitError, Demand, FixedClock, NodePhase, NodeTable,
-    Owner, ShardMode, TenantId,
+    AgentConfig, AgentScheduler, AgentTask, Bound, CommitError, Demand, FixedClock, NodePhase,
+    NodeTable, Owner, ShardMode, TenantId,
 };
 
 fn node(cpu: u64) -> Demand {
@@ -100,6 +100,38 @@ fn hand_over_races_a_commit() {
     });
 }
 
+/// Two full workers over every node of `t`, one attempt per task allowed,
+/// `tasks` tasks of 10 cores each, `steps` steps each (enough for every task to
+/// be tried). Returns the scheduler and every binding.
+fn two_workers(
+    t: &'static NodeTable,
+    tasks: u64,
+    steps: usize,
+) -> (loom::sync::Arc<AgentScheduler<'static>>, Vec<Bound>) {
+    let mut cfg = AgentConfig::new();
+    cfg.batch = 1;
+    cfg.queue.max_attempts = 1;
+    let nodes = (0..t.len() as u32).collect();
+    let s = loom::sync::Arc::new(AgentScheduler::new(t, cfg, nodes, vec![]));
+    let list: Vec<AgentTask> = (0..tasks)
+        .map(|i| AgentTask::new(i, TenantId(0), Demand::new(10, 1)))
+        .collect();
+    s.submit(&list);
+    let work = move |s: &AgentScheduler<'static>, id: usize| {
+        let mut w = s.worker(id, 2);
+        let mut out = Vec::new();
+        for _ in 0..steps {
+            s.step(&mut w, &FixedClock(0), &mut out);
+        }
+        out
+    };
+    let s2 = s.clone();
+    let h = thread::spawn(move || work(&s2, 1));
+    let mut all = work(&s, 0);
+    all.extend(h.join().unwrap());
+    (s, all)
+}
+
 #[test]
 fn two_workers_share_queue_and_nodes() {
     // The whole worker step (queue lock, selection, binder, requeue) is a large
@@ -109,27 +141,7 @@ fn two_workers_share_queue_and_nodes() {
     b.preemption_bound = Some(2);
     b.check(|| {
         let t = table(&[10, 10]);
-        let mut cfg = AgentConfig::new();
-        cfg.batch = 1;
-        cfg.queue.max_attempts = 1;
-        let s = loom::sync::Arc::new(AgentScheduler::new(t, cfg, vec![0, 1], vec![]));
-        let tasks: Vec<AgentTask> = (0..3)
-            .map(|i| AgentTask::new(i, TenantId(0), Demand::new(10, 1)))
-            .collect();
-        s.submit(&tasks);
-        let work = |s: &AgentScheduler<'static>, id: usize| {
-            let mut w = s.worker(id, 2);
-            let mut out = Vec::new();
-            // Bounded number of steps: enough for every task to be tried.
-            for _ in 0..3 {
-                s.step(&mut w, &FixedClock(0), &mut out);
-            }
-            out
-        };
-        let s2 = s.clone();
-        let h = thread::spawn(move || work(&s2, 1));
-        let mut all = work(&s, 0);
-        all.extend(h.join().unwrap());
+        let (s, all) = two_workers(t, 3, 3);
         // Room for two: never more, never a task twice, never one node twice.
         assert!(all.len() <= 2);
         let mut ids: Vec<u64> = all.iter().map(|b| b.task.id).collect();
@@ -159,27 +171,7 @@ fn contention_is_not_lack_of_room() {
     let mut b = loom::model::Builder::new();
     b.preemption_bound = Some(2);
     b.check(|| {
-        let t = table(&[20]);
-        let mut cfg = AgentConfig::new();
-        cfg.batch = 1;
-        cfg.queue.max_attempts = 1;
-        let s = loom::sync::Arc::new(AgentScheduler::new(t, cfg, vec![0], vec![]));
-        let tasks: Vec<AgentTask> = (0..2)
-            .map(|i| AgentTask::new(i, TenantId(0), Demand::new(10, 1)))
-            .collect();
-        s.submit(&tasks);
-        let work = |s: &AgentScheduler<'static>, id: usize| {
-            let mut w = s.worker(id, 2);
-            let mut out = Vec::new();
-            for _ in 0..2 {
-                s.step(&mut w, &FixedClock(0), &mut out);
-            }
-            out
-        };
-        let s2 = s.clone();
-        let h = thread::spawn(move || work(&s2, 1));
-        let mut all = work(&s, 0);
-        all.extend(h.join().unwrap());
+        let (s, all) = two_workers(table(&[20]), 2, 2);
         assert_eq!(
             s.queue_lens().unschedulable,
             0,

@@ -79,6 +79,11 @@ pub struct HostConfig {
     /// How long a host's claim on its live sessions holds without renewal
     /// (renewed by the supervision loop at half of it).
     pub lease: Duration,
+    /// The runtime guard of every session sandbox: each command, `execve` and file
+    /// operation is checked for the session's tenant, and output redacted. The default
+    /// is the shipped policy; the server passes its own (the operator's floor and the
+    /// tenants' policies).
+    pub guard: Arc<dyn tessera_sandbox::CommandCheck>,
 }
 
 impl Default for HostConfig {
@@ -97,6 +102,7 @@ impl Default for HostConfig {
             quotas: runtimes::Quotas::default(),
             exclusive: true,
             lease: Duration::from_secs(30),
+            guard: Arc::new(tessera_sandbox::PolicyGuard::default()),
         }
     }
 }
@@ -261,6 +267,7 @@ impl Host {
         let rt = Runtime::new(RuntimeConfig {
             init: cfg.init.clone(),
             cgroups: cfg.cgroups,
+            guard: cfg.guard.clone(),
             ..RuntimeConfig::default()
         })
         .map_err(|e| e.to_string());

@@ -35,7 +35,7 @@ pub mod template;
 
 pub use cgroup::{CgroupManager, SandboxCgroup};
 pub use error::{CgroupError, ExecError, FileError, SpawnError, StepError};
-pub use guard::{AllowAll, CheckDecision, CommandCheck, FileAccess};
+pub use guard::{AllowAll, CheckDecision, CommandCheck, FileAccess, PolicyGuard, landlock_grants};
 pub use netns::NetnsStats;
 pub use pool::{PoolConfig, PoolStats, WarmPool};
 pub use sandbox::{InitProgram, Runtime, RuntimeConfig, Sandbox, SandboxBuilder, Stream};

@@ -89,6 +89,8 @@ impl AgentsState {
         // left starting or active were orphaned by a restart. On PostgreSQL,
         // replicas share sessions and take over only after an owner's lease.
         host_cfg.exclusive = plane.store().backend() == "sqlite";
+        // Session sandboxes answer to the same guard as every other workload.
+        host_cfg.guard = plane.guard().clone();
         let host = Host::new(plane.store().clone(), host_cfg, Some(minter));
         host.recover().await.map_err(|e| StartError::Component {
             what: "agents",

@@ -59,6 +59,10 @@ pub struct ServerConfig {
     pub agents: agents::AgentsConfig,
     pub tools: tools::ToolsConfig,
     pub gateway: gateway::GatewayConfig,
+    /// The runtime guard of every workload (sandboxes, sessions, built-in tools, job
+    /// tasks): the operator's policy as the floor; tenants add their own through
+    /// `PUT /v1/guard/policy`, which can only tighten it.
+    pub guard: std::sync::Arc<tessera_sandbox::PolicyGuard>,
 }
 
 impl std::fmt::Debug for ServerConfig {
@@ -89,6 +93,7 @@ impl Default for ServerConfig {
             agents: Default::default(),
             tools: Default::default(),
             gateway: Default::default(),
+            guard: Default::default(),
         }
     }
 }
@@ -186,7 +191,8 @@ pub enum StartError {
 pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartError> {
     let plane = ControlPlane::new(store.clone())
         .with_logs(cfg.executor_logs.clone())
-        .with_oidc(cfg.oidc.clone());
+        .with_oidc(cfg.oidc.clone())
+        .with_guard(cfg.guard.clone());
     let admin_key = plane.bootstrap().await.map_err(StartError::Bootstrap)?;
     // GPU discovery (NVML) only when this machine is to be a node.
     let local = if cfg.register_local_node {

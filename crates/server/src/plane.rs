@@ -174,6 +174,7 @@ pub struct ControlPlane {
     auth_cache: std::sync::Arc<AuthCache>,
     logs: Option<std::path::PathBuf>,
     oidc: Option<std::sync::Arc<crate::oidc::OidcConfig>>,
+    guard: std::sync::Arc<tessera_sandbox::PolicyGuard>,
 }
 
 impl ControlPlane {
@@ -183,7 +184,20 @@ impl ControlPlane {
             auth_cache: Default::default(),
             logs: None,
             oidc: None,
+            guard: Default::default(),
         }
+    }
+
+    /// The runtime guard every workload of this server answers to: the operator's
+    /// policy as the floor, and each tenant's own (tighten-only) policy.
+    pub fn with_guard(mut self, guard: std::sync::Arc<tessera_sandbox::PolicyGuard>) -> Self {
+        self.guard = guard;
+        self
+    }
+
+    /// The server's guard (see [`ControlPlane::with_guard`]).
+    pub fn guard(&self) -> &std::sync::Arc<tessera_sandbox::PolicyGuard> {
+        &self.guard
     }
 
     /// Accept OIDC bearer tokens validated against this configuration.

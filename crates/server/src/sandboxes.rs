@@ -30,9 +30,8 @@ use futures_util::stream;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tessera_sandbox::{
-    CommandCheck, EgressPolicy, ExecError, ExecOutput, ExecRequest, ExitStatus, FileError,
-    InitProgram, Network, PoolConfig, Runtime, RuntimeConfig, Sandbox, SandboxSpec, TarLimits,
-    Template, WarmPool,
+    EgressPolicy, ExecError, ExecOutput, ExecRequest, ExitStatus, FileError, InitProgram, Network,
+    PoolConfig, Runtime, RuntimeConfig, Sandbox, SandboxSpec, TarLimits, Template, WarmPool,
 };
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -62,8 +61,6 @@ pub const MAX_ARCHIVE_BYTES: u64 = 256 << 20;
 pub struct SandboxesConfig {
     /// Serve `/v1/sandboxes` (off by default: see the module docs).
     pub enabled: bool,
-    /// Checks every command and file operation (the runtime guard); `None` allows all.
-    pub guard: Option<Arc<dyn CommandCheck>>,
     /// The sandboxes' init program; `None`: `tessera-sandbox-init` next to this program.
     pub init: Option<InitProgram>,
     /// Folder of named templates: `template: "NAME"` is `DIR/NAME` (from `tessera
@@ -79,7 +76,6 @@ impl std::fmt::Debug for SandboxesConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SandboxesConfig")
             .field("enabled", &self.enabled)
-            .field("guard", &self.guard.is_some())
             .field("init", &self.init)
             .field("templates_dir", &self.templates_dir)
             .field("max_per_tenant", &self.max_per_tenant)
@@ -127,7 +123,7 @@ impl SandboxesState {
     /// Starts this module: its state and any background tasks, which end when
     /// `stop` turns true.
     pub(crate) async fn start(
-        _plane: &ControlPlane,
+        plane: &ControlPlane,
         cfg: &SandboxesConfig,
         stop: &watch::Receiver<bool>,
     ) -> Result<(Self, Vec<JoinHandle<()>>), StartError> {
@@ -141,7 +137,8 @@ impl SandboxesState {
         let rt = Runtime::new(RuntimeConfig {
             init: cfg.init.clone(),
             cgroups: true,
-            guard: cfg.guard.clone(),
+            // The server's guard: the operator's floor and each tenant's policy.
+            guard: plane.guard().clone(),
             tenant: None,
             cgroup_backend: None,
         })

@@ -11,9 +11,8 @@ use std::time::Duration;
 use clap::{Args, Subcommand, ValueEnum};
 use serde::Serialize;
 use tessera_sandbox::{
-    CheckDecision, Command, CommandCheck, ExecError, ExecOutput, ExecRequest, ExitStatus,
-    FileAccess, FileError, InitProgram, Limits, Network, PathAccess, Runtime, RuntimeConfig,
-    SandboxSpec,
+    Command, CommandCheck, ExecError, ExecOutput, ExecRequest, ExitStatus, FileError, InitProgram,
+    Limits, Network, Runtime, RuntimeConfig, SandboxSpec,
 };
 
 use crate::output::{EXIT_BAD_INPUT, EXIT_FAILURE, fail, print_json};
@@ -401,7 +400,6 @@ pub fn spec_from(l: &LimitArgs) -> Result<SandboxSpec, String> {
             pids: Some(l.pids),
             disk_bytes: disk,
         },
-        extra_rules: guard_landlock_rules(),
         template: match l.template.as_str() {
             "host" => tessera_sandbox::Template::Host,
             dir => {
@@ -442,93 +440,16 @@ pub fn init_program() -> Option<InitProgram> {
     })
 }
 
-/// The runtime guard as the sandbox's command check.
-pub struct GuardCheck {
-    policy: tessera_guard::Policy,
-}
-
-impl GuardCheck {
-    pub fn new() -> Self {
-        GuardCheck {
-            policy: tessera_guard::Policy::default(),
-        }
-    }
-}
-
-/// The guard's Landlock grants as sandbox rules (`~` is the sandbox user's home). Deny
-/// entries cannot be expressed in Landlock beneath a grant; the sandbox's own layout
-/// keeps them out of reach (read-only base, no /sys, /proc read-only).
-pub fn guard_landlock_rules() -> Vec<PathAccess> {
-    let policy = tessera_guard::Policy::default();
-    policy
-        .landlock_rules()
-        .into_iter()
-        .filter(|r| r.allow)
-        .map(|r| {
-            let path = match r.path.strip_prefix('~') {
-                Some(rest) => format!("/home/user{rest}"),
-                None => r.path.clone(),
-            };
-            let has = |op| r.access.contains(&op);
-            PathAccess {
-                path,
-                read: has(tessera_guard::FileOp::Read),
-                write: has(tessera_guard::FileOp::Write) || has(tessera_guard::FileOp::Delete),
-                execute: has(tessera_guard::FileOp::Exec),
-            }
-        })
-        .collect()
-}
-
-fn decision(v: &tessera_guard::Verdict) -> CheckDecision {
-    let reasons = || {
-        v.findings
-            .iter()
-            .map(|f| format!("{} ({}): {}", f.rule, f.severity.as_str(), f.explanation))
-            .collect::<Vec<_>>()
-    };
-    match v.decision {
-        tessera_guard::Decision::Allow => CheckDecision::Allow,
-        tessera_guard::Decision::Alert => CheckDecision::Alert(reasons()),
-        tessera_guard::Decision::Block => CheckDecision::Block(reasons()),
-    }
-}
-
-impl Default for GuardCheck {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl CommandCheck for GuardCheck {
-    fn check(&self, tenant: Option<&str>, command: &Command) -> CheckDecision {
-        let v = match command {
-            Command::Shell(s) => tessera_guard::check_command(&self.policy, tenant, s),
-            Command::Argv(a) => tessera_guard::check_argv(&self.policy, tenant, a),
-        };
-        decision(&v)
-    }
-
-    fn check_file(&self, tenant: Option<&str>, op: FileAccess, path: &str) -> CheckDecision {
-        let op = match op {
-            FileAccess::Read => tessera_guard::FileOp::Read,
-            FileAccess::Write => tessera_guard::FileOp::Write,
-            FileAccess::Delete => tessera_guard::FileOp::Delete,
-        };
-        decision(&tessera_guard::check_path(&self.policy, tenant, op, path))
-    }
-
-    fn redact(&self, output: &[u8]) -> Option<Vec<u8>> {
-        let r = tessera_guard::Scanner::new(&self.policy).redact(output);
-        (r != output).then_some(r)
-    }
-}
-
 pub fn runtime(guard: bool) -> Result<Arc<Runtime>, String> {
     Runtime::new(RuntimeConfig {
         init: init_program(),
         cgroups: true,
-        guard: guard.then(|| Arc::new(GuardCheck::new()) as Arc<dyn CommandCheck>),
+        // `--no-guard` is the operator's own choice on this machine, and says so.
+        guard: if guard {
+            Arc::new(tessera_sandbox::PolicyGuard::default()) as Arc<dyn CommandCheck>
+        } else {
+            Arc::new(tessera_sandbox::AllowAll)
+        },
         tenant: None,
         cgroup_backend: None,
     })

@@ -167,7 +167,6 @@ async fn serve(a: UpArgs, listen: SocketAddr) -> i32 {
         agents: a.agents.config(),
         sandboxes: tessera_server::sandboxes::SandboxesConfig {
             enabled: a.sandboxes,
-            guard: Some(std::sync::Arc::new(crate::cmd::sandbox::GuardCheck::new())),
             init: crate::cmd::sandbox::init_program(),
             templates_dir: a.sandbox_templates.clone(),
             max_per_tenant: a.sandbox_max_per_tenant,

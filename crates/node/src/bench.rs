@@ -1,0 +1,1 @@
+//! `tessera bench node` (filled in below).

@@ -376,6 +376,9 @@ impl Runtime {
         )
         .map_err(sys("socketpair"))?;
         let (sync_r, sync_w) = pipe2(OFlag::O_CLOEXEC).map_err(sys("pipe2"))?;
+        // Closed in the child by its execve (close-on-exec): EOF here means the child
+        // runs the init program in a memory of its own.
+        let (exec_r, exec_w) = pipe2(OFlag::O_CLOEXEC).map_err(sys("pipe2"))?;
         let mut flags = libc::CLONE_NEWUSER
             | libc::CLONE_NEWPID
             | libc::CLONE_NEWNS
@@ -472,14 +475,12 @@ impl Runtime {
         let pid = Pid::from_raw(ret);
         drop(child_end);
         drop(sync_r);
+        drop(exec_w);
         let abort = |e: SpawnError| {
             let _ = kill(pid, Signal::SIGKILL);
             let _ = waitpid(pid, None);
             e
         };
-        if let Some(c) = cg {
-            c.attach(pid.as_raw()).map_err(|e| abort(e.into()))?;
-        }
         let map = |file: &str, content: &str| -> Result<(), SpawnError> {
             let path = format!("/proc/{pid}/{file}");
             fs::write(&path, content).map_err(|source| SpawnError::IdMap { path, source })
@@ -494,6 +495,15 @@ impl Runtime {
         r.map_err(&abort)?;
         nix::unistd::write(&sync_w, &[1]).map_err(|e| abort(sys("write sync pipe")(e)))?;
         drop(sync_w);
+        // The child joins its cgroup only once it has exec'd. Before, it shares this
+        // process's memory (CLONE_VM): a memory limit reached in that window (a tiny
+        // limit, the exec itself) would make the OOM killer kill the child, and with
+        // it every task sharing that memory — the supervisor.
+        wait_eof(&exec_r, Duration::from_secs(30)).map_err(|e| abort(sys("wait for exec")(e)))?;
+        drop(exec_r);
+        if let Some(c) = cg {
+            c.attach(pid.as_raw()).map_err(|e| abort(e.into()))?;
+        }
         let setup = Request::Setup {
             spec: spec.clone(),
             uid: self.inner_uid,
@@ -536,6 +546,31 @@ impl Runtime {
         // every arm above has waited for: keep them alive to here.
         std::hint::black_box((&args, &envp));
         result
+    }
+}
+
+/// Waits until every write end of the pipe `r` is closed (EOF), at most `t`.
+fn wait_eof(r: &OwnedFd, t: Duration) -> Result<(), Errno> {
+    let deadline = Instant::now() + t;
+    let mut b = [0u8; 16];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Errno::ETIMEDOUT);
+        }
+        let ms = PollTimeout::try_from(left.as_millis().min(60_000) as i32 + 1)
+            .unwrap_or(PollTimeout::MAX);
+        let mut fds = [PollFd::new(r.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, ms) {
+            Ok(0) | Err(Errno::EINTR) => continue,
+            Ok(_) => {}
+            Err(e) => return Err(e),
+        }
+        match nix::unistd::read(r, &mut b) {
+            Ok(0) => return Ok(()),
+            Ok(_) | Err(Errno::EINTR) | Err(Errno::EAGAIN) => {}
+            Err(e) => return Err(e),
+        }
     }
 }
 

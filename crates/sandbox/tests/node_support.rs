@@ -242,3 +242,35 @@ fn init_program_from_memory() {
     assert_eq!(out.stdout, b"from-memfd\n");
     sb.destroy().unwrap();
 }
+
+/// A memory limit too small for even the init program must fail the spawn (or OOM
+/// the sandbox), never the supervisor: the child joins its cgroup only after it
+/// exec'd, when it no longer shares the supervisor's memory. (Before, the OOM
+/// killer killed the cloned child and with it this whole test process.)
+#[test]
+fn a_tiny_memory_limit_cannot_kill_the_supervisor() {
+    if !common::root_or_skip("a_tiny_memory_limit_cannot_kill_the_supervisor") {
+        return;
+    }
+    for bytes in [1000, 4096, 64 << 10, 1 << 20, 4 << 20] {
+        let spec = SandboxSpec {
+            limits: tessera_sandbox::Limits {
+                memory_bytes: Some(bytes),
+                ..Default::default()
+            },
+            ..SandboxSpec::default()
+        };
+        // Either outcome is fine; this process must be alive to see it.
+        if let Ok(sb) = common::runtime().spawn(&spec) {
+            let _ = sb.exec(&ExecRequest::shell("true"));
+            sb.destroy().unwrap();
+        }
+    }
+    let sb = common::sandbox();
+    assert!(
+        sb.exec(&ExecRequest::shell("true"))
+            .unwrap()
+            .status
+            .success()
+    );
+}

@@ -563,7 +563,14 @@ impl NodeRuntime {
             .name(format!("task {}", w.key.task))
             .stack_size(256 << 10)
             .spawn(move || {
+                let stopped_early = running
+                    .stop
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .is_some();
                 let r = match &req.cwd {
+                    // Stopped before it began: nothing to run.
+                    _ if stopped_early => Ok(()),
                     Some(d) if needs_mkdir(d) => running
                         .sb
                         .mkdir(d)
@@ -571,6 +578,9 @@ impl NodeRuntime {
                     _ => Ok(()),
                 }
                 .and_then(|()| {
+                    if stopped_early {
+                        return Err(ExecError::Protocol("stopped before it started".into()));
+                    }
                     running.sb.exec_streaming(&req, |_, data| {
                         let _ = log.write_all(data);
                     })
@@ -661,14 +671,24 @@ impl NodeRuntime {
             kill(&r);
             return true;
         }
-        r.sb.signal_workload(nix::sys::signal::Signal::SIGTERM);
+        let term = |r: &Running| r.sb.signal_workload(nix::sys::signal::Signal::SIGTERM) > 0;
+        let mut sent = term(&r);
         let spawned = std::thread::Builder::new()
             .name("task grace".into())
             .stack_size(64 << 10)
             .spawn({
                 let r = r.clone();
                 move || {
-                    if !r.wait_done(grace) {
+                    let deadline = Instant::now() + grace;
+                    // A stop that came while the command was still starting found no
+                    // process to signal: send again until one gets it.
+                    while !sent && Instant::now() < deadline {
+                        if r.wait_done(Duration::from_millis(20)) {
+                            return;
+                        }
+                        sent = term(&r);
+                    }
+                    if !r.wait_done(deadline.saturating_duration_since(Instant::now())) {
                         kill(&r);
                     }
                 }

@@ -82,6 +82,9 @@ pub struct TaskLimits {
 pub struct Defaults {
     /// Memory limit of a task that requests no memory and sets no limit.
     pub memory: u64,
+    /// The smallest memory limit a task gets, whatever it asks: the sandbox's own
+    /// init and the command's start need this much (a smaller limit could only fail).
+    pub min_memory: u64,
     pub pids: u32,
     pub disk: u64,
 }
@@ -90,6 +93,7 @@ impl Default for Defaults {
     fn default() -> Self {
         Defaults {
             memory: 1 << 30,
+            min_memory: 16 << 20,
             pids: 4096,
             disk: 512 << 20,
         }
@@ -108,7 +112,8 @@ pub struct LimitError {
 }
 
 /// The sandbox limits of a task: memory and CPU quota from the limit, else the
-/// request, else (memory only) the node's default; pids and disk from the limit,
+/// request, else (memory only) the node's default, and memory never below the
+/// node's floor ([`Defaults::min_memory`]); pids and disk from the limit,
 /// else the default. CPU without a request or a limit is not capped (it is
 /// compressible; memory is not). Pure.
 pub fn sandbox_limits(
@@ -130,7 +135,8 @@ pub fn sandbox_limits(
     let memory = limits
         .memory
         .or(nonzero(requests.memory))
-        .unwrap_or(defaults.memory);
+        .unwrap_or(defaults.memory)
+        .max(defaults.min_memory);
     let cpu = limits.cpu_milli.or(nonzero(requests.cpu_milli));
     Ok(tessera_sandbox::Limits {
         memory_bytes: Some(memory),

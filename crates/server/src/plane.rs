@@ -42,7 +42,18 @@ pub struct Caller {
     pub role: Role,
 }
 
+/// The subject prefix of session-scoped keys: the key the agent inside a session's
+/// sandbox holds (`session:<id>`).
+pub const SESSION_SUBJECT: &str = "session:";
+
 impl Caller {
+    /// The session this caller's key is scoped to, when it is a session key. Such a
+    /// key acts on its own session only: the [`Caller`] extractor refuses it on every
+    /// route, and the few routes a session's agent needs take [`crate::api::SessionCaller`].
+    pub fn session(&self) -> Option<&str> {
+        self.subject.strip_prefix(SESSION_SUBJECT)
+    }
+
     pub fn require(&self, role: Role) -> Result<(), ApiError> {
         if self.role >= role {
             Ok(())
@@ -91,7 +102,8 @@ pub fn check_name(field: &str, s: &str) -> Result<(), ApiError> {
         Err(ApiError::invalid(
             field,
             format!(
-                "{s:?} is not a valid name: use 1 to 63 of a-z, 0-9 and '-', starting and ending with a letter or digit"
+                "{} is not a valid name: use 1 to 63 of a-z, 0-9 and '-', starting and ending with a letter or digit",
+                crate::problem::quote(s)
             ),
         ))
     }
@@ -107,7 +119,10 @@ pub(crate) fn check_subject(field: &str, s: &str) -> Result<(), ApiError> {
     } else {
         Err(ApiError::invalid(
             field,
-            format!("{s:?} is not a valid subject: use 1 to 128 of A-Z, a-z, 0-9 and @ . _ : -"),
+            format!(
+                "{} is not a valid subject: use 1 to 128 of A-Z, a-z, 0-9 and @ . _ : -",
+                crate::problem::quote(s)
+            ),
         ))
     }
 }

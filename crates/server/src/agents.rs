@@ -91,6 +91,7 @@ impl AgentsState {
         host_cfg.exclusive = plane.store().backend() == "sqlite";
         // Session sandboxes answer to the same guard as every other workload.
         host_cfg.guard = plane.guard().clone();
+        host_cfg.templates = plane.templates().cloned();
         let host = Host::new(plane.store().clone(), host_cfg, Some(minter));
         host.recover().await.map_err(|e| StartError::Component {
             what: "agents",
@@ -187,6 +188,7 @@ async fn create_runtime(State(a): State<App>, c: Caller, Body(mut b): Body<Value
         }
     };
     let spec = parse_spec(b)?;
+    h.check(&spec)?;
     let v = runtimes::create(
         a.plane.store(),
         &c.tenant,
@@ -196,7 +198,7 @@ async fn create_runtime(State(a): State<App>, c: Caller, Body(mut b): Body<Value
         now_ms(),
     )
     .await?;
-    h.prime(&v.spec);
+    h.prime(&c.tenant, &v.spec)?;
     created(to_v(&v)?)
 }
 async fn list_runtimes(State(a): State<App>, c: Caller) -> R {
@@ -216,6 +218,7 @@ async fn update_runtime(
     c.require(Role::Developer)?;
     let h = a.agents.host()?;
     let spec = parse_spec(b)?;
+    h.check(&spec)?;
     let v = runtimes::update(
         a.plane.store(),
         &c.tenant,
@@ -225,7 +228,7 @@ async fn update_runtime(
         now_ms(),
     )
     .await?;
-    h.prime(&v.spec);
+    h.prime(&c.tenant, &v.spec)?;
     ok(to_v(&v)?)
 }
 async fn delete_runtime(State(a): State<App>, c: Caller, Path(n): Path<String>) -> R {
@@ -830,9 +833,9 @@ async fn pool_stats(State(a): State<App>, c: Caller) -> R {
     let v: Vec<Value> = a
         .agents
         .host()?
-        .pool_stats()
+        .pool_stats(&c.tenant)
         .iter()
-        .map(|p| json!({"ready": p.ready, "creating": p.creating, "target": p.target, "claims": p.claims, "misses": p.misses}))
+        .map(|(d, p)| json!({"template_digest": d, "ready": p.ready, "creating": p.creating, "target": p.target, "claims": p.claims, "misses": p.misses}))
         .collect();
     items(v)
 }

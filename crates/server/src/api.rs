@@ -254,6 +254,9 @@ async fn job_logs(State(a): State<App>, c: Caller, Path(n): Path<String>, Q(q): 
     let text = a.plane.job_logs(&c, &n, q.task.as_deref()).await?;
     Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response())
 }
+async fn list_templates(State(a): State<App>, c: Caller) -> R {
+    items(a.plane.list_templates(&c)?)
+}
 async fn list_events(State(a): State<App>, c: Caller) -> R {
     items(a.plane.list_events(&c).await?)
 }
@@ -406,6 +409,7 @@ routes! {
     get "/v1/jobs/{name}/logs" job_logs "Output of the job's tasks on this machine (?task=NAME for one)" None, 200;
     get "/v1/events" list_events "List events" None, 200;
     get "/v1/audit" list_audit "The audit log: who changed what (admins)" None, 200;
+    get "/v1/templates" list_templates "Templates an operator registered (name, digest): what sandboxes, runtimes and jobs may name" None, 200;
     get "/v1/watch" watch "Watch changes as server-sent events (?kind=job|queue|event&after=REVISION); 410 (code compacted) when REVISION left the change log: list again" None, 200;
 }
 

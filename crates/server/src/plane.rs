@@ -190,6 +190,7 @@ pub struct ControlPlane {
     logs: Option<std::path::PathBuf>,
     oidc: Option<std::sync::Arc<crate::oidc::OidcConfig>>,
     guard: std::sync::Arc<tessera_sandbox::PolicyGuard>,
+    templates: Option<tessera_sandbox::TemplateRegistry>,
 }
 
 impl ControlPlane {
@@ -200,7 +201,56 @@ impl ControlPlane {
             logs: None,
             oidc: None,
             guard: Default::default(),
+            templates: None,
         }
+    }
+
+    /// The template registry (`None`: only the built-in `host` template).
+    pub fn with_templates(mut self, templates: Option<tessera_sandbox::TemplateRegistry>) -> Self {
+        self.templates = templates;
+        self
+    }
+
+    /// Resolves a tenant's template reference (`host`, `NAME`, `NAME@sha256:<hex>`) to
+    /// the sandbox template and its digest. A host path is refused: templates are
+    /// registered by an operator, never given as a path by a tenant.
+    pub fn resolve_template(
+        &self,
+        field: &str,
+        reference: &str,
+    ) -> Result<(tessera_sandbox::Template, String), ApiError> {
+        tessera_sandbox::registry::resolve_in(self.templates.as_ref(), reference)
+            .map_err(|e| ApiError::invalid(field, format!("{field}: {e}")))
+    }
+
+    /// The template registry, if this server has one.
+    pub fn templates(&self) -> Option<&tessera_sandbox::TemplateRegistry> {
+        self.templates.as_ref()
+    }
+
+    /// The templates a caller may name: the built-in `host` and the registered ones.
+    pub fn list_templates(&self, c: &Caller) -> Result<Vec<Value>, ApiError> {
+        c.require(Role::Viewer)?;
+        let mut v = vec![json!({
+            "name": tessera_sandbox::registry::HOST_TEMPLATE,
+            "digest": tessera_sandbox::registry::HOST_TEMPLATE,
+            "source": "built in: the host's /usr read-only with a generated /etc",
+        })];
+        let registered = match &self.templates {
+            Some(r) => r.list().map_err(ApiError::internal)?,
+            None => Vec::new(),
+        };
+        for r in registered {
+            v.push(json!({
+                "name": r.name,
+                "digest": r.digest,
+                "source": r.source,
+                "created_at_ms": r.created_at_ms,
+                "files": r.files,
+                "bytes": r.bytes,
+            }));
+        }
+        Ok(v)
     }
 
     /// The runtime guard every workload of this server answers to: the operator's

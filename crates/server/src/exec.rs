@@ -62,8 +62,8 @@ pub struct NodeRunner {
     pub node: Result<Arc<NodeRuntime>, String>,
     /// Task logs: `<logs>/<tenant>/<job>/<uid>/<task>.log`.
     pub logs: PathBuf,
-    /// Registered templates: `template: NAME` is `<templates>/NAME`.
-    pub templates: Option<PathBuf>,
+    /// The template registry a task's `template` names one of.
+    pub templates: Option<tessera_sandbox::TemplateRegistry>,
     /// MIG steps of bindings.
     pub mig: Arc<Actuator>,
     /// How often the node reports its heartbeat and conditions.
@@ -641,13 +641,12 @@ impl Executor {
             }
         };
         let template = match spec.template.as_deref() {
-            None | Some("host") => TemplateRef::Host,
-            Some(t) => match &nr.templates {
-                Some(dir) if dir.join(t).is_dir() => TemplateRef::Dir(dir.join(t)),
-                _ => {
-                    let _ = self.exits.send(fail(format!(
-                        "template {t:?} is not registered on this node: an operator registers it with `tessera template build {t}`"
-                    )));
+            None => TemplateRef::Host,
+            Some(t) => match tessera_sandbox::registry::resolve_in(nr.templates.as_ref(), t) {
+                Ok((tessera_sandbox::Template::Host, _)) => TemplateRef::Host,
+                Ok((tessera_sandbox::Template::Dir(d), _)) => TemplateRef::Dir(d),
+                Err(e) => {
+                    let _ = self.exits.send(fail(format!("template: {e}")));
                     return;
                 }
             },

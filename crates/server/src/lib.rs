@@ -34,6 +34,41 @@ pub use plane::{Caller, ControlPlane, SYSTEM_TENANT};
 pub use problem::{ApiError, Code};
 pub use tessera_store::{AnyStore, PgStore, SqliteStore};
 
+/// Makes the data folder the server's alone (0700): the store, task logs and templates
+/// live there and no workload may read it. A folder it creates is private from the
+/// start; an existing one readable by others is tightened when it is empty or already
+/// holds a Tessera store, else left as it is with a warning (returned) — it may be a
+/// folder the operator shares on purpose.
+pub fn prepare_data_dir(dir: &std::path::Path) -> Result<Option<String>, String> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    match std::fs::metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map(|()| None)
+            .map_err(|e| format!("creating the data folder {}: {e}", dir.display())),
+        Err(e) => Err(format!("the data folder {}: {e}", dir.display())),
+        Ok(m) if !m.is_dir() => Err(format!("the data folder {} is not a folder", dir.display())),
+        Ok(m) if m.permissions().mode() & 0o077 == 0 => Ok(None),
+        Ok(_) => {
+            let ours = dir.join("tessera.db").exists()
+                || std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_none());
+            if ours {
+                std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+                    .map(|()| None)
+                    .map_err(|e| format!("making the data folder {} private: {e}", dir.display()))
+            } else {
+                Ok(Some(format!(
+                    "the data folder {} can be read by other users; Tessera keeps its store, \
+                     task logs and templates there: use a folder of its own (--data DIR)",
+                    dir.display()
+                )))
+            }
+        }
+    }
+}
+
 /// How to run the server.
 #[derive(Clone)]
 pub struct ServerConfig {
@@ -66,6 +101,9 @@ pub struct ServerConfig {
     pub guard: std::sync::Arc<tessera_sandbox::PolicyGuard>,
     /// The local node's runtime: how job tasks run on this machine.
     pub node: NodeSettings,
+    /// The template registry's folder (`tessera template import` writes there);
+    /// `None`: only the built-in `host` template.
+    pub templates: Option<std::path::PathBuf>,
 }
 
 /// How the local node runs job tasks (each in a sandbox of the node runtime).
@@ -73,8 +111,6 @@ pub struct ServerConfig {
 pub struct NodeSettings {
     /// The sandboxes' init program; `None`: `tessera-sandbox-init` next to this program.
     pub init: Option<tessera_sandbox::InitProgram>,
-    /// Registered templates a task may name (`template: NAME` is `DIR/NAME`).
-    pub templates_dir: Option<std::path::PathBuf>,
     /// The data folder: masked in every task's sandbox, watched for disk pressure.
     pub data_dir: Option<std::path::PathBuf>,
     /// Restart back-off.
@@ -93,7 +129,6 @@ impl Default for NodeSettings {
     fn default() -> Self {
         NodeSettings {
             init: None,
-            templates_dir: None,
             data_dir: None,
             lifecycle: jobs::Lifecycle::default(),
             gpus: None,
@@ -108,7 +143,6 @@ impl std::fmt::Debug for NodeSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NodeSettings")
             .field("init", &self.init)
-            .field("templates_dir", &self.templates_dir)
             .field("data_dir", &self.data_dir)
             .finish()
     }
@@ -144,6 +178,7 @@ impl Default for ServerConfig {
             gateway: Default::default(),
             guard: Default::default(),
             node: Default::default(),
+            templates: None,
         }
     }
 }
@@ -242,7 +277,16 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
     let plane = ControlPlane::new(store.clone())
         .with_logs(cfg.executor_logs.clone())
         .with_oidc(cfg.oidc.clone())
-        .with_guard(cfg.guard.clone());
+        .with_guard(cfg.guard.clone())
+        .with_templates(match &cfg.templates {
+            Some(dir) => Some(tessera_sandbox::TemplateRegistry::open(dir).map_err(|e| {
+                StartError::Component {
+                    what: "templates",
+                    message: e.to_string(),
+                }
+            })?),
+            None => None,
+        });
     let admin_key = plane.bootstrap().await.map_err(StartError::Bootstrap)?;
     // GPU discovery (NVML) only when this machine is to be a node.
     let gpus: std::sync::Arc<dyn tessera_node::gpu::GpuSource> = cfg
@@ -349,11 +393,7 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
         let runner = exec::NodeRunner {
             node,
             logs,
-            templates: cfg
-                .node
-                .templates_dir
-                .clone()
-                .or_else(|| cfg.sandboxes.templates_dir.clone()),
+            templates: plane.templates().cloned(),
             mig: std::sync::Arc::new(tessera_node::mig::Actuator::new(mig_backend, journal)),
             heartbeat: cfg.node.heartbeat,
             data_dir: data,

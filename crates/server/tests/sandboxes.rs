@@ -50,7 +50,6 @@ async fn server(init: InitProgram) -> Server {
             init: Some(init),
             warm: 1,
             max_per_tenant: 3,
-            ..Default::default()
         };
     })
     .await

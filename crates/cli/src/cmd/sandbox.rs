@@ -90,6 +90,71 @@ pub enum TemplateCommand {
         /// The template directory.
         dir: std::path::PathBuf,
     },
+    /// Register a template with the server on this machine (copied into its data
+    /// folder, content-addressed): tenants then name it (`NAME` or
+    /// `NAME@sha256:<hex>`) for sandboxes, agent runtimes and jobs.
+    Import(TemplateImportArgs),
+    /// List the registered templates.
+    List(TemplateListArgs),
+    /// Unregister a template name (sandboxes already made from it keep running).
+    Rm {
+        #[command(flatten)]
+        at: RegistryArgs,
+        /// The template's name.
+        name: String,
+    },
+}
+
+/// Where the registry is: the server's data folder, or its `--templates DIR`.
+#[derive(Debug, Args)]
+pub struct RegistryArgs {
+    /// The server's data folder (`tessera up --data`); the registry is DATA/templates.
+    #[arg(long, value_name = "DIR")]
+    pub data: Option<std::path::PathBuf>,
+    /// The registry folder itself (`tessera up --templates`), instead of DATA/templates.
+    #[arg(long, value_name = "DIR", conflicts_with = "data")]
+    pub templates: Option<std::path::PathBuf>,
+}
+
+impl RegistryArgs {
+    fn open(&self) -> Result<tessera_sandbox::TemplateRegistry, String> {
+        let dir = match (&self.templates, &self.data) {
+            (Some(t), _) => t.clone(),
+            (None, Some(d)) => d.join("templates"),
+            (None, None) => crate::cmd::up::default_data_dir().join("templates"),
+        };
+        tessera_sandbox::TemplateRegistry::open(&dir).map_err(|e| e.to_string())
+    }
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("from").required(true).args(["dir", "oci"])))]
+pub struct TemplateImportArgs {
+    /// The template's name: 1 to 63 of a-z, 0-9, '.', '_', '-'.
+    #[arg(long)]
+    pub name: String,
+    /// An OCI image layout directory to unpack (instead of a root folder).
+    #[arg(long, value_name = "LAYOUT")]
+    pub oci: Option<std::path::PathBuf>,
+    /// With --oci: the image's name in the layout.
+    #[arg(long = "ref", value_name = "NAME", requires = "oci")]
+    pub reference: Option<String>,
+    #[command(flatten)]
+    pub at: RegistryArgs,
+    /// Print one JSON document.
+    #[arg(long)]
+    pub json: bool,
+    /// A root folder (from `tessera template build`, debootstrap, an unpacked image).
+    pub dir: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct TemplateListArgs {
+    #[command(flatten)]
+    pub at: RegistryArgs,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -127,6 +192,91 @@ pub fn template(c: TemplateCommand) -> i32 {
                 0
             }
             Err(e) => fail(EXIT_BAD_INPUT, e),
+        },
+        TemplateCommand::Import(a) => {
+            let reg = match a.at.open() {
+                Ok(r) => r,
+                Err(e) => return fail(EXIT_FAILURE, e),
+            };
+            let res = match (&a.oci, &a.dir) {
+                (Some(layout), _) => {
+                    eprintln!(
+                        "unpacking {} into {}",
+                        layout.display(),
+                        reg.root().display()
+                    );
+                    let opts = t::OciOptions {
+                        reference: a.reference.clone(),
+                        ..Default::default()
+                    };
+                    reg.import_oci(&a.name, layout, &opts)
+                }
+                (None, Some(dir)) => {
+                    eprintln!("copying {} into {}", dir.display(), reg.root().display());
+                    reg.import_dir(&a.name, dir)
+                }
+                (None, None) => return fail(EXIT_BAD_INPUT, "give a root folder or --oci LAYOUT"),
+            };
+            match res {
+                Ok(r) if a.json => print_json(&r),
+                Ok(r) => {
+                    println!(
+                        "registered {}@{} ({} files, {} bytes)",
+                        r.name, r.digest, r.files, r.bytes
+                    );
+                    println!(
+                        "tenants name it as \"template\": \"{}\" (or pinned: \"{}@{}\")",
+                        r.name, r.name, r.digest
+                    );
+                    0
+                }
+                Err(e @ tessera_sandbox::RegistryError::BadReference { .. }) => {
+                    fail(EXIT_BAD_INPUT, format!("--name: {e}"))
+                }
+                Err(e) => fail(EXIT_FAILURE, e),
+            }
+        }
+        TemplateCommand::List(a) => {
+            let list = match a
+                .at
+                .open()
+                .and_then(|r| r.list().map_err(|e| e.to_string()))
+            {
+                Ok(l) => l,
+                Err(e) => return fail(EXIT_FAILURE, e),
+            };
+            if a.json {
+                return print_json(&list);
+            }
+            println!(
+                "{:<24} {:<73} {:>8} {:>12}  SOURCE",
+                "NAME", "DIGEST", "FILES", "BYTES"
+            );
+            println!(
+                "{:<24} {:<73} {:>8} {:>12}  built in: the host's /usr",
+                "host", "host", "-", "-"
+            );
+            for r in list {
+                println!(
+                    "{:<24} {:<73} {:>8} {:>12}  {}",
+                    r.name, r.digest, r.files, r.bytes, r.source
+                );
+            }
+            0
+        }
+        TemplateCommand::Rm { at, name } => match at
+            .open()
+            .and_then(|r| r.remove(&name).map_err(|e| e.to_string()))
+        {
+            Ok(true) => {
+                println!("removed {name}");
+                0
+            }
+            Ok(false) => fail(
+                EXIT_BAD_INPUT,
+                format!("no template {name:?} is registered"),
+            ),
+            Err(e) => fail(EXIT_FAILURE, e),
         },
         TemplateCommand::Build(a) => {
             #[derive(Serialize)]

@@ -31,7 +31,12 @@ fn main() {
     }
     let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("manifest dir"));
     let root = manifest.join("../..");
-    for p in ["crates/sandbox/src", "crates/sandbox/Cargo.toml", "crates/guard/src", "Cargo.lock"] {
+    for p in [
+        "crates/sandbox/src",
+        "crates/sandbox/Cargo.toml",
+        "crates/guard/src",
+        "Cargo.lock",
+    ] {
         println!("cargo:rerun-if-changed={}", root.join(p).display());
     }
     // <target>/<profile>/build/tessera-<hash>/out -> <target>/<profile>/embedded-init
@@ -48,7 +53,11 @@ fn main() {
         .args(["-p", "tessera-sandbox", "--bin", "tessera-sandbox-init"])
         .arg("--target-dir")
         .arg(&target_dir)
-        .env_remove("CARGO_TARGET_DIR");
+        .env_remove("CARGO_TARGET_DIR")
+        // Small: no debug info in the embedded copy (the outer profile keeps its own).
+        .env("CARGO_PROFILE_RELEASE_DEBUG", "0")
+        .env("CARGO_PROFILE_RELEASE_STRIP", "debuginfo")
+        .env("CARGO_PROFILE_DEV_DEBUG", "0");
     let sub = if profile == "release" {
         cmd.arg("--release");
         "release"
@@ -70,7 +79,6 @@ fn main() {
             "building tessera-sandbox-init to embed failed ({status}); set TESSERA_EMBED_INIT=never to skip it"
         );
     }
-    std::fs::copy(&built, &dest).unwrap_or_else(|e| {
-        panic!("copying {} to {}: {e}", built.display(), dest.display())
-    });
+    std::fs::copy(&built, &dest)
+        .unwrap_or_else(|e| panic!("copying {} to {}: {e}", built.display(), dest.display()));
 }

@@ -666,14 +666,30 @@ impl ControlPlane {
     pub async fn list_nodes(&self, c: &Caller) -> Result<Vec<Value>, ApiError> {
         c.require(Role::Viewer)?;
         let l = self.store.list(kind::NODE, Some("")).await?;
-        Ok(l.objects.iter().map(render).collect())
+        let st = self.store.list(crate::exec::NODESTATUS, Some("")).await?;
+        let by: std::collections::BTreeMap<&str, &Value> = st
+            .objects
+            .iter()
+            .map(|o| (o.name.as_str(), &o.body))
+            .collect();
+        Ok(l.objects
+            .iter()
+            .map(|o| with_status(render(o), by.get(o.name.as_str()).copied()))
+            .collect())
     }
 
     pub async fn get_node(&self, c: &Caller, name: &str) -> Result<Value, ApiError> {
         c.require(Role::Viewer)?;
-        let o = self.store.get(&Key::new(kind::NODE, "", name)).await?;
-        o.map(|o| render(&o))
-            .ok_or_else(|| ApiError::not_found(format!("node {name:?}")))
+        let o = self
+            .store
+            .get(&Key::new(kind::NODE, "", name))
+            .await?
+            .ok_or_else(|| ApiError::not_found(format!("node {name:?}")))?;
+        let st = self
+            .store
+            .get(&Key::new(crate::exec::NODESTATUS, "", name))
+            .await?;
+        Ok(with_status(render(&o), st.as_ref().map(|s| &s.body)))
     }
 
     // ---- queues ----
@@ -1108,6 +1124,15 @@ impl ControlPlane {
             },
         ))
     }
+}
+
+/// A node as the API shows it: its record, and under `status` the heartbeat and
+/// conditions its node runtime last reported (nodes without a runtime have none).
+fn with_status(mut v: Value, status: Option<&Value>) -> Value {
+    if let (Value::Object(m), Some(s)) = (&mut v, status) {
+        m.insert("status".into(), s.clone());
+    }
+    v
 }
 
 /// An operation that records an event in `tenant`.

@@ -217,7 +217,11 @@ async fn serve(a: UpArgs, listen: SocketAddr) -> i32 {
             } else if i.args.is_empty() {
                 format!("{}", i.path.display())
             } else {
-                format!("{} {} (the whole tessera binary: slower)", i.path.display(), i.args.join(" "))
+                format!(
+                    "{} {} (the whole tessera binary: slower)",
+                    i.path.display(),
+                    i.args.join(" ")
+                )
             }
         })
         .unwrap_or_else(|| "none found".into());

@@ -271,6 +271,9 @@ impl Running {
     }
 }
 
+/// A task's sandbox spec, its environment and the devices it will see.
+type Prepared = (SandboxSpec, Vec<(String, String)>, Vec<SeenDevice>);
+
 /// The node runtime. Cheap to share (`Arc`).
 pub struct NodeRuntime {
     cfg: NodeConfig,
@@ -413,7 +416,7 @@ impl NodeRuntime {
     fn prepare(
         &self,
         w: &WorkloadSpec,
-    ) -> Result<(SandboxSpec, Vec<(String, String)>, Vec<SeenDevice>), StartError> {
+    ) -> Result<Prepared, StartError> {
         if w.command.is_empty() || w.command[0].is_empty() {
             return Err(StartError::NoCommand);
         }

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tessera_model::{GpuDevice, Node};
-use tessera_node::mig::{Actuator, Applied, Held, MigError};
+use tessera_node::mig::{Actuator, Applied, Held};
 use tessera_node::{
     GpuAssignment, NodeRuntime, Outcome, TaskKey, TemplateRef, Usage, WorkloadSpec,
 };
@@ -695,7 +695,8 @@ impl Executor {
         let exits = self.exits.clone();
         let started = self.started.clone();
         let tref = tref.clone();
-        let _ = tokio::task::spawn_blocking(move || {
+        // Detached: the task's end comes back on the exit channel.
+        drop(tokio::task::spawn_blocking(move || {
             let fail = |m: String| Exit {
                 task: tref.clone(),
                 attempt: tkey.attempt,
@@ -713,7 +714,7 @@ impl Executor {
                         return;
                     }
                     Ok(_) => {}
-                    Err(e @ MigError::Held { .. }) | Err(e) => {
+                    Err(e) => {
                         let _ = exits.send(fail(format!("MIG step: {e}")));
                         return;
                     }
@@ -752,7 +753,7 @@ impl Executor {
                     let _ = exits.send(fail(e.to_string()));
                 }
             }
-        });
+        }));
     }
 
     /// Records a run's end (the lifecycle decides what it does to the job), then its

@@ -413,10 +413,7 @@ impl NodeRuntime {
 
     /// The sandbox spec and the environment of a task (no side effects but reading
     /// the device view): what [`NodeRuntime::start`] would run.
-    fn prepare(
-        &self,
-        w: &WorkloadSpec,
-    ) -> Result<Prepared, StartError> {
+    fn prepare(&self, w: &WorkloadSpec) -> Result<Prepared, StartError> {
         if w.command.is_empty() || w.command[0].is_empty() {
             return Err(StartError::NoCommand);
         }

@@ -92,7 +92,10 @@ async fn a_jobs_walls_hold() {
     // Said plainly, the guard refuses the command before anything runs.
     submit(&dev, one("plain", "cat /etc/shadow")).await;
     let v = ended(&alpha, "plain").await;
-    let m = v["status"]["tasks"]["t"]["message"].as_str().unwrap_or("").to_string();
+    let m = v["status"]["tasks"]["t"]["message"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
     assert!(m.contains("runtime guard") && m.contains("shadow"), "{v}");
     // Paths computed at run time and read by the shell's own redirections (no
     // `execve` for the guard to see): what stops them is the sandbox itself.
@@ -114,9 +117,19 @@ async fn a_jobs_walls_hold() {
     let text = logs(&alpha, "probe").await;
     assert!(text.contains("done"), "{v} {text}");
     let mut lines = text.lines();
-    assert_eq!(lines.next(), Some("1000"), "runs as the unprivileged user: {text}");
-    assert!(!text.contains("leak:"), "a host file reached the job: {text}");
-    assert!(!text.contains("beta-private-marker"), "another tenant's log leaked: {text}");
+    assert_eq!(
+        lines.next(),
+        Some("1000"),
+        "runs as the unprivileged user: {text}"
+    );
+    assert!(
+        !text.contains("leak:"),
+        "a host file reached the job: {text}"
+    );
+    assert!(
+        !text.contains("beta-private-marker"),
+        "another tenant's log leaked: {text}"
+    );
     assert!(!host_file.exists(), "the job wrote a host file");
     // Its environment: Tessera's and the sandbox's variables only (the test process
     // has cargo's, none of which may reach the job).
@@ -124,7 +137,10 @@ async fn a_jobs_walls_hold() {
         if !["PATH", "HOME", "USER", "LANG", "TERM", "PWD"].contains(&k.as_str())
             && !k.starts_with("TESSERA_")
         {
-            assert!(!text.contains(&format!("\n{k}=")), "{k} reached the job: {text}");
+            assert!(
+                !text.contains(&format!("\n{k}=")),
+                "{k} reached the job: {text}"
+            );
         }
     }
     assert!(text.contains("TESSERA_TENANT=alpha"), "{text}");
@@ -155,16 +171,26 @@ async fn restart_policy_and_backoff() {
     let s = Server::start_with(lifecycle_fast).await;
     let a = s.tenant("alpha").await;
     queue(&a).await;
-    let mut j = one("flaky", "echo attempt $TESSERA_ATTEMPT; [ $TESSERA_ATTEMPT -ge 2 ]");
+    let mut j = one(
+        "flaky",
+        "echo attempt $TESSERA_ATTEMPT; [ $TESSERA_ATTEMPT -ge 2 ]",
+    );
     j["restart_policy"] = json!("OnFailure");
     j["backoff_limit"] = json!(3);
     submit(&a, j).await;
     let v = ended(&a, "flaky").await;
     assert_eq!(v["status"]["phase"], "succeeded", "{v}");
     let t = &v["status"]["tasks"]["t"];
-    assert_eq!((t["restarts"].as_u64(), t["attempt"].as_u64()), (Some(2), Some(3)), "{v}");
+    assert_eq!(
+        (t["restarts"].as_u64(), t["attempt"].as_u64()),
+        (Some(2), Some(3)),
+        "{v}"
+    );
     let text = logs(&a, "flaky").await;
-    assert!(text.contains("attempt 0") && text.contains("attempt 2"), "{text}");
+    assert!(
+        text.contains("attempt 0") && text.contains("attempt 2"),
+        "{text}"
+    );
 
     let mut j = one("doomed", "exit 4");
     j["restart_policy"] = json!("OnFailure");
@@ -205,7 +231,10 @@ async fn a_failed_task_stops_its_gang() {
     assert_eq!(v["status"]["phase"], "failed", "{v}");
     assert_eq!(v["status"]["tasks"]["bad"]["exit_code"], 3);
     assert_eq!(v["status"]["tasks"]["long"]["state"], "failed", "{v}");
-    assert_eq!(v["status"]["tasks"]["long"]["reason"], "BackoffLimitExceeded");
+    assert_eq!(
+        v["status"]["tasks"]["long"]["reason"],
+        "BackoffLimitExceeded"
+    );
     assert!(no_process_with("4242"), "the sibling's sleep survived");
 }
 
@@ -244,7 +273,10 @@ async fn deadline_then_ttl_then_the_name_again() {
     submit(&a, j).await;
     let v = ended(&a, "slow").await;
     assert_eq!(v["status"]["reason"], "DeadlineExceeded", "{v}");
-    assert!(no_process_with("5151"), "the deadline left the tree running");
+    assert!(
+        no_process_with("5151"),
+        "the deadline left the tree running"
+    );
     assert!(logs(&a, "slow").await.contains("started"));
     let job_logs = s.dir().join("logs/alpha/slow");
     assert!(job_logs.exists());
@@ -282,8 +314,10 @@ async fn delete_frees_the_name() {
     let a = s.tenant("alpha").await;
     queue(&a).await;
     submit(&a, one("d", "trap 'exit 0' TERM; sleep 6262 & wait")).await;
-    a.wait_for("/v1/jobs/d", |v| v["status"]["tasks"]["t"]["state"] == "running")
-        .await;
+    a.wait_for("/v1/jobs/d", |v| {
+        v["status"]["tasks"]["t"]["state"] == "running"
+    })
+    .await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let (st, v) = a.delete("/v1/jobs/d").await;
     assert_eq!(st, StatusCode::ACCEPTED, "{v}");
@@ -324,7 +358,9 @@ async fn evictions_are_carried_out() {
         let a = s.tenant("alpha").await;
         queue(&a).await;
         let (_, nodes) = a.get("/v1/nodes").await;
-        let cpu = nodes["items"][0]["allocatable"]["cpu_milli"].as_u64().unwrap();
+        let cpu = nodes["items"][0]["allocatable"]["cpu_milli"]
+            .as_u64()
+            .unwrap();
         let big = cpu * 3 / 4;
         let victim_cmd = if polite {
             "trap 'echo got-term; sleep 0.3; exit 0' TERM; echo up; sleep 7373 & wait; wait"
@@ -338,8 +374,10 @@ async fn evictions_are_carried_out() {
                               "command": ["sh", "-c", victim_cmd]}]}),
         )
         .await;
-        a.wait_for("/v1/jobs/low", |v| v["status"]["tasks"]["t"]["state"] == "running")
-            .await;
+        a.wait_for("/v1/jobs/low", |v| {
+            v["status"]["tasks"]["t"]["state"] == "running"
+        })
+        .await;
         for _ in 0..100 {
             if logs(&a, "low").await.contains("up") {
                 break;
@@ -354,12 +392,20 @@ async fn evictions_are_carried_out() {
         )
         .await;
         let v = a
-            .wait_for("/v1/jobs/low", |v| v["status"]["tasks"]["t"]["evictions"] == 1)
+            .wait_for("/v1/jobs/low", |v| {
+                v["status"]["tasks"]["t"]["evictions"] == 1
+            })
             .await;
         let t = &v["status"]["tasks"]["t"];
         assert_eq!(t["reason"], "Evicted", "{v}");
         assert_eq!(t["preemptor"], "urgent", "{v}");
-        assert!(t["message"].as_str().unwrap().contains("preempted by urgent"), "{v}");
+        assert!(
+            t["message"]
+                .as_str()
+                .unwrap()
+                .contains("preempted by urgent"),
+            "{v}"
+        );
         let victim_end = t["finished_at"].as_u64().unwrap();
         let u = ended(&a, "urgent").await;
         assert_eq!(u["status"]["phase"], "succeeded", "{u}");
@@ -371,14 +417,24 @@ async fn evictions_are_carried_out() {
         let text = logs(&a, "low").await;
         if polite {
             assert!(text.contains("got-term"), "{text}");
-            assert!(!t["message"].as_str().unwrap().contains("killed after"), "{v}");
+            assert!(
+                !t["message"].as_str().unwrap().contains("killed after"),
+                "{v}"
+            );
             assert!(no_process_with("7373"));
         } else {
-            assert!(t["message"].as_str().unwrap().contains("killed after the grace period"), "{v}");
+            assert!(
+                t["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("killed after the grace period"),
+                "{v}"
+            );
         }
         // The victim is placed again once there is room, and runs.
         a.wait_for("/v1/jobs/low", |v| {
-            v["status"]["tasks"]["t"]["state"] == "running" && v["status"]["tasks"]["t"]["attempt"] == 2
+            v["status"]["tasks"]["t"]["state"] == "running"
+                && v["status"]["tasks"]["t"]["attempt"] == 2
         })
         .await;
         a.post_empty("/v1/jobs/low/cancel").await;
@@ -453,9 +509,16 @@ async fn gpu_tasks_are_fenced_and_checked() {
     let gpu = v["status"]["tasks"]["t"]["gpus"][0].as_u64().unwrap();
     let text = logs(&a, "g1").await;
     let nodes: Vec<&str> = text.lines().filter(|l| l.starts_with("nvidia")).collect();
-    assert_eq!(nodes, [format!("nvidia{gpu}").as_str(), "nvidiactl"], "{text}");
+    assert_eq!(
+        nodes,
+        [format!("nvidia{gpu}").as_str(), "nvidiactl"],
+        "{text}"
+    );
     assert!(text.contains(&format!("cuda=GPU-fake-{gpu}\n")), "{text}");
-    assert_eq!(v["status"]["tasks"]["t"]["devices"][0], format!("GPU-fake-{gpu}"));
+    assert_eq!(
+        v["status"]["tasks"]["t"]["devices"][0],
+        format!("GPU-fake-{gpu}")
+    );
 
     // The driver loses both GPUs: the scheduler's record still has them.
     *src.0.lock().unwrap() = vec![];
@@ -464,24 +527,35 @@ async fn gpu_tasks_are_fenced_and_checked() {
     let t = &v["status"]["tasks"]["t"];
     assert_eq!(t["reason"], "DeviceViewMismatch", "{v}");
     let m = t["message"].as_str().unwrap();
-    assert!(m.contains("the scheduler allocated GPU") && m.contains("this node sees no GPUs"), "{m}");
-    let node = v["status"]["tasks"]["t"]["node"].as_str().unwrap().to_string();
+    assert!(
+        m.contains("the scheduler allocated GPU") && m.contains("this node sees no GPUs"),
+        "{m}"
+    );
+    let node = v["status"]["tasks"]["t"]["node"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let n = a
         .wait_for(&format!("/v1/nodes/{node}"), |n| {
-            n["taints"]
-                .as_array()
-                .is_some_and(|t| t.iter().any(|t| t["key"] == "tessera.io/device-view-mismatch"))
+            n["taints"].as_array().is_some_and(|t| {
+                t.iter()
+                    .any(|t| t["key"] == "tessera.io/device-view-mismatch")
+            })
         })
         .await;
-    assert!(n["status"]["conditions"].as_array().is_some_and(|c| c
-        .iter()
-        .any(|c| c["kind"] == "DeviceViewMismatch" && c["status"] == true)), "{n}");
+    assert!(
+        n["status"]["conditions"].as_array().is_some_and(|c| c
+            .iter()
+            .any(|c| c["kind"] == "DeviceViewMismatch" && c["status"] == true)),
+        "{n}"
+    );
     // The GPUs come back: the taint goes.
     *src.0.lock().unwrap() = raw;
     a.wait_for(&format!("/v1/nodes/{node}"), |n| {
-        n["taints"]
-            .as_array()
-            .is_none_or(|t| t.iter().all(|t| t["key"] != "tessera.io/device-view-mismatch"))
+        n["taints"].as_array().is_none_or(|t| {
+            t.iter()
+                .all(|t| t["key"] != "tessera.io/device-view-mismatch")
+        })
     })
     .await;
 }
@@ -497,7 +571,9 @@ async fn a_half_done_mig_step_is_finished_at_restart() {
     let fakes = tempfile::tempdir().unwrap();
     let mut raw = fake_gpus(fakes.path(), 1, true);
     // Seven idle 1g.10gb instances: a 3g.40gb can only go where some of them are.
-    raw[0].mig_instances = (0..7).map(|s| RawMig::new("1g.10gb", s, 10 + u32::from(s))).collect();
+    raw[0].mig_instances = (0..7)
+        .map(|s| RawMig::new("1g.10gb", s, 10 + u32::from(s)))
+        .collect();
     let src = Arc::new(Gpus(Mutex::new(raw.clone())));
     let fake = tessera_node::mig::FakeMig::new();
     for s in 0..7 {
@@ -526,7 +602,13 @@ async fn a_half_done_mig_step_is_finished_at_restart() {
     .await;
     let v = ended(&a, "m").await;
     assert_eq!(v["status"]["tasks"]["t"]["reason"], "StartError", "{v}");
-    assert!(v["status"]["tasks"]["t"]["message"].as_str().unwrap().contains("MIG step"), "{v}");
+    assert!(
+        v["status"]["tasks"]["t"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("MIG step"),
+        "{v}"
+    );
     let step = &v["status"]["tasks"]["t"]["mig"];
     let start = step["start"].as_u64().unwrap();
     let destroy: Vec<String> = step["destroy"]
@@ -539,7 +621,11 @@ async fn a_half_done_mig_step_is_finished_at_restart() {
     assert_eq!(fake.log(), destroy[..1]);
     // The node's own files: the data folder's `node/` (here the harness's folder).
     let journal = s.dir().join("node/mig-journal.json");
-    assert!(std::fs::read_to_string(&journal).unwrap().contains("3g.40gb"));
+    assert!(
+        std::fs::read_to_string(&journal)
+            .unwrap()
+            .contains("3g.40gb")
+    );
     // "Restart": a new server on the same store and data folder; the backend works.
     let dir = s.stop().await;
     fake.recover();
@@ -558,6 +644,10 @@ async fn a_half_done_mig_step_is_finished_at_restart() {
     let mut expected = destroy.clone();
     expected.push(format!("create {want}"));
     assert_eq!(fake.log(), expected, "each change once");
-    assert!(!std::fs::read_to_string(&journal).unwrap().contains("3g.40gb"));
+    assert!(
+        !std::fs::read_to_string(&journal)
+            .unwrap()
+            .contains("3g.40gb")
+    );
     r.shutdown().await;
 }

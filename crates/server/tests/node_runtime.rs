@@ -87,8 +87,15 @@ async fn a_jobs_walls_hold() {
         .into_iter()
         .find(|p| p.to_string_lossy().contains("/beta/"))
         .expect("beta's log on the host");
+    // A host file to create and a root-owned one to append to, both the test's own
+    // (a broken wall must not damage the machine the test runs on).
     let host_file = std::path::Path::new("/usr/local/tessera-wall-probe");
     let _ = std::fs::remove_file(host_file);
+    let target = std::path::PathBuf::from(format!(
+        "/usr/local/tessera-wall-target-{}",
+        std::process::id()
+    ));
+    std::fs::write(&target, "root's\n").unwrap();
     // Said plainly, the guard refuses the command before anything runs.
     submit(&dev, one("plain", "cat /etc/shadow")).await;
     let v = ended(&alpha, "plain").await;
@@ -106,15 +113,20 @@ async fn a_jobs_walls_hold() {
          read -r l < {db} && echo \"leak:$l\"; \
          while read -r l; do echo \"leak:$l\"; done < {beta_log}; \
          w=$(at {host}); echo pwned > \"$w\"; \
-         p=$(at /etc/pass)wd; echo x >> \"$p\"; env; echo done",
+         t=$(at {target}); echo pwned >> \"$t\"; env; echo done",
         data = data.display(),
         db = db.display(),
         beta_log = beta_log.display(),
         host = host_file.display(),
+        target = target.display(),
     );
     submit(&dev, one("probe", &probe)).await;
     let v = ended(&alpha, "probe").await;
     let text = logs(&alpha, "probe").await;
+    let appended = std::fs::read_to_string(&target).unwrap();
+    let _ = std::fs::remove_file(&target);
+    let created = host_file.exists();
+    let _ = std::fs::remove_file(host_file);
     assert!(text.contains("done"), "{v} {text}");
     let mut lines = text.lines();
     assert_eq!(
@@ -130,7 +142,8 @@ async fn a_jobs_walls_hold() {
         !text.contains("beta-private-marker"),
         "another tenant's log leaked: {text}"
     );
-    assert!(!host_file.exists(), "the job wrote a host file");
+    assert!(!created, "the job created a host file");
+    assert_eq!(appended, "root's\n", "the job wrote a root-owned host file");
     // Its environment: Tessera's and the sandbox's variables only (the test process
     // has cargo's, none of which may reach the job).
     for (k, _) in std::env::vars() {

@@ -664,3 +664,57 @@ async fn a_half_done_mig_step_is_finished_at_restart() {
     );
     r.shutdown().await;
 }
+
+/// A node that stops reporting for longer than the grace period has its live tasks
+/// recorded lost (here with `Never`: the job fails). No sandbox needed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_of_a_silent_node_are_lost() {
+    use tessera_store::{Key, Store};
+    let s = Server::start_with(|c| c.register_local_node = false).await;
+    let a = s.tenant("alpha").await;
+    queue(&a).await;
+    submit(
+        &a,
+        json!({"name": "far", "queue": "q", "tasks": [{"name": "t"}]}),
+    )
+    .await;
+    let store = s.running.plane.store().clone();
+    let now = tessera_server::plane::now_ms();
+    store
+        .create(
+            Key::new(tessera_server::exec::NODESTATUS, "", "ghost"),
+            json!({"node": "ghost", "heartbeat_ms": now - 60_000, "conditions": [], "running": 1, "device_cgroup": false}),
+        )
+        .await
+        .unwrap();
+    // The task runs on "ghost" (as its node agent would have written).
+    for _ in 0..50 {
+        let o = store
+            .get(&Key::new("job", "alpha", "far"))
+            .await
+            .unwrap()
+            .unwrap();
+        let mut b = o.body.clone();
+        b["status"]["phase"] = json!("running");
+        b["status"]["tasks"] = json!({"t": {"node": "ghost", "state": "running", "attempt": 1}});
+        if store.update(o.key(), Some(o.version), b).await.is_ok() {
+            break;
+        }
+    }
+    let mut v = Value::Null;
+    for _ in 0..400 {
+        (_, v) = a.get("/v1/jobs/far").await;
+        if v["status"]["phase"] == "failed" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(v["status"]["tasks"]["t"]["reason"], "Lost", "{v}");
+    assert!(
+        v["status"]["tasks"]["t"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("node ghost stopped reporting"),
+        "{v}"
+    );
+}

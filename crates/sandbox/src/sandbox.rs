@@ -897,13 +897,21 @@ impl Sandbox {
             cwd: req.cwd.clone().unwrap_or_else(|| "/workspace".into()),
             check_exec: self.rt.guard.checks_exec(),
         };
-        let r = self.run_job(
+        let r = match self.run_job(
             job,
             req.stdin.as_deref(),
             req.timeout,
             req.max_output,
             on_chunk,
-        )?;
+        ) {
+            Ok(r) => r,
+            // Destroyed under the command (killed, timed out, deleted): say so, not
+            // whatever the broken pipe looked like.
+            Err(_) if self.destroyed.load(Ordering::Acquire) => {
+                return Err(ExecError::Destroyed(self.id.clone()));
+            }
+            Err(e) => return Err(e),
+        };
         let mut out = ExecOutput {
             status: r.status,
             stdout: r.stdout,

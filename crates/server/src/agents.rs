@@ -419,7 +419,9 @@ async fn memory_get(
 ) -> R {
     c.require(Role::Viewer)?;
     own_session(&c, &id)?;
-    ok(json!({"key": k, "value": sessions::memory_get(a.plane.store(), &c.tenant, &id, &k).await?}))
+    let v = sessions::memory_get(a.plane.store(), &c.tenant, &id, &k).await?;
+    let at = format!("session {id} memory {k}");
+    ok(json!({"key": k, "value": a.plane.redact_value(&c.tenant, &at, v)}))
 }
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -473,7 +475,12 @@ async fn history_read(
         q.limit.unwrap_or(100),
     )
     .await?;
-    items(h.iter().map(to_v).collect::<Result<_, _>>()?)
+    let at = format!("session {id} history");
+    items(
+        h.iter()
+            .map(|x| Ok(a.plane.redact_value(&c.tenant, &at, to_v(x)?)))
+            .collect::<Result<_, ApiError>>()?,
+    )
 }
 async fn history_append(
     State(a): State<App>,
@@ -526,7 +533,12 @@ async fn checkpoint_list(
         q.limit.unwrap_or(20).min(1000),
     )
     .await?;
-    items(l.iter().map(to_v).collect::<Result<_, _>>()?)
+    let at = format!("session {id} checkpoints");
+    items(
+        l.iter()
+            .map(|x| Ok(a.plane.redact_value(&c.tenant, &at, to_v(x)?)))
+            .collect::<Result<_, ApiError>>()?,
+    )
 }
 async fn checkpoint_put(
     State(a): State<App>,
@@ -573,7 +585,8 @@ async fn checkpoint_get(
     let mut v = to_v(&cp)?;
     v["pending_writes"] =
         Value::Array(sessions::checkpoint_writes(st, &c.tenant, &id, ns, &cp.id).await?);
-    ok(v)
+    ok(a.plane
+        .redact_value(&c.tenant, &format!("session {id} checkpoint {cid}"), v))
 }
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -604,7 +617,9 @@ async fn session_trace(
     own_session(&c, &id)?;
     let spans = trace::spans(a.plane.store(), &c.tenant, &id).await?;
     let tree = trace::tree(&spans);
-    ok(json!({"session": id, "spans": spans, "tree": tree, "text": trace::render(&id, &tree)}))
+    let v = json!({"session": id, "spans": spans, "tree": tree, "text": trace::render(&id, &tree)});
+    ok(a.plane
+        .redact_value(&c.tenant, &format!("session {id} trace"), v))
 }
 async fn record_span(
     State(a): State<App>,
@@ -616,6 +631,10 @@ async fn record_span(
     own_session(&c, &id)?;
     session_exists(&a, &c.tenant, &id).await?;
     b.session = id;
+    // Attributes are what the agent reports: redacted before they are stored or exported.
+    let at = format!("session {} span", b.session);
+    let b: trace::Span = serde_json::from_value(a.plane.redact_value(&c.tenant, &at, to_v(&b)?))
+        .map_err(ApiError::internal)?;
     let seq = trace::record_span(a.plane.store(), &c.tenant, b).await?;
     created(json!({"seq": seq}))
 }
@@ -669,8 +688,9 @@ async fn read_events(
         // Validate the name before streaming.
         events::last_offset(&st, &c.tenant, &t).await?;
         let tenant = c.tenant.clone();
+        let plane = a.plane.clone();
         let s = stream::unfold((st, after), move |(st, after)| {
-            let (tenant, t) = (tenant.clone(), t.clone());
+            let (tenant, t, plane) = (tenant.clone(), t.clone(), plane.clone());
             async move {
                 loop {
                     match events::read_wait(
@@ -689,10 +709,15 @@ async fn read_events(
                             let out: Vec<Result<Event, Infallible>> = evs
                                 .iter()
                                 .map(|e| {
+                                    let v = plane.redact_value(
+                                        &tenant,
+                                        &format!("topic {t} event {}", e.offset),
+                                        serde_json::to_value(e).unwrap_or_default(),
+                                    );
                                     Ok(Event::default()
                                         .event("event")
                                         .id(e.offset.to_string())
-                                        .data(serde_json::to_string(e).unwrap_or_default()))
+                                        .data(v.to_string()))
                                 })
                                 .collect();
                             return Some((stream::iter(out), (st, next)));
@@ -709,7 +734,12 @@ async fn read_events(
     }
     let wait = std::time::Duration::from_millis(q.wait_ms.unwrap_or(0).min(60_000));
     let evs = events::read_wait(&st, &c.tenant, &t, after, limit, wait).await?;
-    items(evs.iter().map(to_v).collect::<Result<_, _>>()?)
+    let at = format!("topic {t} events");
+    items(
+        evs.iter()
+            .map(|x| Ok(a.plane.redact_value(&c.tenant, &at, to_v(x)?)))
+            .collect::<Result<_, ApiError>>()?,
+    )
 }
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -21,6 +21,7 @@ pub mod oidc;
 pub mod otlp;
 pub mod plane;
 pub mod problem;
+pub mod redact;
 pub mod sandboxes;
 pub mod scheduler;
 pub mod tools;
@@ -261,8 +262,9 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
         source,
     })?;
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    // Every redaction anywhere (sandboxes, sessions, tools, jobs, the API) is audited.
+    let mut tasks = vec![redact::start_audit(&plane, stop_rx.clone())];
     let metrics = std::sync::Arc::new(metrics::Metrics::default());
-    let mut tasks = Vec::new();
     if let Some(f) = cfg.scheduler.clone() {
         tasks.push(tokio::spawn(scheduler::run_loop(
             store,
@@ -324,6 +326,8 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
     tasks.extend(t);
     let (tools, t) = tools::ToolsState::start(&plane, &cfg.tools, &stop_rx).await?;
     tasks.extend(t);
+    // Tool results and errors are redacted before the ledger, the agent and the caller.
+    tools.gateway.set_guard(plane.guard().clone());
     // The gateway's built-in tools (exec, files) run in sessions' sandboxes.
     if let Some(h) = agents.session_host() {
         tools.gateway.set_sandboxes(std::sync::Arc::new(h));

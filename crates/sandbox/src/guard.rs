@@ -14,7 +14,9 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
-use tessera_guard::{Decision, FileOp, Policy, Scanner, Verdict};
+/// The guard's policy (operator floor or a tenant's own), as `tessera-guard` reads it.
+pub use tessera_guard::Policy;
+use tessera_guard::{Decision, FileOp, Scanner, Verdict};
 
 use crate::spec::{Command, PathAccess};
 

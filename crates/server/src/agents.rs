@@ -153,6 +153,16 @@ fn own_session(c: &Caller, id: &str) -> Result<(), ApiError> {
     }
 }
 
+/// A session as a tenant sees it: no host pid (it says nothing to a tenant and
+/// something to an attacker); the store keeps it for crash recovery.
+fn session_view(s: &sessions::Session) -> Result<Value, ApiError> {
+    let mut v = to_v(s)?;
+    if let Some(m) = v.as_object_mut() {
+        m.remove("sandbox_pid");
+    }
+    Ok(v)
+}
+
 /// Writes into a session (memory, history, checkpoints, spans) need the session to
 /// exist: a write for a session nobody started is a 404, not a stray record.
 async fn session_exists(a: &App, tenant: &str, id: &str) -> Result<(), ApiError> {
@@ -360,7 +370,7 @@ async fn list_sessions(State(a): State<App>, c: Caller, Q(q): Q<SessionQuery>) -
         }
     }
     let l = sessions::list(a.plane.store(), &c.tenant, &states, q.runtime.as_deref()).await?;
-    items(l.iter().map(to_v).collect::<Result<_, _>>()?)
+    items(l.iter().map(session_view).collect::<Result<_, _>>()?)
 }
 async fn get_session(
     State(a): State<App>,
@@ -372,7 +382,7 @@ async fn get_session(
     let s = sessions::get(a.plane.store(), &c.tenant, &id)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("session {id:?}")))?;
-    let mut v = to_v(&s)?;
+    let mut v = session_view(&s)?;
     v["usage"] = to_v(&meter::session_totals(a.plane.store(), &c.tenant, &id).await?)?;
     v["live"] = a.agents.host()?.live_info(&c.tenant, &id).await;
     ok(v)
@@ -400,7 +410,7 @@ async fn kill_session(
         .reason
         .unwrap_or_else(|| format!("killed by {}", c.subject));
     let s = a.agents.host()?.kill(&c.tenant, &id, &why).await?;
-    ok(to_v(&s)?)
+    ok(session_view(&s)?)
 }
 
 async fn memory_keys(

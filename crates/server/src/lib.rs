@@ -13,6 +13,7 @@ pub mod auth;
 pub mod exec;
 pub mod gateway;
 pub mod gpu;
+pub mod guardpol;
 pub mod identity;
 pub mod mcp;
 pub mod metrics;
@@ -243,6 +244,11 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
             None => None,
         });
     let admin_key = plane.bootstrap().await.map_err(StartError::Bootstrap)?;
+    // Tenants' own guard policies, beside the operator's floor.
+    plane
+        .load_guard_policies()
+        .await
+        .map_err(StartError::Bootstrap)?;
     // GPU discovery (NVML) only when this machine is to be a node.
     let local = if cfg.register_local_node {
         let n = node::local_node();

@@ -108,7 +108,10 @@ async fn bearer_tokens_from_the_issuer_are_accepted_and_nothing_else() {
         ("wrong audience", token(ISSUER_KEY, wrong_aud)),
         ("wrong issuer", token(ISSUER_KEY, wrong_iss)),
         ("expired", token(ISSUER_KEY, expired)),
-        ("not valid for another hour (nbf)", token(ISSUER_KEY, not_yet)),
+        (
+            "not valid for another hour (nbf)",
+            token(ISSUER_KEY, not_yet),
+        ),
         ("no tenant claim", token(ISSUER_KEY, no_tenant)),
         ("unknown tenant", token(ISSUER_KEY, claims("alice", "nope"))),
         ("untrusted key", token(OTHER_KEY, claims("alice", "alpha"))),

@@ -1214,9 +1214,15 @@ impl Sandbox {
         }
     }
 
-    /// Reads a whole file.
+    /// Reads a whole file, redacted by the guard like any output leaving the sandbox.
     pub fn read_file(&self, path: &str) -> Result<Vec<u8>, FileError> {
-        self.file_job(JobKind::ReadFile { path: path.into() }, path, None)
+        let data = self.file_job(JobKind::ReadFile { path: path.into() }, path, None)?;
+        let at = format!("sandbox {} file {path}", self.id);
+        Ok(self
+            .rt
+            .guard
+            .redact(self.tenant(), &at, &data)
+            .unwrap_or(data))
     }
     /// Writes a file (mode 0644), creating parent directories.
     pub fn write_file(&self, path: &str, data: &[u8]) -> Result<(), FileError> {

@@ -100,12 +100,7 @@ async fn an_agent_session_reaches_nothing_beyond_its_session() {
     };
     let s = server(init).await;
     let t = s.tenant("acme").await;
-    let (st, v) = t
-        .post(
-            "/v1/runtimes",
-            attacker_runtime(),
-        )
-        .await;
+    let (st, v) = t.post("/v1/runtimes", attacker_runtime()).await;
     assert_eq!(st, StatusCode::CREATED, "{v}");
     let db = s.dir().join("data/tessera.db");
     assert!(db.exists(), "{}", db.display());
@@ -210,12 +205,7 @@ async fn builtin_tools_pass_the_guard_and_their_results_are_redacted() {
     };
     let s = server(init).await;
     let t = s.tenant("acme").await;
-    let (st, v) = t
-        .post(
-            "/v1/runtimes",
-            attacker_runtime(),
-        )
-        .await;
+    let (st, v) = t.post("/v1/runtimes", attacker_runtime()).await;
     assert_eq!(st, StatusCode::CREATED, "{v}");
     let (st, v) = t
         .post(
@@ -500,4 +490,58 @@ async fn the_data_folder_and_the_store_are_private() {
     std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o755)).unwrap();
     assert!(tessera_server::prepare_data_dir(&shared).unwrap().is_some());
     assert_eq!(mode(&shared), 0o755);
+}
+
+/// An HTTP tool's answer is redacted before the ledger keeps it and before the agent
+/// and the caller see it (before: the ledger held whatever the tool said). The test
+/// tool echoes the call's idempotency key, which here carries a fake credential.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_tool_results_are_redacted_before_the_ledger() {
+    use tessera_agent::tools::testing::{CountingConfig, CountingService};
+    let s = Server::start_with(|c| c.register_local_node = false).await;
+    let t = s.tenant("acme").await;
+    let svc = CountingService::start(CountingConfig::default())
+        .await
+        .unwrap();
+    let (st, v) = t
+        .post(
+            "/v1/tools",
+            json!({"name": "echo", "target": {"type": "http", "url": svc.url()}}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    t.post("/v1/tools/echo/grants", json!({"runtime": "bot"}))
+        .await;
+    s.running
+        .plane
+        .store()
+        .create(
+            tessera_store::Key::new("session", "acme", "s1"),
+            json!({"id": "s1", "runtime": "bot", "state": "active"}),
+        )
+        .await
+        .unwrap();
+    let agent = t.with_role("session:s1", "developer").await;
+    let (st, v) = agent
+        .post(
+            "/v1/tools/echo/call",
+            json!({"session_id": "s1", "tool_call_id": "c1", "idempotency_key": format!("k:{AWS_KEY}"), "arguments": {}}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(v["status"], "completed", "{v}");
+    no_secret("the tool result", &v["result"]);
+    let (_, l) = t.get("/v1/ledger?session_id=s1").await;
+    no_secret("the ledger", &l);
+    for o in s
+        .running
+        .plane
+        .store()
+        .list("ledger", Some("acme"))
+        .await
+        .unwrap()
+        .objects
+    {
+        no_secret("the stored result", &o.body["result"]);
+    }
 }

@@ -18,7 +18,7 @@
  * context), and a peak: the ground truth the tests compare the interposer against.
  *
  * Test hooks (not CUDA): fakecuda* for the harness, tesseraFake* for the
- * interposer's clock. Build: cc -shared -fPIC -O2 -Wl,-soname,libcuda.so.1.
+ * interposer's clock. Build: cc -shared -fPIC -O2 -Wl,-Bsymbolic -Wl,-soname,libcuda.so.1.
  * Defines: FAKECUDA_OMIT_CTX_GET_DEVICE leaves cuCtxGetDevice out (a driver
  * missing a symbol the interposer needs).
  */
@@ -222,6 +222,10 @@ static struct fk_part *fk_me(void) {
     lk();
     my_pid = pid;
     my_part = -1;
+    /* A part of this pid is the program image this one exec'ed from: a real
+     * driver released its context at exec. */
+    for (int i = 0; i < FK_MAXP; i++)
+        if (S->parts[i].pid == pid) free_part_locked(&S->parts[i]);
     for (int pass = 0; pass < 2 && my_part < 0; pass++) {
         for (int i = 0; i < FK_MAXP; i++) {
             if (S->parts[i].pid == 0) {
@@ -301,7 +305,9 @@ struct fk_block {
 static CUresult fk_alloc(size_t size, void **out) {
     struct fk_part *me = fk_me();
     lk();
-    if (S->mem_used + size > S->mem_total) reap_dead_locked();
+    /* A real driver frees a process's memory as it dies (its device files
+     * close before it is a zombie); do the same before counting. */
+    reap_dead_locked();
     if (S->mem_used + size > S->mem_total) {
         ulk();
         return CUDA_ERROR_OUT_OF_MEMORY;

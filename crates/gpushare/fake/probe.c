@@ -277,7 +277,10 @@ int main(int argc, char **argv) {
         CUresult r = 0;
         if (!strcmp(s, "mode")) {
             const char *m = argv[++i];
-            if (!strcmp(m, "d")) use_direct();
+            if (!strcmp(m, "d")) {
+                use_direct();
+                look = NULL;
+            }
             else {
                 look = !strcmp(m, "h") ? by_dlsym : by_gpa;
                 gpa_kind = !strcmp(m, "p") ? 1 : !strcmp(m, "p2") ? 2 : 3;
@@ -402,6 +405,18 @@ int main(int argc, char **argv) {
         } else if (!strcmp(s, "dlsym")) {
             const char *name = argv[++i];
             printf("dlsym %s found=%d\n", name, dlsym(driver(), name) != NULL);
+        } else if (!strcmp(s, "rtldnext")) {
+            /* dlsym(RTLD_NEXT) is relative to its caller: from this program the
+             * next dlsym is the first one after it (an interposer's, or glibc's). */
+            void *next = dlsym(RTLD_NEXT, "dlsym");
+            void *dflt = dlsym(RTLD_DEFAULT, "dlsym");
+            printf("rtldnext same=%d\n", next == dflt && next != NULL);
+        } else if (!strcmp(s, "memnode")) {
+            CUresult (*f)(void **, void *, void *, size_t, void *) =
+                look ? look("cuGraphAddMemAllocNode") : dlsym(driver(), "cuGraphAddMemAllocNode");
+            void *node = NULL;
+            r = f ? f(&node, NULL, NULL, 0, NULL) : -1;
+            printf("memnode rc=%d\n", r);
         } else if (!strcmp(s, "fork")) {
             pid_t pid = fork();
             if (pid == 0) continue; /* the child runs the steps up to endfork */

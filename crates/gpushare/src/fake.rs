@@ -85,7 +85,16 @@ pub fn build(dir: &Path, defines: &[&str]) -> Result<FakeBuild, FakeError> {
     std::fs::write(&probe_src, PROBE_C).map_err(io(&probe_src, "write"))?;
     let lib = dir.join("libcuda.so.1");
     let mut c = Command::new(&cc);
-    c.args(["-shared", "-fPIC", "-O2", "-fvisibility=hidden", "-Wl,-soname,libcuda.so.1"])
+    c.args([
+        "-shared",
+        "-fPIC",
+        "-O2",
+        "-fvisibility=hidden",
+        // Calls between its own entry points stay inside the fake, as in a real
+        // driver (not through the interposer).
+        "-Wl,-Bsymbolic",
+        "-Wl,-soname,libcuda.so.1",
+    ])
         .args(defines.iter().map(|d| format!("-D{d}")))
         .arg("-o")
         .arg(&lib)

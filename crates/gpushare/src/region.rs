@@ -437,10 +437,12 @@ impl Region {
     }
 
     /// Registers process `pid` (started at `start_time`) and returns its slot.
-    /// Dead processes' slots are reclaimed first.
+    /// Dead processes' slots are reclaimed first, and so is a slot of `pid`
+    /// itself: a process registers once per program image, so such a slot is
+    /// the image it `exec`ed from, whose GPU memory the driver freed at `exec`.
     pub fn register_process(&self, pid: u32, start_time: u64) -> Result<usize, RegionError> {
         let _g = self.lock(pid);
-        self.reclaim_locked(&|p, s| p == pid || proc_alive(p, s));
+        self.reclaim_locked(&|p, s| p != pid && proc_alive(p, s));
         for (i, p) in self.procs().iter().enumerate() {
             if p.pid.load(Ordering::Relaxed) == 0 {
                 for u in &p.used {
@@ -798,6 +800,14 @@ mod tests {
         // Registering reclaims the ghost.
         assert_eq!(r.try_reserve(s, me, 0, 90), Reserve::Done);
         assert_eq!(r.device(0).unwrap().memory_used.load(Ordering::Relaxed), 90);
+        // The same pid registering again is a new program image (exec): the old
+        // image's memory is gone.
+        let s2 = r.register_process(me, 0).unwrap();
+        assert_eq!(r.device(0).unwrap().memory_used.load(Ordering::Relaxed), 0);
+        assert_eq!(r.try_reserve(s2, me, 0, 100), Reserve::Done);
+        // An explicit reclaim with a liveness rule.
+        let freed = r.reclaim_dead(me, &|_, _| false);
+        assert_eq!(freed, 100);
     }
 
     #[test]

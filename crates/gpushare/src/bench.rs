@@ -112,8 +112,8 @@ type LaunchFn = unsafe extern "C" fn(
     *mut *mut c_void,
 ) -> i32;
 
-fn get<T: Copy>(h: *mut c_void, name: &str) -> Result<T, FakeError> {
-    let p = fake::symbol(h, name)?;
+fn get<T: Copy>(h: &fake::Library, name: &str) -> Result<T, FakeError> {
+    let p = h.symbol(name)?;
     assert_eq!(std::mem::size_of::<T>(), std::mem::size_of::<*mut c_void>());
     // SAFETY: `T` is the C signature of `name` in the fake driver and the
     // interposer (checked above to be pointer-sized).
@@ -125,14 +125,21 @@ fn time_us(f: impl FnOnce() -> i32) -> Result<f64, BenchError> {
     let rc = f();
     let dt = t.elapsed().as_secs_f64() * 1e6;
     if rc != 0 {
-        return Err(BenchError::Other(format!("a measured call failed: CUresult {rc}")));
+        return Err(BenchError::Other(format!(
+            "a measured call failed: CUresult {rc}"
+        )));
     }
     Ok(dt)
 }
 
 /// Overhead per call, in this process. The environment variable the interposer
 /// reads is set here: call this before starting other threads.
-fn overhead(build: &FakeBuild, interposer: &Path, work: &Path, n: usize) -> Result<[f64; 10], BenchError> {
+fn overhead(
+    build: &FakeBuild,
+    interposer: &Path,
+    work: &Path,
+    n: usize,
+) -> Result<[f64; 10], BenchError> {
     let rp = work.join("overhead.region");
     let _ = std::fs::remove_file(&rp);
     let region = Region::create(
@@ -151,12 +158,16 @@ fn overhead(build: &FakeBuild, interposer: &Path, work: &Path, n: usize) -> Resu
     // SAFETY: the benchmark runs this before any other thread of the process
     // reads the environment (the CLI is single-threaded here).
     unsafe { std::env::set_var("TESSERA_GPUSHARE_REGION", &rp) };
-    let fk = fake::open_library(&build.lib)?;
+    let fk = fake::Library::open(&build.lib)?;
     let drv = fake::FakeDriver::load(build)?;
     // A monitor that just ticked, with a bucket far from debt: the launch fast path.
-    region.tick(drv.clock_ns(), drv.clock_ns() + 1_000_000_000, 1_000_000_000);
-    let ip = fake::open_library(interposer)?;
-    let init: unsafe extern "C" fn(u32) -> i32 = get(ip, "cuInit")?;
+    region.tick(
+        drv.clock_ns(),
+        drv.clock_ns() + 1_000_000_000,
+        1_000_000_000,
+    );
+    let ip = fake::Library::open(interposer)?;
+    let init: unsafe extern "C" fn(u32) -> i32 = get(&ip, "cuInit")?;
     // SAFETY: cuInit(0) through the interposer (and the fake behind it).
     let rc = unsafe { init(0) };
     if rc != 0 {
@@ -164,12 +175,13 @@ fn overhead(build: &FakeBuild, interposer: &Path, work: &Path, n: usize) -> Resu
             "cuInit through the interposer failed: CUresult {rc} (see tessera-cuda's message above)"
         )));
     }
-    let (da, ia): (AllocFn, AllocFn) = (get(fk, "cuMemAlloc_v2")?, get(ip, "cuMemAlloc_v2")?);
-    let (df, iff): (FreeFn, FreeFn) = (get(fk, "cuMemFree_v2")?, get(ip, "cuMemFree_v2")?);
-    let (dl, il): (LaunchFn, LaunchFn) = (get(fk, "cuLaunchKernel")?, get(ip, "cuLaunchKernel")?);
-    let load: unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> i32 = get(fk, "cuModuleLoadData")?;
+    let (da, ia): (AllocFn, AllocFn) = (get(&fk, "cuMemAlloc_v2")?, get(&ip, "cuMemAlloc_v2")?);
+    let (df, iff): (FreeFn, FreeFn) = (get(&fk, "cuMemFree_v2")?, get(&ip, "cuMemFree_v2")?);
+    let (dl, il): (LaunchFn, LaunchFn) = (get(&fk, "cuLaunchKernel")?, get(&ip, "cuLaunchKernel")?);
+    let load: unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> i32 =
+        get(&fk, "cuModuleLoadData")?;
     let getf: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const std::ffi::c_char) -> i32 =
-        get(fk, "cuModuleGetFunction")?;
+        get(&fk, "cuModuleGetFunction")?;
     let mut module = std::ptr::null_mut();
     let mut func = std::ptr::null_mut();
     // SAFETY: fake module and function lookups with valid out-pointers.
@@ -193,13 +205,29 @@ fn overhead(build: &FakeBuild, interposer: &Path, work: &Path, n: usize) -> Resu
             let tf = time_us(|| unsafe { f(p) })?;
             // SAFETY: a fake kernel of zero length, no parameters.
             let tl = time_us(|| unsafe {
-                (if direct { dl } else { il })(func, 1, 1, 1, 1, 1, 1, 0, null, null.cast(), null.cast())
+                (if direct { dl } else { il })(
+                    func,
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                    0,
+                    null,
+                    null.cast(),
+                    null.cast(),
+                )
             })?;
             if keep {
                 let (va, vf, vl) = if direct {
                     (&mut alloc.direct, &mut free.direct, &mut launch.direct)
                 } else {
-                    (&mut alloc.interposed, &mut free.interposed, &mut launch.interposed)
+                    (
+                        &mut alloc.interposed,
+                        &mut free.interposed,
+                        &mut launch.interposed,
+                    )
                 };
                 va.push(ta);
                 vf.push(tf);
@@ -221,10 +249,15 @@ fn overhead(build: &FakeBuild, interposer: &Path, work: &Path, n: usize) -> Resu
 }
 
 pub fn run(cfg: &BenchConfig) -> Result<BenchReport, BenchError> {
-    let work = tempfile::tempdir().map_err(|e| BenchError::Other(format!("temporary folder: {e}")))?;
+    let work =
+        tempfile::tempdir().map_err(|e| BenchError::Other(format!("temporary folder: {e}")))?;
     let build = fake::build(&work.path().join("fake"), &[])?;
-    let [ad, ai, ao50, ao99, fo50, fo99, ld, li, lo50, lo99] =
-        overhead(&build, &cfg.interposer, work.path(), cfg.iterations.max(100))?;
+    let [ad, ai, ao50, ao99, fo50, fo99, ld, li, lo50, lo99] = overhead(
+        &build,
+        &cfg.interposer,
+        work.path(),
+        cfg.iterations.max(100),
+    )?;
 
     let limit = 64 << 20;
     let cap = fake::run_cap_scenario(&build, &cfg.interposer, work.path(), 4, 8, 4 << 20, limit)?;

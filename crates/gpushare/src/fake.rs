@@ -95,11 +95,11 @@ pub fn build(dir: &Path, defines: &[&str]) -> Result<FakeBuild, FakeError> {
         "-Wl,-Bsymbolic",
         "-Wl,-soname,libcuda.so.1",
     ])
-        .args(defines.iter().map(|d| format!("-D{d}")))
-        .arg("-o")
-        .arg(&lib)
-        .arg(&src)
-        .arg("-lpthread");
+    .args(defines.iter().map(|d| format!("-D{d}")))
+    .arg("-o")
+    .arg(&lib)
+    .arg(&src)
+    .arg("-lpthread");
     run_cc(c, "the fake libcuda.so.1")?;
     for alias in ["libnvidia-ml.so.1", "libnvidia-ml.so"] {
         let a = dir.join(alias);
@@ -173,37 +173,43 @@ unsafe extern "C" {
     fn dlerror() -> *mut std::ffi::c_char;
 }
 
-/// Opens a shared library in this process (`RTLD_NOW | RTLD_LOCAL`).
-pub fn open_library(path: &Path) -> Result<*mut c_void, FakeError> {
-    let c = CString::new(path.as_os_str().as_encoded_bytes())
-        .map_err(|_| FakeError::Dl(format!("{}: path has a NUL byte", path.display())))?;
-    // SAFETY: a NUL-terminated path; the library's constructors are the fake's
-    // or the interposer's, neither of which has any.
-    let h = unsafe { dlopen(c.as_ptr(), 2) };
-    if h.is_null() {
-        // SAFETY: dlerror returns a NUL-terminated string or null.
-        let e = unsafe {
-            let e = dlerror();
-            if e.is_null() {
-                String::from("unknown error")
-            } else {
-                std::ffi::CStr::from_ptr(e).to_string_lossy().into_owned()
-            }
-        };
-        return Err(FakeError::Dl(format!("dlopen {}: {e}", path.display())));
-    }
-    Ok(h)
-}
+/// A shared library opened in this process (`RTLD_NOW | RTLD_LOCAL`); never
+/// closed (the scenarios and the benchmark keep calling into it).
+#[derive(Debug, Clone, Copy)]
+pub struct Library(*mut c_void);
 
-/// A symbol of a library opened with [`open_library`].
-pub fn symbol(handle: *mut c_void, name: &str) -> Result<*mut c_void, FakeError> {
-    let c = CString::new(name).map_err(|_| FakeError::Dl(format!("bad name {name:?}")))?;
-    // SAFETY: a handle from dlopen and a NUL-terminated name.
-    let p = unsafe { dlsym(handle, c.as_ptr()) };
-    if p.is_null() {
-        return Err(FakeError::Dl(format!("no symbol {name}")));
+impl Library {
+    pub fn open(path: &Path) -> Result<Library, FakeError> {
+        let c = CString::new(path.as_os_str().as_encoded_bytes())
+            .map_err(|_| FakeError::Dl(format!("{}: path has a NUL byte", path.display())))?;
+        // SAFETY: a NUL-terminated path; the library's constructors are the
+        // fake's or the interposer's, neither of which has any.
+        let h = unsafe { dlopen(c.as_ptr(), 2) };
+        if h.is_null() {
+            // SAFETY: dlerror returns a NUL-terminated string or null.
+            let e = unsafe {
+                let e = dlerror();
+                if e.is_null() {
+                    String::from("unknown error")
+                } else {
+                    std::ffi::CStr::from_ptr(e).to_string_lossy().into_owned()
+                }
+            };
+            return Err(FakeError::Dl(format!("dlopen {}: {e}", path.display())));
+        }
+        Ok(Library(h))
     }
-    Ok(p)
+
+    /// The address of symbol `name`.
+    pub fn symbol(&self, name: &str) -> Result<*mut c_void, FakeError> {
+        let c = CString::new(name).map_err(|_| FakeError::Dl(format!("bad name {name:?}")))?;
+        // SAFETY: a handle from dlopen (never closed) and a NUL-terminated name.
+        let p = unsafe { dlsym(self.0, c.as_ptr()) };
+        if p.is_null() {
+            return Err(FakeError::Dl(format!("no symbol {name}")));
+        }
+        Ok(p)
+    }
 }
 
 /// The fake driver loaded in this process: the harness side of the simulation.
@@ -221,7 +227,7 @@ pub struct FakeDriver {
 
 macro_rules! load {
     ($h:expr, $name:literal as $ty:ty) => {{
-        let p = symbol($h, $name)?;
+        let p = $h.symbol($name)?;
         // SAFETY: the fake driver defines this symbol with this signature.
         unsafe { std::mem::transmute::<*mut c_void, $ty>(p) }
     }};
@@ -229,9 +235,12 @@ macro_rules! load {
 
 impl FakeDriver {
     pub fn load(build: &FakeBuild) -> Result<Self, FakeError> {
-        let h = open_library(&build.lib)?;
+        let h = Library::open(&build.lib)?;
         Ok(FakeDriver {
-            attach: load!(h, "fakecudaAttach" as unsafe extern "C" fn(*const std::ffi::c_char) -> i32),
+            attach: load!(
+                h,
+                "fakecudaAttach" as unsafe extern "C" fn(*const std::ffi::c_char) -> i32
+            ),
             participate: load!(h, "fakecudaParticipate" as unsafe extern "C" fn()),
             leave: load!(h, "fakecudaLeave" as unsafe extern "C" fn()),
             clock: load!(h, "fakecudaClockNs" as unsafe extern "C" fn() -> u64),
@@ -247,7 +256,10 @@ impl FakeDriver {
             .map_err(|_| FakeError::Dl("state path has a NUL byte".into()))?;
         // SAFETY: NUL-terminated path.
         if unsafe { (self.attach)(c.as_ptr()) } != 0 {
-            return Err(FakeError::Dl(format!("cannot attach to {}", path.display())));
+            return Err(FakeError::Dl(format!(
+                "cannot attach to {}",
+                path.display()
+            )));
         }
         Ok(())
     }
@@ -429,7 +441,9 @@ pub fn run_share_scenario(
                     let _ = std::io::Read::read_to_string(&mut e, &mut err);
                 }
                 fake.leave();
-                return Err(FakeError::Scenario(format!("a probe exited early ({st}): {err}")));
+                return Err(FakeError::Scenario(format!(
+                    "a probe exited early ({st}): {err}"
+                )));
             }
         }
         std::thread::sleep(Duration::from_millis(1));

@@ -167,9 +167,7 @@ pub enum RegionError {
     },
     #[error("region {path}: {what}")]
     Config { path: PathBuf, what: String },
-    #[error(
-        "region {path}: all {MAX_PROCS} process slots are held by live processes of this task"
-    )]
+    #[error("region {path}: all {MAX_PROCS} process slots are held by live processes of this task")]
     ProcsFull { path: PathBuf },
 }
 
@@ -401,7 +399,7 @@ impl Region {
                 Ok(_) => return LockGuard { region: self },
                 Err(owner) => {
                     spins = spins.wrapping_add(1);
-                    if owner != 0 && spins % 4096 == 0 && !pid_alive(owner) {
+                    if owner != 0 && spins.is_multiple_of(4096) && !pid_alive(owner) {
                         // The holder died inside the critical section: take over and
                         // rebuild the totals from the per-process table.
                         if word
@@ -735,7 +733,10 @@ mod tests {
         let o = Region::open(&p).unwrap();
         assert_eq!(o.config(), r.config());
         assert_eq!(o.config().task, "t1");
-        assert!(Region::create(&p, &cfg(100)).is_err(), "create must not clobber");
+        assert!(
+            Region::create(&p, &cfg(100)).is_err(),
+            "create must not clobber"
+        );
     }
 
     #[test]
@@ -780,7 +781,10 @@ mod tests {
         assert_eq!(r.try_reserve(s, me, 0, 40), Reserve::Done);
         r.release(s, me, 0, 60);
         assert_eq!(r.try_reserve(s, me, 0, 60), Reserve::Done);
-        assert_eq!(r.device(0).unwrap().memory_peak.load(Ordering::Relaxed), 100);
+        assert_eq!(
+            r.device(0).unwrap().memory_peak.load(Ordering::Relaxed),
+            100
+        );
         // Device 1 is not the task's.
         assert!(matches!(
             r.try_reserve(s, me, 1, 1),

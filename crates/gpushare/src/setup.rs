@@ -173,9 +173,8 @@ pub fn prepare(spec: &ShareSpec, layout: &NodeLayout) -> Result<TaskShare, Setup
             });
         }
     }
-    let list = |f: fn(&DeviceConfig) -> String| {
-        spec.devices.iter().map(f).collect::<Vec<_>>().join(",")
-    };
+    let list =
+        |f: fn(&DeviceConfig) -> String| spec.devices.iter().map(f).collect::<Vec<_>>().join(",");
     let plan = SandboxPlan {
         files: vec![SandboxFile {
             path: LD_SO_PRELOAD.into(),
@@ -376,7 +375,10 @@ mod tests {
         s.devices[0].compute_milli = 1001;
         let e = prepare(&s, &l).unwrap_err().to_string();
         assert!(e.contains("1001"), "{e}");
-        assert!(!l.state_dir.join("t.region").exists(), "nothing left behind");
+        assert!(
+            !l.state_dir.join("t.region").exists(),
+            "nothing left behind"
+        );
         let s = prepare(&spec("dup"), &l).unwrap();
         let e = prepare(&spec("dup"), &l).unwrap_err().to_string();
         assert!(e.contains("dup.region"), "{e}");

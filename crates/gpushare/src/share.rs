@@ -334,10 +334,16 @@ mod tests {
     fn allocate_examples() {
         let inf = f64::INFINITY;
         let a = allocate(&[c(300.0, inf), c(700.0, inf)]);
-        assert!((a[0] - 0.3).abs() < 1e-9 && (a[1] - 0.7).abs() < 1e-9, "{a:?}");
+        assert!(
+            (a[0] - 0.3).abs() < 1e-9 && (a[1] - 0.7).abs() < 1e-9,
+            "{a:?}"
+        );
         // A task that wants little gets it; the other takes the rest.
         let a = allocate(&[c(300.0, inf), c(700.0, 0.1)]);
-        assert!((a[0] - 0.9).abs() < 1e-9 && (a[1] - 0.1).abs() < 1e-9, "{a:?}");
+        assert!(
+            (a[0] - 0.9).abs() < 1e-9 && (a[1] - 0.1).abs() < 1e-9,
+            "{a:?}"
+        );
         // Shares of active tasks when the weights do not add up to the device.
         let a = allocate(&[c(300.0, inf), c(300.0, inf)]);
         assert!((a[0] - 0.5).abs() < 1e-9, "{a:?}");
@@ -364,7 +370,10 @@ mod tests {
     #[test]
     fn two_saturating_tasks_converge_to_their_shares() {
         let (s, util) = shares(&[300, 700], &[1.0, 1.0], 3000);
-        assert!((s[0] - 0.3).abs() < 0.05 && (s[1] - 0.7).abs() < 0.05, "{s:?}");
+        assert!(
+            (s[0] - 0.3).abs() < 0.05 && (s[1] - 0.7).abs() < 0.05,
+            "{s:?}"
+        );
         assert!(util > 0.95, "device left idle: {util}");
     }
 

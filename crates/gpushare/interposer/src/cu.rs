@@ -92,9 +92,9 @@ pub fn array_bytes(
 /// unwinding into C.
 macro_rules! guarded {
     ($body:block) => {
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(
-            || -> $crate::cu::CUresult { $body },
-        )) {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> $crate::cu::CUresult {
+            $body
+        })) {
             Ok(r) => r,
             Err(_) => $crate::cu::CUDA_ERROR_UNKNOWN,
         }

@@ -22,7 +22,10 @@ extern "C" fn dlsym_filter(handle: *mut c_void, name: *const c_char) -> usize {
     // Fast path for every lookup that is not a cu* name.
     // SAFETY: a non-null `name` is a NUL-terminated string (dlsym's contract),
     // so its first byte is readable, and its second when the first is not NUL.
-    if name.is_null() || unsafe { *name } != b'c' as c_char || unsafe { *name.add(1) } != b'u' as c_char {
+    if name.is_null()
+        || unsafe { *name } != b'c' as c_char
+        || unsafe { *name.add(1) } != b'u' as c_char
+    {
         return DEFER;
     }
     if handle == RTLD_NEXT {

@@ -36,35 +36,67 @@ fn family(base: &[u8]) -> Option<Family> {
     use Sym::*;
     Some(match base {
         b"cuInit" => &[(cuInit, 2000, false)],
-        b"cuGetProcAddress" => &[(cuGetProcAddress, 11030, false), (cuGetProcAddress_v2, 12000, false)],
+        b"cuGetProcAddress" => &[
+            (cuGetProcAddress, 11030, false),
+            (cuGetProcAddress_v2, 12000, false),
+        ],
         b"cuMemAlloc" => &[(cuMemAlloc, 2000, false), (cuMemAlloc_v2, 3020, false)],
-        b"cuMemAllocPitch" => &[(cuMemAllocPitch, 2000, false), (cuMemAllocPitch_v2, 3020, false)],
+        b"cuMemAllocPitch" => &[
+            (cuMemAllocPitch, 2000, false),
+            (cuMemAllocPitch_v2, 3020, false),
+        ],
         b"cuMemFree" => &[(cuMemFree, 2000, false), (cuMemFree_v2, 3020, false)],
         b"cuMemGetInfo" => &[(cuMemGetInfo, 2000, false), (cuMemGetInfo_v2, 3020, false)],
-        b"cuArrayCreate" => &[(cuArrayCreate, 2000, false), (cuArrayCreate_v2, 3020, false)],
-        b"cuArray3DCreate" => &[(cuArray3DCreate, 2000, false), (cuArray3DCreate_v2, 3020, false)],
-        b"cuDeviceTotalMem" => &[(cuDeviceTotalMem, 2000, false), (cuDeviceTotalMem_v2, 3020, false)],
+        b"cuArrayCreate" => &[
+            (cuArrayCreate, 2000, false),
+            (cuArrayCreate_v2, 3020, false),
+        ],
+        b"cuArray3DCreate" => &[
+            (cuArray3DCreate, 2000, false),
+            (cuArray3DCreate_v2, 3020, false),
+        ],
+        b"cuDeviceTotalMem" => &[
+            (cuDeviceTotalMem, 2000, false),
+            (cuDeviceTotalMem_v2, 3020, false),
+        ],
         b"cuMemAllocManaged" => &[(cuMemAllocManaged, 6000, false)],
-        b"cuMemAllocAsync" => &[(cuMemAllocAsync, 11020, false), (cuMemAllocAsync_ptsz, 11020, true)],
+        b"cuMemAllocAsync" => &[
+            (cuMemAllocAsync, 11020, false),
+            (cuMemAllocAsync_ptsz, 11020, true),
+        ],
         b"cuMemAllocFromPoolAsync" => &[
             (cuMemAllocFromPoolAsync, 11020, false),
             (cuMemAllocFromPoolAsync_ptsz, 11020, true),
         ],
-        b"cuMemFreeAsync" => &[(cuMemFreeAsync, 11020, false), (cuMemFreeAsync_ptsz, 11020, true)],
+        b"cuMemFreeAsync" => &[
+            (cuMemFreeAsync, 11020, false),
+            (cuMemFreeAsync_ptsz, 11020, true),
+        ],
         b"cuArrayDestroy" => &[(cuArrayDestroy, 2000, false)],
         b"cuMipmappedArrayCreate" => &[(cuMipmappedArrayCreate, 5000, false)],
         b"cuMipmappedArrayDestroy" => &[(cuMipmappedArrayDestroy, 5000, false)],
         b"cuMemCreate" => &[(cuMemCreate, 10020, false)],
         b"cuMemRelease" => &[(cuMemRelease, 10020, false)],
         b"cuGraphAddMemAllocNode" => &[(cuGraphAddMemAllocNode, 11040, false)],
-        b"cuLaunchKernel" => &[(cuLaunchKernel, 4000, false), (cuLaunchKernel_ptsz, 7000, true)],
-        b"cuLaunchKernelEx" => &[(cuLaunchKernelEx, 11060, false), (cuLaunchKernelEx_ptsz, 11060, true)],
+        b"cuLaunchKernel" => &[
+            (cuLaunchKernel, 4000, false),
+            (cuLaunchKernel_ptsz, 7000, true),
+        ],
+        b"cuLaunchKernelEx" => &[
+            (cuLaunchKernelEx, 11060, false),
+            (cuLaunchKernelEx_ptsz, 11060, true),
+        ],
         b"cuLaunchCooperativeKernel" => &[
             (cuLaunchCooperativeKernel, 9000, false),
             (cuLaunchCooperativeKernel_ptsz, 9000, true),
         ],
-        b"cuLaunchCooperativeKernelMultiDevice" => &[(cuLaunchCooperativeKernelMultiDevice, 9000, false)],
-        b"cuGraphLaunch" => &[(cuGraphLaunch, 10000, false), (cuGraphLaunch_ptsz, 10000, true)],
+        b"cuLaunchCooperativeKernelMultiDevice" => {
+            &[(cuLaunchCooperativeKernelMultiDevice, 9000, false)]
+        }
+        b"cuGraphLaunch" => &[
+            (cuGraphLaunch, 10000, false),
+            (cuGraphLaunch_ptsz, 10000, true),
+        ],
         b"cuLaunch" => &[(cuLaunch, 2000, false)],
         b"cuLaunchGrid" => &[(cuLaunchGrid, 2000, false)],
         b"cuLaunchGridAsync" => &[(cuLaunchGridAsync, 2000, false)],
@@ -79,7 +111,11 @@ fn pick(fam: Family, version: i32, flags: u64) -> Option<Sym> {
     fam.iter()
         .filter(ok)
         .max_by_key(|(_, v, _)| *v)
-        .or_else(|| fam.iter().filter(|(_, v, pt)| *v <= version && !pt).max_by_key(|(_, v, _)| *v))
+        .or_else(|| {
+            fam.iter()
+                .filter(|(_, v, pt)| *v <= version && !pt)
+                .max_by_key(|(_, v, _)| *v)
+        })
         .map(|&(s, _, _)| s)
 }
 
@@ -89,7 +125,13 @@ fn pick(fam: Family, version: i32, flags: u64) -> Option<Sym> {
 /// # Safety
 /// `symbol` is a NUL-terminated string and `pfn` a valid pointer (the driver
 /// accepted both).
-unsafe fn filter(symbol: *const c_char, pfn: *mut *mut c_void, version: i32, flags: u64, rc: CUresult) -> CUresult {
+unsafe fn filter(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: i32,
+    flags: u64,
+    rc: CUresult,
+) -> CUresult {
     // SAFETY: per the contract.
     let name = unsafe { CStr::from_ptr(symbol) }.to_bytes();
     let refuse = |why: String| {
@@ -112,9 +154,11 @@ unsafe fn filter(symbol: *const c_char, pfn: *mut *mut c_void, version: i32, fla
     }
     let variant = match family(name) {
         Some(fam) => {
-            let by_addr = driver()
-                .ok()
-                .and_then(|d| fam.iter().find(|(s, _, _)| d.addr(*s) == got).map(|&(s, _, _)| s));
+            let by_addr = driver().ok().and_then(|d| {
+                fam.iter()
+                    .find(|(s, _, _)| d.addr(*s) == got)
+                    .map(|&(s, _, _)| s)
+            });
             match by_addr.or_else(|| pick(fam, version, flags)) {
                 Some(s) => s,
                 None => {
@@ -145,7 +189,10 @@ pub unsafe extern "C" fn cuGetProcAddress(
     flags: u64,
 ) -> CUresult {
     guarded!({
-        let f = real!(cuGetProcAddress as unsafe extern "C" fn(*const c_char, *mut *mut c_void, i32, u64) -> CUresult);
+        let f = real!(
+            cuGetProcAddress
+                as unsafe extern "C" fn(*const c_char, *mut *mut c_void, i32, u64) -> CUresult
+        );
         // SAFETY: forwarding the caller's arguments.
         let rc = unsafe { f(symbol, pfn, version, flags) };
         if symbol.is_null() || pfn.is_null() {
@@ -166,7 +213,14 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
 ) -> CUresult {
     guarded!({
         let f = real!(
-            cuGetProcAddress_v2 as unsafe extern "C" fn(*const c_char, *mut *mut c_void, i32, u64, *mut i32) -> CUresult
+            cuGetProcAddress_v2
+                as unsafe extern "C" fn(
+                    *const c_char,
+                    *mut *mut c_void,
+                    i32,
+                    u64,
+                    *mut i32,
+                ) -> CUresult
         );
         // SAFETY: forwarding the caller's arguments.
         let rc = unsafe { f(symbol, pfn, version, flags, status) };

@@ -38,10 +38,7 @@ fn unenforced(st: &State, dev: usize, why: &str) {
 /// Lets a launch on the current device go ahead, waiting while the task is in
 /// debt.
 fn gate() -> Result<(), CUresult> {
-    let st = match crate::state::state() {
-        Ok(s) => s,
-        Err(rc) => return Err(rc),
-    };
+    let st = crate::state::state()?;
     let dev = st.current_device()?;
     if !st.compute_on[dev] {
         return Ok(());
@@ -54,7 +51,7 @@ fn gate() -> Result<(), CUresult> {
             c.set(n);
             n
         });
-        if n % CHECK_EVERY == 0 {
+        if n.is_multiple_of(CHECK_EVERY) {
             let hb = h.heartbeat_ns.load(Ordering::Relaxed);
             let now = st.clock.now_ns();
             if hb == 0 {
@@ -87,7 +84,10 @@ fn gate() -> Result<(), CUresult> {
                     std::time::Duration::from_nanos(wait.clamp(100_000, 100_000_000)),
                 );
             }
-            Clock::Fake { now: clock, sleep_until } => {
+            Clock::Fake {
+                now: clock,
+                sleep_until,
+            } => {
                 // Simulated time: sleep (letting the simulation advance) until the
                 // tick, then yield until the monitor has published it; if it does
                 // not, sleep a tick more, so a dead monitor is noticed above.

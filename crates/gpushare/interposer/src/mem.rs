@@ -76,7 +76,14 @@ fn plain_alloc(dptr: *mut CUdeviceptr, bytes: usize, call: impl FnOnce() -> CUre
     alloc(st, dev, bytes as u64, AllocKind::Ptr, || {
         let rc = call();
         // SAFETY: dptr is non-null and the driver wrote it on success.
-        (rc, if rc == CUDA_SUCCESS { unsafe { *dptr } } else { 0 })
+        (
+            rc,
+            if rc == CUDA_SUCCESS {
+                unsafe { *dptr }
+            } else {
+                0
+            },
+        )
     })
 }
 
@@ -90,16 +97,26 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytes: usize) -> 
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytes: usize, flags: u32) -> CUresult {
+pub unsafe extern "C" fn cuMemAllocManaged(
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    flags: u32,
+) -> CUresult {
     guarded!({
-        let f = real!(cuMemAllocManaged as unsafe extern "C" fn(*mut CUdeviceptr, usize, u32) -> CUresult);
+        let f = real!(
+            cuMemAllocManaged as unsafe extern "C" fn(*mut CUdeviceptr, usize, u32) -> CUresult
+        );
         // SAFETY: forwarding the caller's arguments.
         plain_alloc(dptr, bytes, || unsafe { f(dptr, bytes, flags) })
     })
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytes: usize, stream: Handle) -> CUresult {
+pub unsafe extern "C" fn cuMemAllocAsync(
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    stream: Handle,
+) -> CUresult {
     guarded!({
         let f = real!(cuMemAllocAsync as AllocStreamFn);
         // SAFETY: forwarding the caller's arguments.
@@ -108,7 +125,11 @@ pub unsafe extern "C" fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytes: usize, s
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytes: usize, stream: Handle) -> CUresult {
+pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    stream: Handle,
+) -> CUresult {
     guarded!({
         let f = real!(cuMemAllocAsync_ptsz as AllocStreamFn);
         // SAFETY: forwarding the caller's arguments.
@@ -154,7 +175,14 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
 ) -> CUresult {
     guarded!({
         let f = real!(
-            cuMemAllocPitch_v2 as unsafe extern "C" fn(*mut CUdeviceptr, *mut usize, usize, usize, u32) -> CUresult
+            cuMemAllocPitch_v2
+                as unsafe extern "C" fn(
+                    *mut CUdeviceptr,
+                    *mut usize,
+                    usize,
+                    usize,
+                    u32,
+                ) -> CUresult
         );
         let st = state_or_return!();
         // SAFETY (all calls below): forwarding the caller's arguments.
@@ -239,14 +267,27 @@ fn handle_alloc(
     alloc(st, dev, bytes, kind, || {
         let rc = call();
         // SAFETY: out is non-null and the driver wrote it on success.
-        (rc, if rc == CUDA_SUCCESS { unsafe { *out as u64 } } else { 0 })
+        (
+            rc,
+            if rc == CUDA_SUCCESS {
+                unsafe { *out as u64 }
+            } else {
+                0
+            },
+        )
     })
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuArrayCreate_v2(arr: *mut Handle, desc: *const ArrayDescriptor) -> CUresult {
+pub unsafe extern "C" fn cuArrayCreate_v2(
+    arr: *mut Handle,
+    desc: *const ArrayDescriptor,
+) -> CUresult {
     guarded!({
-        let f = real!(cuArrayCreate_v2 as unsafe extern "C" fn(*mut Handle, *const ArrayDescriptor) -> CUresult);
+        let f = real!(
+            cuArrayCreate_v2
+                as unsafe extern "C" fn(*mut Handle, *const ArrayDescriptor) -> CUresult
+        );
         if desc.is_null() {
             // SAFETY: forwarding; the driver reports the null descriptor.
             return unsafe { f(arr, desc) };
@@ -260,9 +301,15 @@ pub unsafe extern "C" fn cuArrayCreate_v2(arr: *mut Handle, desc: *const ArrayDe
 }
 
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuArray3DCreate_v2(arr: *mut Handle, desc: *const Array3dDescriptor) -> CUresult {
+pub unsafe extern "C" fn cuArray3DCreate_v2(
+    arr: *mut Handle,
+    desc: *const Array3dDescriptor,
+) -> CUresult {
     guarded!({
-        let f = real!(cuArray3DCreate_v2 as unsafe extern "C" fn(*mut Handle, *const Array3dDescriptor) -> CUresult);
+        let f = real!(
+            cuArray3DCreate_v2
+                as unsafe extern "C" fn(*mut Handle, *const Array3dDescriptor) -> CUresult
+        );
         if desc.is_null() {
             // SAFETY: forwarding; the driver reports the null descriptor.
             return unsafe { f(arr, desc) };
@@ -283,7 +330,8 @@ pub unsafe extern "C" fn cuMipmappedArrayCreate(
 ) -> CUresult {
     guarded!({
         let f = real!(
-            cuMipmappedArrayCreate as unsafe extern "C" fn(*mut Handle, *const Array3dDescriptor, u32) -> CUresult
+            cuMipmappedArrayCreate
+                as unsafe extern "C" fn(*mut Handle, *const Array3dDescriptor, u32) -> CUresult
         );
         if desc.is_null() {
             // SAFETY: forwarding; the driver reports the null descriptor.
@@ -293,7 +341,9 @@ pub unsafe extern "C" fn cuMipmappedArrayCreate(
         let d = unsafe { &*desc };
         let bytes = array_bytes(d.width, d.height, d.depth, d.num_channels, d.format, levels);
         // SAFETY: forwarding the caller's arguments.
-        handle_alloc(arr, bytes, AllocKind::Mipmap, || unsafe { f(arr, desc, levels) })
+        handle_alloc(arr, bytes, AllocKind::Mipmap, || unsafe {
+            f(arr, desc, levels)
+        })
     })
 }
 
@@ -326,7 +376,13 @@ pub unsafe extern "C" fn cuMemCreate(
 ) -> CUresult {
     guarded!({
         let f = real!(
-            cuMemCreate as unsafe extern "C" fn(*mut u64, usize, *const MemAllocationPropHead, u64) -> CUresult
+            cuMemCreate
+                as unsafe extern "C" fn(
+                    *mut u64,
+                    usize,
+                    *const MemAllocationPropHead,
+                    u64,
+                ) -> CUresult
         );
         let st = state_or_return!();
         // SAFETY (calls below): forwarding the caller's arguments.
@@ -345,7 +401,14 @@ pub unsafe extern "C" fn cuMemCreate(
         };
         alloc(st, dev, size as u64, AllocKind::Vmm, || {
             let rc = unsafe { f(handle, size, prop, flags) };
-            (rc, if rc == CUDA_SUCCESS { unsafe { *handle } } else { 0 })
+            (
+                rc,
+                if rc == CUDA_SUCCESS {
+                    unsafe { *handle }
+                } else {
+                    0
+                },
+            )
         })
     })
 }
@@ -392,7 +455,8 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free_bytes: *mut usize, total: *mut usi
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
     guarded!({
-        let f = real!(cuDeviceTotalMem_v2 as unsafe extern "C" fn(*mut usize, CUdevice) -> CUresult);
+        let f =
+            real!(cuDeviceTotalMem_v2 as unsafe extern "C" fn(*mut usize, CUdevice) -> CUresult);
         let st = state_or_return!();
         // SAFETY: forwarding the caller's arguments.
         let rc = unsafe { f(bytes, dev) };
@@ -419,7 +483,14 @@ pub unsafe extern "C" fn cuGraphAddMemAllocNode(
 ) -> CUresult {
     guarded!({
         let f = real!(
-            cuGraphAddMemAllocNode as unsafe extern "C" fn(*mut Handle, Handle, *const Handle, usize, *mut std::ffi::c_void) -> CUresult
+            cuGraphAddMemAllocNode
+                as unsafe extern "C" fn(
+                    *mut Handle,
+                    Handle,
+                    *const Handle,
+                    usize,
+                    *mut std::ffi::c_void,
+                ) -> CUresult
         );
         let st = state_or_return!();
         if let Some(d) = st.region.device(0) {
@@ -450,7 +521,13 @@ pub unsafe extern "C" fn cuMemAlloc(_dptr: *mut u32, _bytes: u32) -> CUresult {
     legacy("cuMemAlloc")
 }
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocPitch(_d: *mut u32, _p: *mut u32, _w: u32, _h: u32, _e: u32) -> CUresult {
+pub unsafe extern "C" fn cuMemAllocPitch(
+    _d: *mut u32,
+    _p: *mut u32,
+    _w: u32,
+    _h: u32,
+    _e: u32,
+) -> CUresult {
     legacy("cuMemAllocPitch")
 }
 #[unsafe(no_mangle)]

@@ -135,7 +135,11 @@ fn init() -> Result<State, (CUresult, String)> {
     // SAFETY: registering plain extern "C" handlers; they only touch this
     // module's atomics and the allocation map's lock.
     unsafe {
-        libc::pthread_atfork(Some(atfork_prepare), Some(atfork_parent), Some(atfork_child));
+        libc::pthread_atfork(
+            Some(atfork_prepare),
+            Some(atfork_parent),
+            Some(atfork_child),
+        );
         libc::atexit(at_exit);
     }
     Ok(State {
@@ -152,7 +156,9 @@ fn driver_version() -> Result<i32, (CUresult, String)> {
     let f = match driver().map(|d| d.addr(crate::Sym::cuDriverGetVersion)) {
         Ok(p) if !p.is_null() => {
             // SAFETY: cuDriverGetVersion(int*) per cuda.h.
-            unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut i32) -> CUresult>(p) }
+            unsafe {
+                std::mem::transmute::<*mut c_void, unsafe extern "C" fn(*mut i32) -> CUresult>(p)
+            }
         }
         _ => return Err((CUDA_ERROR_NOT_FOUND, "no cuDriverGetVersion".into())),
     };

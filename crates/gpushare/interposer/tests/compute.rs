@@ -16,13 +16,22 @@ fn within(got: f64, want: f64, tol: f64) -> bool {
 #[test]
 fn saturating_tasks_converge_to_their_shares() {
     let Some(f) = fake_build() else { return };
-    let o = run_share_scenario(f, &interposer(), &workdir("shares"), &ShareScenario::default()).unwrap();
+    let o = run_share_scenario(
+        f,
+        &interposer(),
+        &workdir("shares"),
+        &ShareScenario::default(),
+    )
+    .unwrap();
     assert!(
         within(o.shares[0], 0.3, 0.05) && within(o.shares[1], 0.7, 0.05),
         "{o:?}"
     );
     assert!(o.utilization > 0.9, "work left undone: {o:?}");
-    assert!(o.throttle_events[0] > 0, "the 30% task was never held back: {o:?}");
+    assert!(
+        o.throttle_events[0] > 0,
+        "the 30% task was never held back: {o:?}"
+    );
     // The fake's exact accounting agrees with what NVML (fake) reported.
     let exact: u64 = o.exact_busy_ns.iter().sum();
     let a = o.exact_busy_ns[0] as f64 / exact as f64;
@@ -95,8 +104,17 @@ fn every_launch_entry_point_is_gated() {
             warmup_ticks: 50,
             ..ShareScenario::default()
         };
-        let o = run_share_scenario(f, &interposer(), &workdir(&format!("gate-{kind}-{mode}")), &s).unwrap();
-        assert!(within(o.busy_fraction[0], 0.3, 0.05), "{kind} via {mode}: {o:?}");
+        let o = run_share_scenario(
+            f,
+            &interposer(),
+            &workdir(&format!("gate-{kind}-{mode}")),
+            &s,
+        )
+        .unwrap();
+        assert!(
+            within(o.busy_fraction[0], 0.3, 0.05),
+            "{kind} via {mode}: {o:?}"
+        );
     }
 }
 
@@ -112,7 +130,10 @@ fn a_crashing_task_releases_its_share() {
     let o = run_share_scenario(f, &interposer(), &workdir("crash"), &s).unwrap();
     assert!(within(o.shares[0], 0.3, 0.05), "before the crash: {o:?}");
     let after = o.after_kill.as_ref().unwrap();
-    assert!(after[0] > 0.95, "the survivor did not get the device: {o:?}");
+    assert!(
+        after[0] > 0.95,
+        "the survivor did not get the device: {o:?}"
+    );
 }
 
 /// No monitor ticking for a sliced task: launches go ahead, and the interposer
@@ -122,10 +143,16 @@ fn without_a_monitor_the_share_is_reported_unenforced() {
     let Some(f) = fake_build() else { return };
     let dir = workdir("nomonitor");
     let (rp, r) = region(&dir, "nm", 64 * MIB, 300, Duration::ZERO);
-    let o = run(f.probe(Some(&interposer()), Some(&rp), None, &["init", "launch", "kernel", "5000", "0"]));
+    let o = run(f.probe(
+        Some(&interposer()),
+        Some(&rp),
+        None,
+        &["init", "launch", "kernel", "5000", "0"],
+    ));
     assert_eq!(rc(lines(&stdout(&o), "launch")[0]), 0);
     assert!(
-        stderr(&o).contains("compute share on device 0 is not enforced: no compute monitor has ticked"),
+        stderr(&o)
+            .contains("compute share on device 0 is not enforced: no compute monitor has ticked"),
         "{}",
         stderr(&o)
     );
@@ -150,9 +177,18 @@ fn a_stopped_monitor_does_not_hang_the_task() {
         },
     );
     r.tick(1, 2_000_000, 2_000_000);
-    let o = run(f.probe(Some(&interposer()), Some(&rp), None, &["init", "launch", "kernel", "10", "1000"]));
+    let o = run(f.probe(
+        Some(&interposer()),
+        Some(&rp),
+        None,
+        &["init", "launch", "kernel", "10", "1000"],
+    ));
     assert_eq!(rc(lines(&stdout(&o), "launch")[0]), 0, "{}", stderr(&o));
-    assert!(stderr(&o).contains("the compute monitor stopped ticking"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("the compute monitor stopped ticking"),
+        "{}",
+        stderr(&o)
+    );
     let u = &r.usage().devices[0];
     assert!(u.throttle_events >= 1 && u.unenforced_events >= 1, "{u:?}");
 }

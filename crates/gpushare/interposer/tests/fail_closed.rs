@@ -17,7 +17,10 @@ fn no_region_means_no_cuda() {
     assert_eq!(rc(lines(&out, "init")[0]), 3, "{out:?}");
     assert_eq!(rc(lines(&out, "alloc")[0]), 3, "{out:?}");
     let e = stderr(&o);
-    assert!(e.contains("tessera-cuda:") && e.contains("no task region"), "{e}");
+    assert!(
+        e.contains("tessera-cuda:") && e.contains("no task region"),
+        "{e}"
+    );
     assert_eq!(e.matches("tessera-cuda:").count(), 1, "said once: {e}");
 }
 
@@ -38,7 +41,12 @@ fn unknown_driver_versions_are_refused() {
     let dir = workdir("version");
     let (rp, _r) = region(&dir, "v", 64 * MIB, 1000, Duration::ZERO);
     for (v, shown) in [("99000", "99.0"), ("10020", "10.2")] {
-        let mut c = f.probe(Some(&interposer()), Some(&rp), None, &["init", "alloc", "1M", "launch", "kernel", "1", "1000"]);
+        let mut c = f.probe(
+            Some(&interposer()),
+            Some(&rp),
+            None,
+            &["init", "alloc", "1M", "launch", "kernel", "1", "1000"],
+        );
         c.env("FAKECUDA_DRIVER_VERSION", v);
         let o = run(c);
         let out = stdout(&o);
@@ -46,16 +54,26 @@ fn unknown_driver_versions_are_refused() {
         assert_eq!(rc(lines(&out, "alloc")[0]), 801, "{v}: {out:?}");
         assert_eq!(rc(lines(&out, "launch")[0]), 801, "{v}: {out:?}");
         let e = stderr(&o);
-        assert!(e.contains(&format!("version {shown} is not one this interposer knows")), "{e}");
+        assert!(
+            e.contains(&format!("version {shown} is not one this interposer knows")),
+            "{e}"
+        );
     }
 }
 
 #[test]
 fn a_driver_missing_a_needed_entry_point_is_refused() {
-    let Some(f) = fake_variant("no-ctx-get-device", &["FAKECUDA_OMIT_CTX_GET_DEVICE"]) else { return };
+    let Some(f) = fake_variant("no-ctx-get-device", &["FAKECUDA_OMIT_CTX_GET_DEVICE"]) else {
+        return;
+    };
     let dir = workdir("missing");
     let (rp, _r) = region(&dir, "m", 64 * MIB, 1000, Duration::ZERO);
-    let o = run(f.probe(Some(&interposer()), Some(&rp), None, &["init", "alloc", "1M"]));
+    let o = run(f.probe(
+        Some(&interposer()),
+        Some(&rp),
+        None,
+        &["init", "alloc", "1M"],
+    ));
     let out = stdout(&o);
     assert_eq!(rc(lines(&out, "init")[0]), 500, "{out:?}");
     assert_eq!(rc(lines(&out, "alloc")[0]), 500, "{out:?}");
@@ -68,10 +86,19 @@ fn legacy_32_bit_entry_points_are_refused() {
     let dir = workdir("legacy");
     let (rp, r) = region(&dir, "l", 64 * MIB, 1000, Duration::ZERO);
     for mode in ["d", "h"] {
-        let o = run(f.probe(Some(&interposer()), Some(&rp), None, &["mode", mode, "init", "legacy", "1M"]));
+        let o = run(f.probe(
+            Some(&interposer()),
+            Some(&rp),
+            None,
+            &["mode", mode, "init", "legacy", "1M"],
+        ));
         let out = stdout(&o);
         assert_eq!(rc(lines(&out, "legacy")[0]), 801, "{mode}: {out:?}");
-        assert!(stderr(&o).contains("cuMemAlloc is a 32-bit entry point"), "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains("cuMemAlloc is a 32-bit entry point"),
+            "{}",
+            stderr(&o)
+        );
     }
     // Without the interposer the fake would have allocated.
     let o = run(f.probe(None, None, None, &["mode", "h", "init", "legacy", "1M"]));
@@ -99,16 +126,32 @@ fn unknown_allocation_entry_points_are_refused() {
     ];
     let o = run(f.probe(Some(&interposer()), Some(&rp), None, &steps));
     let out = stdout(&o);
-    assert!(out.contains(&"gpa cuMemAllocFuture rc=801 status=1 found=0".to_string()), "{out:?}");
-    assert!(out.contains(&"dlsym cuMemAllocFuture found=0".to_string()), "{out:?}");
+    assert!(
+        out.contains(&"gpa cuMemAllocFuture rc=801 status=1 found=0".to_string()),
+        "{out:?}"
+    );
+    assert!(
+        out.contains(&"dlsym cuMemAllocFuture found=0".to_string()),
+        "{out:?}"
+    );
     // Host allocations are not device memory: not refused (the fake has none).
-    assert!(out.iter().any(|l| l.starts_with("gpa cuMemAllocHost rc=500")), "{out:?}");
+    assert!(
+        out.iter()
+            .any(|l| l.starts_with("gpa cuMemAllocHost rc=500")),
+        "{out:?}"
+    );
     assert!(stderr(&o).contains("cuMemAllocFuture"), "{}", stderr(&o));
     // The control: the fake does export it.
     let o = run(f.probe(None, None, None, &steps));
     let out = stdout(&o);
-    assert!(out.contains(&"gpa cuMemAllocFuture rc=0 status=0 found=1".to_string()), "{out:?}");
-    assert!(out.contains(&"dlsym cuMemAllocFuture found=1".to_string()), "{out:?}");
+    assert!(
+        out.contains(&"gpa cuMemAllocFuture rc=0 status=0 found=1".to_string()),
+        "{out:?}"
+    );
+    assert!(
+        out.contains(&"dlsym cuMemAllocFuture found=1".to_string()),
+        "{out:?}"
+    );
 }
 
 /// `dlsym(RTLD_NEXT, …)` is answered relative to its real caller (the
@@ -132,8 +175,17 @@ fn graph_memory_nodes_are_reported_as_not_enforced() {
     let Some(f) = fake_build() else { return };
     let dir = workdir("memnode");
     let (rp, r) = region(&dir, "g", 64 * MIB, 1000, Duration::ZERO);
-    let o = run(f.probe(Some(&interposer()), Some(&rp), None, &["mode", "p2", "init", "memnode"]));
+    let o = run(f.probe(
+        Some(&interposer()),
+        Some(&rp),
+        None,
+        &["mode", "p2", "init", "memnode"],
+    ));
     assert_eq!(rc(lines(&stdout(&o), "memnode")[0]), 0);
-    assert!(stderr(&o).contains("not counted against the task's cap"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("not counted against the task's cap"),
+        "{}",
+        stderr(&o)
+    );
     assert_eq!(r.usage().devices[0].unenforced_events, 1);
 }

@@ -16,10 +16,25 @@ const CAP: u64 = 64 * MIB;
 #[test]
 fn without_the_interposer_nothing_is_capped() {
     let Some(f) = fake_build() else { return };
-    let o = run(f.probe(None, None, None, &["init", "alloc", "40M", "alloc", "40M", "info"]));
+    let o = run(f.probe(
+        None,
+        None,
+        None,
+        &["init", "alloc", "40M", "alloc", "40M", "info"],
+    ));
     let out = stdout(&o);
-    assert_eq!(lines(&out, "alloc").iter().map(|l| rc(l)).collect::<Vec<_>>(), [0, 0], "{out:?}");
-    assert!(out.iter().any(|l| l.contains("total=1073741824")), "{out:?}");
+    assert_eq!(
+        lines(&out, "alloc")
+            .iter()
+            .map(|l| rc(l))
+            .collect::<Vec<_>>(),
+        [0, 0],
+        "{out:?}"
+    );
+    assert!(
+        out.iter().any(|l| l.contains("total=1073741824")),
+        "{out:?}"
+    );
 }
 
 #[test]
@@ -31,7 +46,10 @@ fn over_the_cap_fails_and_recovers_after_a_free() {
         Some(&interposer()),
         Some(&rp),
         None,
-        &["init", "alloc", "40M", "alloc", "40M", "info", "totalmem", "free", "0", "alloc", "40M", "info"],
+        &[
+            "init", "alloc", "40M", "alloc", "40M", "info", "totalmem", "free", "0", "alloc",
+            "40M", "info",
+        ],
     ));
     let out = stdout(&o);
     let allocs: Vec<i32> = lines(&out, "alloc").iter().map(|l| rc(l)).collect();
@@ -39,8 +57,15 @@ fn over_the_cap_fails_and_recovers_after_a_free() {
     // cuMemGetInfo and cuDeviceTotalMem report the cap, not the device.
     let info = lines(&out, "info");
     assert!(info[0].contains("free=25165824 total=67108864"), "{out:?}");
-    assert!(lines(&out, "totalmem")[0].starts_with("totalmem 67108864"), "{out:?}");
-    assert!(stderr(&o).contains("refused: the task's cap is 67108864 bytes"), "{}", stderr(&o));
+    assert!(
+        lines(&out, "totalmem")[0].starts_with("totalmem 67108864"),
+        "{out:?}"
+    );
+    assert!(
+        stderr(&o).contains("refused: the task's cap is 67108864 bytes"),
+        "{}",
+        stderr(&o)
+    );
     let u = r.usage().devices[0].clone();
     assert_eq!(u.oom_events, 1);
     assert_eq!(u.memory_peak_bytes, 40 * MIB);
@@ -72,10 +97,21 @@ fn the_cap_holds_across_forked_children_and_dead_ones_give_memory_back() {
     // the parent's 24 fits because the dead child's 24 is reclaimed.
     assert_eq!(allocs, [0, 0, 2, 0], "{out:?}");
     let info = lines(&out, "info");
-    assert!(info[0].contains("free=16777216"), "child sees the task's use: {out:?}");
-    assert!(info[1].contains("free=16777216"), "parent after reclaim: {out:?}");
+    assert!(
+        info[0].contains("free=16777216"),
+        "child sees the task's use: {out:?}"
+    );
+    assert!(
+        info[1].contains("free=16777216"),
+        "parent after reclaim: {out:?}"
+    );
     // Ground truth from the fake device: never more than the cap in use.
-    let peak: u64 = lines(&out, "peak")[0].split_whitespace().nth(1).unwrap().parse().unwrap();
+    let peak: u64 = lines(&out, "peak")[0]
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!(peak <= CAP, "device peak {peak} over the cap");
 }
 
@@ -105,7 +141,12 @@ fn the_cap_holds_through_shells_and_re_execs() {
     let info = lines(&out, "info");
     assert!(info[0].contains("free=4194304"), "{out:?}");
     assert!(info[1].contains("free=4194304"), "{out:?}");
-    let peak: u64 = lines(&out, "peak")[0].split_whitespace().nth(1).unwrap().parse().unwrap();
+    let peak: u64 = lines(&out, "peak")[0]
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!(peak <= CAP, "device peak {peak} over the cap");
 }
 
@@ -142,7 +183,10 @@ fn every_lookup_path_is_capped() {
         let out = stdout(&o);
         let rcs: Vec<i32> = lines(&out, kind).iter().map(|l| rc(l)).collect();
         assert_eq!(rcs, [0, 2], "{name}: {out:?}\n{}", stderr(&o));
-        assert!(lines(&out, "info")[0].contains("total=67108864"), "{name}: {out:?}");
+        assert!(
+            lines(&out, "info")[0].contains("total=67108864"),
+            "{name}: {out:?}"
+        );
     }
 }
 
@@ -174,13 +218,32 @@ fn every_allocation_kind_counts_and_comes_back() {
     let out = stdout(&o);
     let free: Vec<u64> = lines(&out, "info")
         .iter()
-        .map(|l| l.split("free=").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap())
+        .map(|l| {
+            l.split("free=")
+                .nth(1)
+                .unwrap()
+                .split(' ')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
         .collect();
     let used: Vec<u64> = free.iter().map(|f| CAP - f).collect();
     let m = MIB;
     assert_eq!(
         used,
-        [m, 4 * m, 9 * m, 15 * m, 19 * m, 20 * m, 20 * m + 344_064, 22 * m + 344_064, 0],
+        [
+            m,
+            4 * m,
+            9 * m,
+            15 * m,
+            19 * m,
+            20 * m,
+            20 * m + 344_064,
+            22 * m + 344_064,
+            0
+        ],
         "{out:?}\n{}",
         stderr(&o)
     );
@@ -198,7 +261,12 @@ fn over_the_cap_waits_for_memory_another_process_frees() {
     let (rp, r) = region(&dir, "wait", CAP, 1000, Duration::from_secs(30));
     let ip = interposer();
     let mut holder = f
-        .probe(Some(&ip), Some(&rp), None, &["init", "alloc", "40M", "hold", "free", "0"])
+        .probe(
+            Some(&ip),
+            Some(&rp),
+            None,
+            &["init", "alloc", "40M", "hold", "free", "0"],
+        )
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -217,8 +285,14 @@ fn over_the_cap_waits_for_memory_another_process_frees() {
     // The waiter is waiting once the region says so.
     let deadline = Instant::now() + Duration::from_secs(20);
     while r.usage().devices[0].memory_wait_events == 0 {
-        assert!(Instant::now() < deadline, "the second allocation never waited");
-        assert!(waiter.try_wait().unwrap().is_none(), "the second allocation did not wait");
+        assert!(
+            Instant::now() < deadline,
+            "the second allocation never waited"
+        );
+        assert!(
+            waiter.try_wait().unwrap().is_none(),
+            "the second allocation did not wait"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     drop(holder.stdin.take()); // the holder frees and exits
@@ -235,12 +309,27 @@ fn a_wait_that_runs_out_fails() {
     let Some(f) = fake_build() else { return };
     let dir = workdir("waitout");
     let (rp, r) = region(&dir, "waitout", CAP, 1000, Duration::from_millis(200));
-    let o = run(f.probe(Some(&interposer()), Some(&rp), None, &["init", "alloc", "40M", "alloc", "40M"]));
+    let o = run(f.probe(
+        Some(&interposer()),
+        Some(&rp),
+        None,
+        &["init", "alloc", "40M", "alloc", "40M"],
+    ));
     let out = stdout(&o);
-    assert_eq!(lines(&out, "alloc").iter().map(|l| rc(l)).collect::<Vec<_>>(), [0, 2]);
+    assert_eq!(
+        lines(&out, "alloc")
+            .iter()
+            .map(|l| rc(l))
+            .collect::<Vec<_>>(),
+        [0, 2]
+    );
     let u = &r.usage().devices[0];
     assert_eq!((u.memory_wait_events, u.oom_events), (1, 1));
-    assert!(stderr(&o).contains("after waiting 200 ms"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("after waiting 200 ms"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 /// A task process killed while holding memory: the next allocation reclaims
@@ -252,13 +341,32 @@ fn a_crashed_process_releases_its_memory() {
     let (rp, r) = region(&dir, "crash", CAP, 1000, Duration::ZERO);
     let state = dir.join("dev.state");
     let ip = interposer();
-    let o = run(f.probe(Some(&ip), Some(&rp), Some(&state), &["init", "alloc", "50M", "crash"]));
+    let o = run(f.probe(
+        Some(&ip),
+        Some(&rp),
+        Some(&state),
+        &["init", "alloc", "50M", "crash"],
+    ));
     assert_eq!(o.status.code(), None, "the probe was killed");
-    assert_eq!(r.usage().devices[0].memory_used_bytes, 50 * MIB, "still booked to the dead process");
-    let o = run(f.probe(Some(&ip), Some(&rp), Some(&state), &["init", "alloc", "50M", "peak"]));
+    assert_eq!(
+        r.usage().devices[0].memory_used_bytes,
+        50 * MIB,
+        "still booked to the dead process"
+    );
+    let o = run(f.probe(
+        Some(&ip),
+        Some(&rp),
+        Some(&state),
+        &["init", "alloc", "50M", "peak"],
+    ));
     let out = stdout(&o);
     assert_eq!(rc(lines(&out, "alloc")[0]), 0, "{out:?}\n{}", stderr(&o));
-    let peak: u64 = lines(&out, "peak")[0].split_whitespace().nth(1).unwrap().parse().unwrap();
+    let peak: u64 = lines(&out, "peak")[0]
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!(peak <= CAP, "device peak {peak}");
 }
 
@@ -268,7 +376,8 @@ fn a_crashed_process_releases_its_memory() {
 fn racing_processes_never_exceed_the_cap() {
     let Some(f) = fake_build() else { return };
     let dir = workdir("race");
-    let c = tessera_gpushare::fake::run_cap_scenario(f, &interposer(), &dir, 4, 8, 4 * MIB, CAP).unwrap();
+    let c = tessera_gpushare::fake::run_cap_scenario(f, &interposer(), &dir, 4, 8, 4 * MIB, CAP)
+        .unwrap();
     assert_eq!(c.attempted, 128 * MIB);
     assert_eq!(c.granted, CAP, "{c:?}");
     assert!(c.peak <= CAP && c.peak == c.granted, "{c:?}");

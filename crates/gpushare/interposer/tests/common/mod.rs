@@ -38,7 +38,8 @@ pub fn fake_build() -> Option<&'static FakeBuild> {
 }
 
 pub fn fake_variant(name: &str, defines: &[&str]) -> Option<&'static FakeBuild> {
-    static BUILDS: std::sync::Mutex<Vec<(String, &'static FakeBuild)>> = std::sync::Mutex::new(Vec::new());
+    static BUILDS: std::sync::Mutex<Vec<(String, &'static FakeBuild)>> =
+        std::sync::Mutex::new(Vec::new());
     let mut b = BUILDS.lock().unwrap();
     if let Some((_, f)) = b.iter().find(|(n, _)| n == name) {
         return Some(f);
@@ -61,7 +62,10 @@ pub fn fake_variant(name: &str, defines: &[&str]) -> Option<&'static FakeBuild> 
 pub fn interposer() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let deps = exe.parent().unwrap();
-    for p in [deps.join("libtessera_cuda.so"), deps.parent().unwrap().join("libtessera_cuda.so")] {
+    for p in [
+        deps.join("libtessera_cuda.so"),
+        deps.parent().unwrap().join("libtessera_cuda.so"),
+    ] {
         if p.is_file() {
             return p;
         }
@@ -92,7 +96,10 @@ pub fn run(mut c: Command) -> Output {
 }
 
 pub fn stdout(o: &Output) -> Vec<String> {
-    String::from_utf8_lossy(&o.stdout).lines().map(str::to_string).collect()
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
 }
 
 pub fn stderr(o: &Output) -> String {
@@ -101,10 +108,16 @@ pub fn stderr(o: &Output) -> String {
 
 /// The lines starting with `prefix`.
 pub fn lines<'a>(out: &'a [String], prefix: &str) -> Vec<&'a str> {
-    out.iter().filter(|l| l.starts_with(prefix)).map(String::as_str).collect()
+    out.iter()
+        .filter(|l| l.starts_with(prefix))
+        .map(String::as_str)
+        .collect()
 }
 
 /// `rc=N` of a line.
 pub fn rc(line: &str) -> i32 {
-    line.rsplit("rc=").next().and_then(|v| v.parse().ok()).unwrap_or(-1)
+    line.rsplit("rc=")
+        .next()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(-1)
 }

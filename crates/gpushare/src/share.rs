@@ -351,6 +351,27 @@ mod tests {
         assert_eq!(allocate(&[c(500.0, 0.0)]), vec![0.0]);
     }
 
+    /// Capacity nobody uses is handed out by weight: an idle device is all
+    /// headroom, so a task that starts is not held back while it is alone.
+    #[test]
+    fn idle_capacity_is_handed_out_by_weight() {
+        let mut c = Controller::new(ControllerConfig::default());
+        c.add("a", 300, ComputePolicy::WorkConserving);
+        c.add("b", 700, ComputePolicy::WorkConserving);
+        c.add("f", 200, ComputePolicy::Fixed);
+        let mut d = Vec::new();
+        for _ in 0..10 {
+            d = c.step(10_000_000, &BTreeMap::new());
+        }
+        let a: Vec<f64> = d.iter().map(|d| d.allowance).collect();
+        assert!((a[0] - 0.3).abs() < 1e-9 && (a[1] - 0.7).abs() < 1e-9, "{a:?}");
+        assert!((a[2] - 0.2).abs() < 1e-9, "a fixed task keeps its share: {a:?}");
+        c.remove("b");
+        c.remove("f");
+        let d = c.step(10_000_000, &BTreeMap::new());
+        assert!((d[0].allowance - 1.0).abs() < 1e-9, "{d:?}");
+    }
+
     fn shares(w: &[u32], demand: &[f64], ticks: usize) -> (Vec<f64>, f64) {
         let mut d = SimDevice::new(ControllerConfig::default());
         for (i, (&w, &dm)) in w.iter().zip(demand).enumerate() {

@@ -364,8 +364,14 @@ mod tests {
             d = c.step(10_000_000, &BTreeMap::new());
         }
         let a: Vec<f64> = d.iter().map(|d| d.allowance).collect();
-        assert!((a[0] - 0.3).abs() < 1e-9 && (a[1] - 0.7).abs() < 1e-9, "{a:?}");
-        assert!((a[2] - 0.2).abs() < 1e-9, "a fixed task keeps its share: {a:?}");
+        assert!(
+            (a[0] - 0.3).abs() < 1e-9 && (a[1] - 0.7).abs() < 1e-9,
+            "{a:?}"
+        );
+        assert!(
+            (a[2] - 0.2).abs() < 1e-9,
+            "a fixed task keeps its share: {a:?}"
+        );
         c.remove("b");
         c.remove("f");
         let d = c.step(10_000_000, &BTreeMap::new());

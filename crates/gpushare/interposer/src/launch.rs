@@ -16,6 +16,9 @@ use crate::state::{Clock, State};
 const STALE_TICKS: u64 = 100;
 /// Launches between checks that a monitor is ticking at all.
 const CHECK_EVERY: u32 = 4096;
+/// How long a task may launch before its first tick without being told that
+/// no monitor is there (its clock, ns).
+const FIRST_TICK_GRACE_NS: u64 = 1_000_000_000;
 
 thread_local! {
     static SINCE_CHECK: Cell<u32> = const { Cell::new(0) };
@@ -55,7 +58,9 @@ fn gate() -> Result<(), CUresult> {
             let hb = h.heartbeat_ns.load(Ordering::Relaxed);
             let now = st.clock.now_ns();
             if hb == 0 {
-                unenforced(st, dev, "no compute monitor has ticked for this task");
+                if now.saturating_sub(st.started_ns) > FIRST_TICK_GRACE_NS {
+                    unenforced(st, dev, "no compute monitor has ticked for this task");
+                }
             } else if now.saturating_sub(hb) > stale_after(h.tick_ns.load(Ordering::Relaxed)) {
                 unenforced(st, dev, "the compute monitor stopped ticking");
             }

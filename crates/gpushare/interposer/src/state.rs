@@ -19,9 +19,15 @@ use crate::log::{self, Once};
 pub const DEFAULT_REGION: &str = "/run/tessera/gpushare/region";
 pub const REGION_ENV: &str = "TESSERA_GPUSHARE_REGION";
 
-/// Driver versions (`cuDriverGetVersion`) whose entry points this build knows.
+/// Driver versions (`cuDriverGetVersion`) whose entry points this build knows:
+/// CUDA 11.3 (the first with `cuGetProcAddress`) to 13.5. The wrapped entry
+/// points and their versioned variants were checked against `cuda.h` and
+/// `cudaTypedefs.h` of CUDA 12.9 and 13.5 (from the `nvidia-cuda-runtime-cu12`
+/// 12.9.79 and `nvidia-cuda-runtime` 13.5.37 wheels): no allocation or launch
+/// entry point gained a variant up to 13.5. A newer driver is refused until
+/// its headers are checked the same way and this bound is moved.
 pub const MIN_DRIVER: i32 = 11030;
-pub const MAX_DRIVER_EXCLUSIVE: i32 = 14000;
+pub const MAX_DRIVER_EXCLUSIVE: i32 = 13060;
 
 pub enum Clock {
     Monotonic,
@@ -43,6 +49,8 @@ impl Clock {
 }
 
 pub struct State {
+    /// When this process set up (its clock): a monitor gets a grace period.
+    pub started_ns: u64,
     pub region: Region,
     pub devices: usize,
     pub compute_on: [bool; MAX_DEVICES],
@@ -83,14 +91,12 @@ fn init() -> Result<State, (CUresult, String)> {
         return Err((
             CUDA_ERROR_NOT_SUPPORTED,
             format!(
-                "CUDA driver version {}.{} is not one this interposer knows ({}.{} up to, not including, {}.0); \
+                "CUDA driver version {} is not one this interposer knows ({} up to, not including, {}); \
                  its entry points may allocate memory or launch work unseen, so CUDA is refused. \
                  Run the pool without GPU sharing, or update Tessera",
-                version / 1000,
-                version % 1000 / 10,
-                MIN_DRIVER / 1000,
-                MIN_DRIVER % 1000 / 10,
-                MAX_DRIVER_EXCLUSIVE / 1000
+                dotted(version),
+                dotted(MIN_DRIVER),
+                dotted(MAX_DRIVER_EXCLUSIVE)
             ),
         ));
     }
@@ -143,6 +149,7 @@ fn init() -> Result<State, (CUresult, String)> {
         libc::atexit(at_exit);
     }
     Ok(State {
+        started_ns: clock.now_ns(),
         devices: region.device_count(),
         region,
         compute_on,
@@ -150,6 +157,11 @@ fn init() -> Result<State, (CUresult, String)> {
         memory_wait: cfg.memory_wait,
         allocs: AllocMap::new(),
     })
+}
+
+/// `12040` → `12.4`.
+fn dotted(v: i32) -> String {
+    format!("{}.{}", v / 1000, v % 1000 / 10)
 }
 
 fn driver_version() -> Result<i32, (CUresult, String)> {

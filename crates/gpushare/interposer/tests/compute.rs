@@ -141,13 +141,14 @@ fn a_crashing_task_releases_its_share() {
 #[test]
 fn without_a_monitor_the_share_is_reported_unenforced() {
     let Some(f) = fake_build() else { return };
+    // 5000 kernels of 1 ms: 5 s of fake time, past the first tick's grace.
     let dir = workdir("nomonitor");
     let (rp, r) = region(&dir, "nm", 64 * MIB, 300, Duration::ZERO);
     let o = run(f.probe(
         Some(&interposer()),
         Some(&rp),
         None,
-        &["init", "launch", "kernel", "5000", "0"],
+        &["init", "launch", "kernel", "5000", "1000000"],
     ));
     assert_eq!(rc(lines(&stdout(&o), "launch")[0]), 0);
     assert!(

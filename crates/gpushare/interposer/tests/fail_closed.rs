@@ -40,7 +40,7 @@ fn unknown_driver_versions_are_refused() {
     let Some(f) = fake_build() else { return };
     let dir = workdir("version");
     let (rp, _r) = region(&dir, "v", 64 * MIB, 1000, Duration::ZERO);
-    for (v, shown) in [("99000", "99.0"), ("10020", "10.2")] {
+    for (v, shown) in [("99000", "99.0"), ("10020", "10.2"), ("13060", "13.6")] {
         let mut c = f.probe(
             Some(&interposer()),
             Some(&rp),
@@ -188,4 +188,26 @@ fn graph_memory_nodes_are_reported_as_not_enforced() {
         stderr(&o)
     );
     assert_eq!(r.usage().devices[0].unenforced_events, 1);
+}
+
+/// The versions it knows run: the first with cuGetProcAddress, 12.x, and the
+/// 13.x the H200 machines here report (driver 580: 13.0).
+#[test]
+fn known_driver_versions_run() {
+    let Some(f) = fake_build() else { return };
+    let dir = workdir("known");
+    let (rp, _r) = region(&dir, "k", 64 * MIB, 1000, Duration::ZERO);
+    for v in ["11030", "12090", "13000", "13050"] {
+        let mut c = f.probe(
+            Some(&interposer()),
+            Some(&rp),
+            None,
+            &["init", "alloc", "1M"],
+        );
+        c.env("FAKECUDA_DRIVER_VERSION", v);
+        let o = run(c);
+        let out = stdout(&o);
+        assert_eq!(rc(lines(&out, "init")[0]), 0, "{v}: {out:?} {}", stderr(&o));
+        assert_eq!(rc(lines(&out, "alloc")[0]), 0, "{v}: {out:?}");
+    }
 }

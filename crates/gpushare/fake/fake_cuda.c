@@ -101,6 +101,10 @@ struct fk_shm {
     uint32_t seq; /* futex word: bumped when the clock moves or a process leaves */
     uint32_t _pad;
     struct fk_part parts[FK_MAXP];
+    /* NVML events (Xid, ECC) injected by tests: a ring read by event sets. */
+    uint32_t ev_count;
+    uint32_t _pad2;
+    struct { uint32_t dev; uint32_t _p; uint64_t type, data; } ev[64];
 };
 
 static struct fk_shm *S;
@@ -915,4 +919,83 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d,
     if (n > *count) n = *count;
     *count = n;
     return 0;
+}
+
+/* Events. An event set remembers how many events it has seen; waiting returns
+ * the next one injected after it was created (fakecudaInjectEvent). */
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType, eventData;
+    unsigned gpuInstanceId, computeInstanceId;
+} nvmlEventData_t;
+struct fk_evset { uint32_t seen; unsigned long long mask[8]; };
+
+EXPORT nvmlReturn_t nvmlEventSetCreate(struct fk_evset **set) {
+    if (!set) return 2;
+    fk_state();
+    struct fk_evset *e = calloc(1, sizeof *e);
+    if (!e) return 999;
+    e->seen = __atomic_load_n(&S->ev_count, __ATOMIC_SEQ_CST);
+    *set = e;
+    return 0;
+}
+EXPORT nvmlReturn_t nvmlEventSetFree(struct fk_evset *set) { free(set); return 0; }
+EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t d, unsigned long long *t) {
+    (void)d;
+    if (!t) return 2;
+    *t = 1 | 2 | 8; /* single-bit ECC, double-bit ECC, critical Xid */
+    return 0;
+}
+EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t d, unsigned long long types,
+                                             struct fk_evset *set) {
+    uintptr_t i = (uintptr_t)d - 1;
+    if (!set || i >= 8) return 2;
+    set->mask[i] |= types;
+    return 0;
+}
+EXPORT nvmlReturn_t nvmlEventSetWait_v2(struct fk_evset *set, nvmlEventData_t *out, unsigned ms) {
+    if (!set || !out) return 2;
+    fk_state();
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        uint32_t n = __atomic_load_n(&S->ev_count, __ATOMIC_SEQ_CST);
+        while (set->seen < n) {
+            uint32_t k = set->seen++ % 64;
+            uint32_t dev = S->ev[k].dev;
+            if (dev < 8 && (set->mask[dev] & S->ev[k].type)) {
+                out->device = (nvmlDevice_t)(uintptr_t)(dev + 1);
+                out->eventType = S->ev[k].type;
+                out->eventData = S->ev[k].data;
+                out->gpuInstanceId = out->computeInstanceId = 0xffffffffu;
+                return 0;
+            }
+        }
+        struct timespec t;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 >= (long)ms)
+            return 10; /* NVML_ERROR_TIMEOUT */
+        usleep(1000);
+    }
+}
+EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned len) {
+    if (!uuid || len < 41) return 2;
+    snprintf(uuid, len, "GPU-fa4ec0de-0000-0000-0000-%012lu", (unsigned long)((uintptr_t)d - 1));
+    return 0;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t d, unsigned *i) {
+    if (!i) return 2;
+    *i = (unsigned)((uintptr_t)d - 1);
+    return 0;
+}
+/* Test hook: an NVML event on device `dev` (type: 8 = Xid, data = the Xid). */
+EXPORT void fakecudaInjectEvent(unsigned dev, unsigned long long type, unsigned long long data) {
+    fk_state();
+    lk();
+    uint32_t k = S->ev_count % 64;
+    S->ev[k].dev = dev;
+    S->ev[k].type = type;
+    S->ev[k].data = data;
+    __atomic_add_fetch(&S->ev_count, 1, __ATOMIC_SEQ_CST);
+    ulk();
 }

@@ -18,6 +18,8 @@
  *   exec ...           re-executes this program through /bin/sh with the rest
  *   hold               prints "holding" and waits for stdin to close
  *   crash              SIGKILLs itself
+ *   event TYPE DATA    injects an NVML event on device 0 (fake driver; 8 = Xid)
+ *   rtldnext | memnode dlsym(RTLD_NEXT) check; cuGraphAddMemAllocNode
  *
  * N accepts K/M/G suffixes (powers of 1024).
  */
@@ -417,6 +419,12 @@ int main(int argc, char **argv) {
             void *node = NULL;
             r = f ? f(&node, NULL, NULL, 0, NULL) : -1;
             printf("memnode rc=%d\n", r);
+        } else if (!strcmp(s, "event")) {
+            unsigned long long type = num(argv[++i]), data = num(argv[++i]);
+            void (*inj)(unsigned, unsigned long long, unsigned long long) =
+                dlsym(driver(), "fakecudaInjectEvent");
+            inj(0, type, data);
+            printf("event %llu %llu\n", type, data);
         } else if (!strcmp(s, "fork")) {
             pid_t pid = fork();
             if (pid == 0) continue; /* the child runs the steps up to endfork */

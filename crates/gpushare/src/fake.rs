@@ -299,6 +299,12 @@ impl FakeDriver {
 /// The harness is one participant per process: scenarios run one at a time.
 static SCENARIO: Mutex<()> = Mutex::new(());
 
+/// Holds this process's fake driver for the caller (the scenarios take it too):
+/// [`FakeDriver::attach`] points the whole process at one fake device.
+pub fn exclusive() -> std::sync::MutexGuard<'static, ()> {
+    SCENARIO.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// Several tasks on one simulated GPU, each a probe process launching kernels
 /// back to back under the interposer; this process is the node's monitor.
 #[derive(Debug, Clone)]
@@ -374,7 +380,7 @@ pub fn run_share_scenario(
     work: &Path,
     s: &ShareScenario,
 ) -> Result<ShareOutcome, FakeError> {
-    let _one = SCENARIO.lock().unwrap_or_else(|p| p.into_inner());
+    let _one = exclusive();
     let started = Instant::now();
     std::fs::create_dir_all(work).map_err(io(work, "create folder"))?;
     let state = work.join("device.state");

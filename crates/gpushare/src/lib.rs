@@ -13,7 +13,10 @@
 //!   max-min fair, work-conserving) and a simulated device for its tests.
 //! - [`monitor`] + [`nvml`]: the per-GPU loop that feeds the controller measured
 //!   device time and publishes each task's bucket.
-//! - [`usage`]: memory used against the cap and compute share used, per task.
+//! - [`usage`]: memory used against the cap and compute share used, per task,
+//!   as data, Prometheus text and GPU-seconds for usage records.
+//! - [`health`]: Xid and ECC events from NVML, and whether one means a task's
+//!   own fault or a GPU to stop placing work on.
 //! - [`fake`] + [`bench`]: the CI fake driver and `tessera bench gpushare`.
 //!
 //! Never knows: how sandboxes are built (the plan is data), HTTP, the store, the
@@ -23,6 +26,7 @@
 
 pub mod bench;
 pub mod fake;
+pub mod health;
 pub mod monitor;
 pub mod nvml;
 pub mod region;

@@ -91,8 +91,11 @@ pub struct Header {
     pub lock: AtomicU32,
     /// Futex word bumped on every free, so waiters for memory wake.
     pub free_seq: AtomicU32,
+    /// Processes waiting on `free_seq` (a free makes the wake syscall only then).
+    pub free_waiters: AtomicU32,
     /// Futex word bumped by the compute monitor on every tick.
     pub tick_seq: AtomicU32,
+    pub _pad0: AtomicU32,
     /// When the monitor will tick next, and when it last did (its clock, ns).
     pub next_tick_ns: AtomicU64,
     pub heartbeat_ns: AtomicU64,
@@ -542,14 +545,22 @@ impl Region {
     }
 
     fn wake_waiters(&self) {
-        self.header().free_seq.fetch_add(1, Ordering::SeqCst);
-        futex_wake_all(&self.header().free_seq);
+        let h = self.header();
+        h.free_seq.fetch_add(1, Ordering::SeqCst);
+        // A waiter counts itself before it reads the sequence (both SeqCst): if
+        // it is not counted here, its wait sees the new sequence and returns.
+        if h.free_waiters.load(Ordering::SeqCst) > 0 {
+            futex_wake_all(&h.free_seq);
+        }
     }
 
     /// Waits until memory is freed (the free sequence moves past `seq`) or
     /// `timeout` passes.
     pub fn wait_for_free(&self, seq: u32, timeout: Duration) {
-        futex_wait(&self.header().free_seq, seq, timeout);
+        let h = self.header();
+        h.free_waiters.fetch_add(1, Ordering::SeqCst);
+        futex_wait(&h.free_seq, seq, timeout);
+        h.free_waiters.fetch_sub(1, Ordering::SeqCst);
     }
 
     // ---------------------------------------------------------------- compute

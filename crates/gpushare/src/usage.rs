@@ -68,3 +68,120 @@ impl Region {
         }
     }
 }
+
+impl TaskUsage {
+    /// Device time used, in GPU-seconds (whole-GPU seconds), summed over the
+    /// task's devices: the quantity metering prices.
+    pub fn gpu_seconds(&self) -> f64 {
+        self.devices
+            .iter()
+            .map(|d| d.compute_busy_ns as f64 / 1e9)
+            .sum()
+    }
+
+    /// Prometheus text exposition (without HELP/TYPE headers, which the
+    /// exporter writes once): one sample per metric, device and task.
+    pub fn prometheus(&self) -> String {
+        let mut out = String::new();
+        let task = self.task.replace('\\', "\\\\").replace('"', "\\\"");
+        for d in &self.devices {
+            let l = format!("task=\"{task}\",device=\"{}\"", d.device);
+            for (name, v) in [
+                (
+                    "tessera_gpushare_memory_used_bytes",
+                    d.memory_used_bytes as f64,
+                ),
+                (
+                    "tessera_gpushare_memory_limit_bytes",
+                    d.memory_limit_bytes as f64,
+                ),
+                (
+                    "tessera_gpushare_memory_peak_bytes",
+                    d.memory_peak_bytes as f64,
+                ),
+                ("tessera_gpushare_oom_total", d.oom_events as f64),
+                (
+                    "tessera_gpushare_memory_waits_total",
+                    d.memory_wait_events as f64,
+                ),
+                (
+                    "tessera_gpushare_compute_share_milli",
+                    d.compute_milli as f64,
+                ),
+                (
+                    "tessera_gpushare_compute_allowance_milli",
+                    d.compute_allowance_milli as f64,
+                ),
+                (
+                    "tessera_gpushare_compute_used_milli",
+                    d.compute_used_milli as f64,
+                ),
+                (
+                    "tessera_gpushare_compute_busy_seconds_total",
+                    d.compute_busy_ns as f64 / 1e9,
+                ),
+                (
+                    "tessera_gpushare_throttled_launches_total",
+                    d.throttle_events as f64,
+                ),
+                (
+                    "tessera_gpushare_unenforced_total",
+                    d.unenforced_events as f64,
+                ),
+            ] {
+                out.push_str(&format!("{name}{{{l}}} {v}\n"));
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::region::{ComputePolicy, DeviceConfig, RegionConfig};
+
+    #[test]
+    fn usage_renders_for_metrics_and_metering() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = Region::create(
+            &dir.path().join("r"),
+            &RegionConfig {
+                task: "job\"7".into(),
+                devices: vec![DeviceConfig {
+                    memory_limit: 1 << 30,
+                    compute_milli: 400,
+                }],
+                memory_wait: std::time::Duration::ZERO,
+                policy: ComputePolicy::WorkConserving,
+            },
+        )
+        .unwrap();
+        r.publish_compute(
+            0,
+            &crate::region::ComputePublish {
+                tokens_ns: 0,
+                allowance_ppm: 600_000,
+                rate_ppm: 350_000,
+                busy_ns: 2_500_000_000,
+            },
+        );
+        let u = r.usage();
+        assert_eq!(u.devices[0].compute_used_milli, 350);
+        assert!((u.gpu_seconds() - 2.5).abs() < 1e-9);
+        let p = u.prometheus();
+        assert!(
+            p.contains(
+                "tessera_gpushare_memory_limit_bytes{task=\"job\\\"7\",device=\"0\"} 1073741824\n"
+            ),
+            "{p}"
+        );
+        assert!(
+            p.contains(
+                "tessera_gpushare_compute_allowance_milli{task=\"job\\\"7\",device=\"0\"} 600\n"
+            ),
+            "{p}"
+        );
+        assert_eq!(p.lines().count(), 11);
+    }
+}

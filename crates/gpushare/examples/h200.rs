@@ -243,7 +243,11 @@ fn run() -> Result<(), String> {
         "shared": {
             "caps_bytes": caps,
             "tasks": pair.outs,
-            "caps_held": pair.outs.iter().zip(caps).all(|(t, c)| t["granted_bytes"].as_u64().is_some_and(|g| g <= c)),
+            // Held: something was granted, no more than the cap, and the allocation that
+            // stopped was refused as out of memory (2 in both APIs), not for another reason.
+            "caps_held": pair.outs.iter().zip(caps).all(|(t, c)| {
+                t["granted_bytes"].as_u64().is_some_and(|g| g > 0 && g <= c) && t["alloc_stop_rc"].as_i64() == Some(2)
+            }),
             "nvml_share_pct": [100.0 * ba / (ba + bb).max(1.0), 100.0 * bb / (ba + bb).max(1.0)],
             "device_busy_pct": 100.0 * (ba + bb) / (window_s * 1e9).max(1.0),
             "overlap_seconds": window_s,

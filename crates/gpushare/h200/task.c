@@ -145,12 +145,16 @@ int main(int argc, char **argv) {
     void *chunks[MAXC];
     int n = 0;
     size_t granted = 0;
+    int stop_rc = 0;
     while (n < MAXC) {
         void *p = NULL;
         int r;
         if (rtMalloc) r = rtMalloc(&p, 1ull << 30);
         else r = cuMemAlloc((CUdeviceptr *)&p, 1ull << 30);
-        if (r) break;
+        if (r) {
+            stop_rc = r; /* cudaErrorMemoryAllocation = 2, CUDA_ERROR_OUT_OF_MEMORY = 2 */
+            break;
+        }
         chunks[n++] = p;
         granted += 1ull << 30;
     }
@@ -194,10 +198,10 @@ int main(int argc, char **argv) {
     CHECK(cuStreamSynchronize(st));
     double took = now_s() - start;
     qsort(lat, k, sizeof *lat, cmp);
-    printf("{\"pid\":%d,\"granted_bytes\":%zu,\"kept_bytes\":%zu,\"info_free\":%zu,\"info_total\":%zu,"
+    printf("{\"pid\":%d,\"runtime\":%s,\"alloc_stop_rc\":%d,\"granted_bytes\":%zu,\"kept_bytes\":%zu,\"info_free\":%zu,\"info_total\":%zu,"
            "\"kernel_ms\":%.3f,\"kernels\":%zu,\"seconds\":%.3f,\"kernels_per_s\":%.2f,"
            "\"launch_us_p50\":%.3f,\"launch_us_p99\":%.3f}\n",
-           getpid(), granted, kept, info_free, info_total, kernel_s * 1e3, k,
+           getpid(), rtMalloc ? "true" : "false", stop_rc, granted, kept, info_free, info_total, kernel_s * 1e3, k,
            took, k / took, k ? lat[k / 2] : 0.0, k ? lat[(size_t)(k * 0.99)] : 0.0);
     return 0;
 }

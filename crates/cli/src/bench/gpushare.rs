@@ -35,6 +35,15 @@ pub fn run(a: Args) -> i32 {
         );
     }
     let interposer = match a.interposer {
+        Some(p) if !p.is_file() => {
+            return fail(
+                EXIT_BAD_INPUT,
+                format!(
+                    "--interposer {}: no such file; build it with `cargo build -p tessera-gpushare-cuda`",
+                    p.display()
+                ),
+            );
+        }
         Some(p) => p,
         None => match find_interposer() {
             Ok(p) => p,

@@ -3,7 +3,7 @@
 
 use crate::cgroup::{self, CgroupManager, SandboxCgroup};
 use crate::error::{ExecError, FileError, SpawnError, StepError};
-use crate::guard::{CheckDecision, CommandCheck, FileAccess};
+use crate::guard::{CheckDecision, CommandCheck, FileAccess, PolicyGuard};
 use crate::proto::{self, Job, JobKind, JobStatus, Reply, Request};
 use crate::spec::{DirEntry, ExecOutput, ExecRequest, ExitStatus, Network, SandboxSpec};
 use crate::tarball::{TarLimits, TarSummary};
@@ -58,14 +58,16 @@ impl InitProgram {
 }
 
 /// How a [`Runtime`] is set up.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct RuntimeConfig {
     /// `None`: [`InitProgram::locate`].
     pub init: Option<InitProgram>,
     /// Use cgroups (detected v1 or v2). Without them limits are not enforced.
     pub cgroups: bool,
-    /// Checks every command; `None` allows all.
-    pub guard: Option<Arc<dyn CommandCheck>>,
+    /// Checks every command, file operation and `execve`, and redacts output. There is
+    /// no "none": the default is [`PolicyGuard`] over the shipped policy, and a runtime
+    /// that must run anything unchecked says so with [`crate::AllowAll`].
+    pub guard: Arc<dyn CommandCheck>,
     /// Tenant passed to the guard.
     pub tenant: Option<String>,
     /// Use this cgroup backend instead of the detected one (with `cgroups`), for
@@ -79,13 +81,25 @@ impl std::fmt::Debug for RuntimeConfig {
         f.debug_struct("RuntimeConfig")
             .field("init", &self.init)
             .field("cgroups", &self.cgroups)
-            .field("guard", &self.guard.is_some())
+            .field("guard_checks_exec", &self.guard.checks_exec())
             .field("tenant", &self.tenant)
             .field(
                 "cgroup_backend",
                 &self.cgroup_backend.as_ref().map(|c| c.version()),
             )
             .finish()
+    }
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            init: None,
+            cgroups: false,
+            guard: Arc::new(PolicyGuard::default()),
+            tenant: None,
+            cgroup_backend: None,
+        }
     }
 }
 
@@ -97,7 +111,7 @@ pub struct Runtime {
     argv: Vec<CString>,
     devnull: OwnedFd,
     cgroups: Option<Arc<dyn CgroupManager>>,
-    guard: Option<Arc<dyn CommandCheck>>,
+    guard: Arc<dyn CommandCheck>,
     tenant: Option<String>,
     /// uid/gid the sandbox's commands run as (inside), and the id maps.
     inner_uid: u32,
@@ -279,7 +293,11 @@ impl Runtime {
             Some(m) => Some(m.create(&id, &spec.limits)?),
             None => None,
         };
-        match self.spawn_in(spec, &id, cg.as_deref()) {
+        // The guard's Landlock grants go into every sandbox, whoever built the spec.
+        let mut eff = spec.clone();
+        eff.extra_rules
+            .extend(self.guard.landlock_rules(self.tenant.as_deref()));
+        match self.spawn_in(&eff, &id, cg.as_deref()) {
             Ok((pid, ctrl, proxy)) => Ok(Sandbox {
                 id,
                 pid,
@@ -835,7 +853,8 @@ impl Sandbox {
         mut on_output: impl FnMut(Stream, &[u8]),
     ) -> Result<ExecOutput, ExecError> {
         let guard = self.rt.guard.clone();
-        let mut f = |st: Stream, data: &[u8]| match guard.as_ref().and_then(|g| g.redact(data)) {
+        let tenant = self.tenant().map(str::to_string);
+        let mut f = |st: Stream, data: &[u8]| match guard.redact(tenant.as_deref(), data) {
             Some(r) => on_output(st, &r),
             None => on_output(st, data),
         };
@@ -853,12 +872,10 @@ impl Sandbox {
             return Err(ExecError::EmptyCommand);
         }
         let mut alerts = Vec::new();
-        if let Some(g) = &self.rt.guard {
-            match g.check(self.tenant(), &req.command) {
-                CheckDecision::Allow => {}
-                CheckDecision::Alert(a) => alerts = a,
-                CheckDecision::Block(r) => return Err(ExecError::Blocked(r.join("; "))),
-            }
+        match self.rt.guard.check(self.tenant(), &req.command) {
+            CheckDecision::Allow => {}
+            CheckDecision::Alert(a) => alerts = a,
+            CheckDecision::Block(r) => return Err(ExecError::Blocked(r.join("; "))),
         }
         let mut env = self.base_env();
         env.extend(req.env.iter().cloned());
@@ -866,7 +883,7 @@ impl Sandbox {
             kind: JobKind::Exec { argv },
             env,
             cwd: req.cwd.clone().unwrap_or_else(|| "/workspace".into()),
-            check_exec: self.rt.guard.is_some(),
+            check_exec: self.rt.guard.checks_exec(),
         };
         let r = self.run_job(
             job,
@@ -890,15 +907,14 @@ impl Sandbox {
             },
             redacted: false,
         };
-        if let Some(g) = &self.rt.guard {
-            if let Some(s) = g.redact(&out.stdout) {
-                out.stdout = s;
-                out.redacted = true;
-            }
-            if let Some(s) = g.redact(&out.stderr) {
-                out.stderr = s;
-                out.redacted = true;
-            }
+        let g = &self.rt.guard;
+        if let Some(s) = g.redact(self.tenant(), &out.stdout) {
+            out.stdout = s;
+            out.redacted = true;
+        }
+        if let Some(s) = g.redact(self.tenant(), &out.stderr) {
+            out.stderr = s;
+            out.redacted = true;
         }
         Ok(out)
     }
@@ -1110,23 +1126,20 @@ impl Sandbox {
                 alerts.push(msg);
             }
         };
-        let allow = match &self.rt.guard {
-            None => true,
-            Some(g) => match g.check(self.tenant(), &cmd) {
-                CheckDecision::Allow => true,
-                CheckDecision::Alert(r) => {
-                    note(format!("execve `{}`: {}", cmd.display(), r.join("; ")));
-                    true
-                }
-                CheckDecision::Block(r) => {
-                    note(format!(
-                        "execve `{}` blocked: {}",
-                        cmd.display(),
-                        r.join("; ")
-                    ));
-                    false
-                }
-            },
+        let allow = match self.rt.guard.check(self.tenant(), &cmd) {
+            CheckDecision::Allow => true,
+            CheckDecision::Alert(r) => {
+                note(format!("execve `{}`: {}", cmd.display(), r.join("; ")));
+                true
+            }
+            CheckDecision::Block(r) => {
+                note(format!(
+                    "execve `{}` blocked: {}",
+                    cmd.display(),
+                    r.join("; ")
+                ));
+                false
+            }
         };
         proto::send(sock.as_fd(), &proto::ExecVerdict { allow }, &[]).is_ok()
     }
@@ -1141,20 +1154,18 @@ impl Sandbox {
             return Err(FileError::BadPath(path.to_string()));
         }
         self.check_alive()?;
-        if let Some(g) = &self.rt.guard {
-            let op = match &kind {
-                JobKind::ReadFile { .. }
-                | JobKind::List { .. }
-                | JobKind::Exec { .. }
-                | JobKind::Pack { .. } => FileAccess::Read,
-                JobKind::WriteFile { .. } | JobKind::Mkdir { .. } | JobKind::Unpack { .. } => {
-                    FileAccess::Write
-                }
-                JobKind::Remove { .. } => FileAccess::Delete,
-            };
-            if let CheckDecision::Block(r) = g.check_file(self.tenant(), op, path) {
-                return Err(FileError::Exec(ExecError::Blocked(r.join("; "))));
+        let op = match &kind {
+            JobKind::ReadFile { .. }
+            | JobKind::List { .. }
+            | JobKind::Exec { .. }
+            | JobKind::Pack { .. } => FileAccess::Read,
+            JobKind::WriteFile { .. } | JobKind::Mkdir { .. } | JobKind::Unpack { .. } => {
+                FileAccess::Write
             }
+            JobKind::Remove { .. } => FileAccess::Delete,
+        };
+        if let CheckDecision::Block(r) = self.rt.guard.check_file(self.tenant(), op, path) {
+            return Err(FileError::Exec(ExecError::Blocked(r.join("; "))));
         }
         let job = Job {
             kind,
@@ -1249,15 +1260,15 @@ impl Sandbox {
             path: dir.to_string(),
             source,
         })?;
-        if let Some(g) = &self.rt.guard {
-            for p in &sum.paths {
-                let full = Path::new(dir).join(p);
-                let full = full.to_string_lossy();
-                if let CheckDecision::Block(r) =
-                    g.check_file(self.tenant(), FileAccess::Write, &full)
-                {
-                    return Err(FileError::Exec(ExecError::Blocked(r.join("; "))));
-                }
+        for p in &sum.paths {
+            let full = Path::new(dir).join(p);
+            let full = full.to_string_lossy();
+            if let CheckDecision::Block(r) =
+                self.rt
+                    .guard
+                    .check_file(self.tenant(), FileAccess::Write, &full)
+            {
+                return Err(FileError::Exec(ExecError::Blocked(r.join("; "))));
             }
         }
         self.file_job(

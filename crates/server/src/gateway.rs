@@ -28,7 +28,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::StartError;
-use crate::api::{App, Body};
+use crate::api::{App, Body, SessionCaller};
 use crate::auth::Role;
 use crate::plane::{Caller, ControlPlane, SYSTEM_TENANT, now_ms};
 use crate::problem::{ApiError, Code};
@@ -249,7 +249,12 @@ fn bad_request(msg: String) -> Response {
     )
 }
 
-async fn chat(State(a): State<App>, c: Caller, h: HeaderMap, body: Bytes) -> Response {
+async fn chat(
+    State(a): State<App>,
+    SessionCaller(c): SessionCaller,
+    h: HeaderMap,
+    body: Bytes,
+) -> Response {
     if let Err(e) = c.require(Role::Developer) {
         return e.into_response();
     }
@@ -263,7 +268,12 @@ async fn chat(State(a): State<App>, c: Caller, h: HeaderMap, body: Bytes) -> Res
         .await
 }
 
-async fn completions(State(a): State<App>, c: Caller, h: HeaderMap, body: Bytes) -> Response {
+async fn completions(
+    State(a): State<App>,
+    SessionCaller(c): SessionCaller,
+    h: HeaderMap,
+    body: Bytes,
+) -> Response {
     if let Err(e) = c.require(Role::Developer) {
         return e.into_response();
     }
@@ -274,7 +284,7 @@ async fn completions(State(a): State<App>, c: Caller, h: HeaderMap, body: Bytes)
     a.gateway.gateway.forward(w, "/v1/completions", body).await
 }
 
-async fn models(State(a): State<App>, c: Caller) -> Response {
+async fn models(State(a): State<App>, SessionCaller(c): SessionCaller) -> Response {
     if let Err(e) = c.require(Role::Viewer) {
         return e.into_response();
     }

@@ -23,7 +23,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::StartError;
-use crate::api::{App, Body, Q};
+use crate::api::{App, Body, Q, SessionCaller};
 use crate::auth::Role;
 use crate::plane::{Caller, ControlPlane, kind, now_ms, render};
 use crate::problem::{ApiError, Code};
@@ -350,7 +350,7 @@ async fn remove_grant(
 
 async fn call(
     State(a): State<App>,
-    c: Caller,
+    SessionCaller(c): SessionCaller,
     Path(n): Path<String>,
     Body(req): Body<CallRequest>,
 ) -> R {
@@ -371,7 +371,7 @@ fn entry_view(e: &gw::Entry) -> Value {
     serde_json::to_value(e).unwrap_or_default()
 }
 
-async fn ledger(State(a): State<App>, c: Caller, Q(q): Q<LedgerQuery>) -> R {
+async fn ledger(State(a): State<App>, SessionCaller(c): SessionCaller, Q(q): Q<LedgerQuery>) -> R {
     c.require(Role::Viewer)?;
     if let Some(s) = c.subject.strip_prefix("session:") {
         if q.session_id.as_deref() != Some(s) {
@@ -388,7 +388,11 @@ async fn ledger(State(a): State<App>, c: Caller, Q(q): Q<LedgerQuery>) -> R {
     ok(json!({ "items": v.iter().map(entry_view).collect::<Vec<_>>() }))
 }
 
-async fn ledger_entry(State(a): State<App>, c: Caller, Path(id): Path<String>) -> R {
+async fn ledger_entry(
+    State(a): State<App>,
+    SessionCaller(c): SessionCaller,
+    Path(id): Path<String>,
+) -> R {
     c.require(Role::Viewer)?;
     let e = a
         .tools
@@ -470,13 +474,17 @@ async fn decide(
     ok(entry_view(&e))
 }
 
-async fn mcp_post(State(a): State<App>, c: Caller, req: Request) -> Response {
+async fn mcp_post(State(a): State<App>, SessionCaller(c): SessionCaller, req: Request) -> Response {
     crate::mcp::handle(&a, c, req).await
 }
-async fn mcp_get(State(a): State<App>, c: Caller, req: Request) -> Response {
+async fn mcp_get(State(a): State<App>, SessionCaller(c): SessionCaller, req: Request) -> Response {
     crate::mcp::handle(&a, c, req).await
 }
-async fn mcp_delete(State(a): State<App>, c: Caller, req: Request) -> Response {
+async fn mcp_delete(
+    State(a): State<App>,
+    SessionCaller(c): SessionCaller,
+    req: Request,
+) -> Response {
     crate::mcp::handle(&a, c, req).await
 }
 

@@ -113,8 +113,78 @@ const PARTS: &[&str] = &[
     "lorem ipsum dolor sit amet 2024-01-15 10:23:45 ",
 ];
 
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
 static POLICY: std::sync::LazyLock<Policy> = std::sync::LazyLock::new(Policy::default);
 static SCANNER: std::sync::LazyLock<Scanner> = std::sync::LazyLock::new(|| Scanner::new(&POLICY));
+
+/// Pieces of interpreter code: the calls, values and punctuation the code reader
+/// looks at (see `analyze/code.rs`).
+const CODE_TOKENS: &[&str] = &[
+    "shutil.rmtree(",
+    "rmtree",
+    "FileUtils.rm_rf ",
+    "fs.rmSync(",
+    "{recursive: true}",
+    "os.system(",
+    "system ",
+    "exec(",
+    "eval(",
+    "subprocess.run(",
+    "os.walk(",
+    ".rglob(",
+    "os.remove(",
+    "Pathname.new(",
+    ").rmtree",
+    "os.path.join(",
+    "Path.home()",
+    "os.homedir()",
+    "Dir.home",
+    "$ENV{HOME}",
+    "os.sep",
+    "sys.argv[1]",
+    "ARGV[0]",
+    "base64.b64decode(",
+    "'cm0gLXJmIC8='",
+    ".decode()",
+    "Buffer.from(",
+    "'base64'",
+    ".toString()",
+    "from shutil import rmtree as n",
+    "n(",
+    "p = ",
+    "p",
+    "'/'",
+    "\"/etc\"",
+    "'rm -rf '",
+    "\"/tmp/x\"",
+    "f'/{x}'",
+    "`${x}`",
+    "(",
+    ")",
+    "[",
+    "]",
+    "{",
+    "}",
+    ",",
+    "+",
+    " . ",
+    " / ",
+    ";",
+    "\n",
+    "'",
+    "\"",
+    "`",
+    "\\",
+    " ",
+    "ü",
+];
+
+fn code_text() -> impl Strategy<Value = String> {
+    prop::collection::vec(prop::sample::select(CODE_TOKENS), 0..80).prop_map(|v| v.concat())
+}
 
 fn shell_text() -> impl Strategy<Value = String> {
     prop::collection::vec(prop::sample::select(TOKENS), 0..120).prop_map(|v| v.join(" "))
@@ -145,6 +215,24 @@ proptest! {
         let _ = check_path(p, None, FileOp::Read, &s);
         let _ = check_argv(p, None, &[s.clone(), s.clone()]);
         let _ = SCANNER.redact(s.as_bytes());
+    }
+
+    #[test]
+    fn interpreter_code_never_panics_and_work_is_bounded(code in code_text(), any_code in any::<String>()) {
+        let p = &*POLICY;
+        for c in [&code, &any_code] {
+            for interp in [["python3", "-c"], ["perl", "-e"], ["ruby", "-e"], ["node", "-e"]] {
+                let argv = vec![interp[0].to_string(), interp[1].to_string(), c.clone(), "/".to_string()];
+                let v = check_argv(p, None, &argv);
+                let joined = argv.join(" ");
+                for f in &v.findings {
+                    prop_assert!(f.span.0 <= f.span.1 && f.span.1 <= joined.len());
+                }
+            }
+            let line = format!("python3 -c {}", shell_quote(c));
+            let (_, work) = check_command_counted(p, None, &line);
+            prop_assert!(work <= p.limits().max_work + 64 + line.len() / 64);
+        }
     }
 
     #[test]

@@ -152,6 +152,7 @@ impl Analyzer<'_> {
                     net_redirect: false,
                     dup_stdin: false,
                     nest: 0,
+                    stdout_to: None,
                 };
                 if let Some(r) = redirs {
                     for r in &r.0 {
@@ -276,6 +277,7 @@ impl Analyzer<'_> {
             net_redirect: false,
             dup_stdin: false,
             nest: 0,
+            stdout_to: None,
         };
         let mut argv: Vec<Arg> = Vec::new();
         if let Some(pre) = &sc.prefix {
@@ -420,6 +422,9 @@ impl Analyzer<'_> {
                             self.file_op(FileOp::Read, &text, false, inv.span)
                         }
                         K::Write | K::Append | K::Clobber | K::DuplicateOutput => {
+                            if fd.is_none_or(|f| f == 1) && !matches!(kind, K::DuplicateOutput) {
+                                inv.stdout_to = Some(text.clone());
+                            }
                             self.file_op(FileOp::Write, &text, false, inv.span)
                         }
                         K::ReadAndWrite => {
@@ -537,6 +542,7 @@ impl Analyzer<'_> {
                 net_redirect: false,
                 dup_stdin: false,
                 nest: 0,
+                stdout_to: None,
             };
             let st = self.run_argv(argv, &mut inv, cx.depth);
             stdin = st.out.unwrap_or(Out::Unknown);

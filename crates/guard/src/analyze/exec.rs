@@ -17,11 +17,25 @@ impl Analyzer<'_> {
             net_redirect: false,
             dup_stdin: false,
             nest: 0,
+            stdout_to: None,
         };
         self.run_argv(argv, &mut inv, 0);
     }
 
-    pub(super) fn run_argv(&mut self, mut argv: Vec<Arg>, inv: &mut Inv, depth: usize) -> Stage {
+    pub(super) fn run_argv(&mut self, argv: Vec<Arg>, inv: &mut Inv, depth: usize) -> Stage {
+        self.run_argv_as(argv, inv, depth, true)
+    }
+
+    /// [`Self::run_argv`]; with `follow`, a program the line copied or linked earlier
+    /// is also judged as what it is a copy of. The name is judged too: the copy may
+    /// have failed, leaving whatever was at that path before.
+    fn run_argv_as(
+        &mut self,
+        mut argv: Vec<Arg>,
+        inv: &mut Inv,
+        depth: usize,
+        mut follow: bool,
+    ) -> Stage {
         if self.tick(argv.len()) || argv.is_empty() {
             return Stage::default();
         }
@@ -62,6 +76,21 @@ impl Analyzer<'_> {
             if a0.contains('/') {
                 self.file_op(FileOp::Exec, &a0, false, span);
             }
+            if follow && let Some(program) = self.program_of(&a0) {
+                follow = false;
+                self.run_argv_as(argv.clone(), &mut inv.clone(), depth, false);
+                // A multi-call binary runs the applet it is called as, unless it is
+                // called by its own name.
+                if matches!(program.as_str(), "busybox" | "toybox") && !name.starts_with(&program) {
+                    let applet = Arg {
+                        text: name.clone(),
+                        ..argv[0].clone()
+                    };
+                    argv.insert(1, applet);
+                }
+                argv[0].text = program;
+                continue;
+            }
             let rest = &argv[1..];
             let next: Option<Vec<Arg>> = match name.as_str() {
                 "sudo" | "doas" | "please" => skip_opts(
@@ -92,7 +121,11 @@ impl Analyzer<'_> {
                         .first()
                         .is_some_and(|a| a.text == "-v" || a.text == "-V")
                     {
-                        return Stage::default();
+                        // `command -v rm` prints where rm is.
+                        return Stage {
+                            out: rest.get(1).and_then(|a| which(&a.text)),
+                            ..Stage::default()
+                        };
                     }
                     skip_opts(rest, b"", &[])
                 }
@@ -317,10 +350,23 @@ impl Analyzer<'_> {
             if shell {
                 self.analyze_text(&t, Map::Whole(ps.0, ps.1), depth + 1);
             } else {
-                self.interp_code(&t, Map::Whole(ps.0, ps.1), inv.span, depth);
+                let lang = super::code::Lang::of(what);
+                self.interp_code(&t, lang, &[], Map::Whole(ps.0, ps.1), inv.span, depth);
             }
         }
     }
+}
+
+/// What `which NAME` / `command -v NAME` prints, for a program name: its path in the
+/// usual place (the line does not say where it is; any bin directory would do, since
+/// what matters is the name at its end).
+pub(super) fn which(name: &str) -> Option<Out> {
+    (!name.is_empty() && !name.contains('/') && !name.starts_with('-') && !has_unk(name)).then(
+        || Out::Known {
+            text: format!("/usr/bin/{name}\n"),
+            decoded: false,
+        },
+    )
 }
 
 /// Skips a wrapper's options and returns the wrapped argv.

@@ -20,6 +20,7 @@
 
 #![allow(clippy::collapsible_match, clippy::collapsible_if)]
 
+mod code;
 mod commands;
 mod decode;
 mod eval;
@@ -36,8 +37,8 @@ use crate::policy::{Effective, ExceptionKind, Limits};
 use crate::rules::builtin;
 use crate::types::{Decision, FileOp, Finding};
 
-use names::PROTECTED;
 pub(crate) use names::is_block_device;
+use names::{PROTECTED, basename};
 
 pub(crate) const UNK: char = '\u{0}';
 pub(crate) const UNK_SET: char = '\u{1}';
@@ -144,6 +145,8 @@ struct Inv {
     net_redirect: bool,
     dup_stdin: bool,
     nest: usize,
+    /// Where stdout is redirected to (`> FILE`), when it is a file.
+    stdout_to: Option<String>,
 }
 
 pub(crate) struct Analyzer<'a> {
@@ -155,6 +158,9 @@ pub(crate) struct Analyzer<'a> {
     downloaded: Vec<String>,
     cwd: Option<String>,
     funcs: Vec<(String, (usize, usize))>,
+    /// Copies of and links to programs made earlier in the line (`cp /bin/rm /tmp/x`,
+    /// `ln -s /bin/rm /tmp/r`): normalized path, and the program it is.
+    aliases: Vec<(String, String)>,
     work: usize,
     exhausted: bool,
     opts: brush_parser::ParserOptions,
@@ -182,6 +188,7 @@ impl<'a> Analyzer<'a> {
             downloaded: Vec::new(),
             cwd: None,
             funcs: Vec::new(),
+            aliases: Vec::new(),
             work: 0,
             exhausted: false,
             opts: brush_parser::ParserOptions::default(),
@@ -284,6 +291,56 @@ impl<'a> Analyzer<'a> {
             Some(c) => format!("{c}/{path}"),
             None => path.to_string(),
         }
+    }
+
+    /// Records that `dst` now holds a copy of, or a link to, the program `src`, so that
+    /// running `dst` later in the line is judged as running `src`.
+    fn note_copy(&mut self, src: &str, dst: &str) {
+        if has_unk(src) || has_unk(dst) || src.is_empty() || dst.is_empty() {
+            return;
+        }
+        let program = self
+            .program_of(src)
+            .unwrap_or_else(|| basename(src).to_string());
+        let d = normalize(&self.resolve(dst));
+        if program.is_empty() || basename(&d) == program {
+            return;
+        }
+        self.aliases.retain(|(p, _)| *p != d);
+        if self.aliases.len() < 32 {
+            self.aliases.push((d, program));
+        }
+    }
+
+    /// The program `a0` (a path, or a bare name looked up in `PATH`) is a copy of or a
+    /// link to, when the line made it so.
+    fn program_of(&self, a0: &str) -> Option<String> {
+        if self.aliases.is_empty() || has_unk(a0) {
+            return None;
+        }
+        if a0.contains('/') {
+            let n = normalize(&self.resolve(a0));
+            return self
+                .aliases
+                .iter()
+                .rev()
+                .find(|(p, _)| *p == n)
+                .map(|(_, c)| c.clone());
+        }
+        let path = self.vars.get("PATH").map(String::as_str);
+        let dirs: Vec<&str> = path
+            .filter(|p| !has_unk(p))
+            .unwrap_or("/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+            .split(':')
+            .collect();
+        self.aliases
+            .iter()
+            .rev()
+            .find(|(p, _)| {
+                p.rsplit_once('/')
+                    .is_some_and(|(d, b)| b == a0 && dirs.iter().any(|x| normalize(x) == d))
+            })
+            .map(|(_, c)| c.clone())
     }
 
     /// The protected tree a path is (or, for a glob, covers), if any.

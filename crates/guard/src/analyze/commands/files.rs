@@ -55,6 +55,9 @@ impl Analyzer<'_> {
                 self.file_op(FileOp::Delete, &s.text, true, span);
             }
             self.file_op(FileOp::Write, &dst[0].text, false, span);
+            if srcs.len() == 1 && !flags.has(&["t", "target-directory"]) {
+                self.note_copy(&srcs[0].text, &dst[0].text);
+            }
         }
         true
     }
@@ -84,6 +87,9 @@ impl Analyzer<'_> {
                 self.file_op(FileOp::Read, &s.text, recursive, span);
             }
             self.file_op(FileOp::Write, &dst[0].text, recursive, span);
+            if srcs.len() == 1 && !flags.has(&["t", "target-directory"]) {
+                self.note_copy(&srcs[0].text, &dst[0].text);
+            }
             if name == "rsync" && flags.long_prefix("delete") {
                 if let Some(p) = self.protected(&dst[0].text, true) {
                     self.emit(
@@ -102,6 +108,9 @@ impl Analyzer<'_> {
         let ops = flags.operands_skipping(args, b"tS", &["target-directory", "suffix"]);
         if ops.len() >= 2 {
             self.file_op(FileOp::Write, &ops[ops.len() - 1].text, false, span);
+            if ops.len() == 2 && !flags.has(&["t", "target-directory"]) {
+                self.note_copy(&ops[0].text, &ops[1].text);
+            }
         }
         true
     }
@@ -117,12 +126,18 @@ impl Analyzer<'_> {
 
     pub(super) fn dd(&mut self, c: &Cmd<'_>) -> bool {
         let (args, span) = (c.args, c.span);
+        let (mut from, mut to) = (None, c.inv.stdout_to.clone());
         for a in args {
             if let Some(p) = a.text.strip_prefix("of=") {
                 self.file_op(FileOp::Write, p, false, span);
+                to = Some(p.to_string());
             } else if let Some(p) = a.text.strip_prefix("if=") {
                 self.file_op(FileOp::Read, p, false, span);
+                from = Some(p.to_string());
             }
+        }
+        if let (Some(f), Some(t)) = (from, to) {
+            self.note_copy(&f, &t);
         }
         true
     }
@@ -419,6 +434,7 @@ impl Analyzer<'_> {
                             let mut sub_inv = Inv {
                                 nest: inv.nest + 1,
                                 stdin: Out::Unknown,
+                                stdout_to: None,
                                 ..inv.clone()
                             };
                             self.run_argv(replaced, &mut sub_inv, depth);

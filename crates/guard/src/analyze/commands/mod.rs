@@ -91,6 +91,7 @@ impl Analyzer<'_> {
             "echo" => self.echo(&c, st),
             "printf" => self.printf_cmd(&c, st),
             "cat" | "tac" => self.cat(&c, st),
+            "which" => self.which(&c, st),
             "openssl" if args.first().is_some_and(|a| a.text == "s_client") => {
                 self.openssl_client(st)
             }

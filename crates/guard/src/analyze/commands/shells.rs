@@ -2,6 +2,7 @@
 //! one-liners (reverse shells, fork bombs, shell commands in strings, tree deletion).
 
 use super::Cmd;
+use crate::analyze::code::{Call, CallKind, Code, Lang, Val};
 use crate::analyze::decode::{shell_quote, string_literals};
 use crate::analyze::names::looks_like_path;
 use crate::analyze::{Analyzer, Arg, Map, Origin, Stage};
@@ -99,10 +100,14 @@ impl Analyzer<'_> {
         let mut i = 0;
         while i < args.len() {
             let t = args[i].text.as_str();
+            // `-le`, `-ne`: combined letters ending in the code flag; not an option
+            // that takes its value attached (`-MFile::Path=remove_tree`, `-Mre`).
             if code_flags.contains(&t)
                 || (t.starts_with('-')
                     && !t.starts_with("--")
                     && t.len() > 2
+                    && t[1..].bytes().all(|b| b.is_ascii_alphabetic())
+                    && !matches!(t.as_bytes()[1], b'M' | b'm' | b'I' | b'W' | b'X')
                     && t.ends_with(code_flags[0].trim_start_matches('-')))
             {
                 code = args.get(i + 1);
@@ -123,7 +128,9 @@ impl Analyzer<'_> {
                 self.emit_origin(code.origin, span, "runs interpreter code");
             }
             let map = self.arg_map(&code);
-            self.interp_code(&code.text, map, span, depth);
+            // The interpreter's own arguments after the code (`sys.argv[1]`, …).
+            let rest: Vec<String> = args.iter().skip(i + 2).map(|a| a.text.clone()).collect();
+            self.interp_code(&code.text, Lang::of(shell_name), &rest, map, span, depth);
         } else if let Some(s) = script {
             match s.origin {
                 Origin::Remote => self.emit_origin(s.origin, span, "runs a script"),
@@ -194,6 +201,8 @@ impl Analyzer<'_> {
     pub(in crate::analyze) fn interp_code(
         &mut self,
         code: &str,
+        lang: Lang,
+        argv: &[String],
         map: Map,
         span: (usize, usize),
         depth: usize,
@@ -270,18 +279,25 @@ impl Analyzer<'_> {
         ]
         .iter()
         .any(|k| low.contains(k));
-        let tree = [
-            "rmtree",
-            "rm_rf",
-            "rm_r(",
-            "rmsync",
-            "rmdirsync",
-            "remove_tree",
-            "rimraf",
-            "remove-item",
-        ]
-        .iter()
-        .any(|k| low.contains(k));
+        // The calls that matter, read with their arguments' values (see `code`).
+        let reader = Code::new(code, lang, argv);
+        let calls = reader.calls();
+        let tree_calls = calls.iter().filter(|c| c.kind == CallKind::Tree).count();
+        // A tree-deleting name that is never called where we can read it (passed
+        // around, aliased in a way the reader does not follow): any protected literal.
+        let tree = tree_calls == 0
+            && [
+                "rmtree",
+                "rm_rf",
+                "rm_r(",
+                "rmsync",
+                "rmdirsync",
+                "remove_tree",
+                "rimraf",
+                "remove-item",
+            ]
+            .iter()
+            .any(|k| low.contains(k));
         for (s, e) in lits.iter().take(32) {
             let lit = &code[*s..*e];
             let lspan = match map {
@@ -332,6 +348,9 @@ impl Analyzer<'_> {
                 self.analyze_text(&joined, Map::Whole(span.0, span.1), depth + 1);
             }
         }
+        for call in calls {
+            self.interp_call(&reader, call, lang, argv, span, depth);
+        }
         let plain_lits: Vec<&str> = lits.iter().map(|(s, e)| &code[*s..*e]).collect();
         if plain_lits.iter().any(|l| l.starts_with("/dev/tcp/")) {
             self.emit(
@@ -340,8 +359,67 @@ impl Analyzer<'_> {
                 "interpreter code opens /dev/tcp".into(),
             );
         }
-        if low.contains("os.system") || low.contains("subprocess") {
-            // handled above through literals
+    }
+
+    /// One call of interpreter code whose argument's value is known: a recursive
+    /// delete of a protected tree, a shell command (analysed as a command line), code
+    /// handed to `eval` (analysed again), a walk over a protected tree that deletes.
+    fn interp_call(
+        &mut self,
+        reader: &Code<'_>,
+        call: Call,
+        lang: Lang,
+        argv: &[String],
+        span: (usize, usize),
+        depth: usize,
+    ) {
+        let Val::Str { text, decoded } = call.arg else {
+            return;
+        };
+        if decoded {
+            self.emit(
+                "cmd.decode_exec",
+                span,
+                format!(
+                    "interpreter code hands `{}` a value it decodes at run time",
+                    call.name
+                ),
+            );
+        }
+        match call.kind {
+            CallKind::Tree => {
+                if let Some(p) = self.protected(&text, true) {
+                    self.emit(
+                        "cmd.delete_root",
+                        span,
+                        format!("interpreter code deletes {p} recursively"),
+                    );
+                }
+            }
+            CallKind::Walk => {
+                if let Some(p) = self.protected(&text, true)
+                    && reader.deletes()
+                {
+                    self.emit(
+                        "cmd.delete_root",
+                        span,
+                        format!("interpreter code walks {p} and deletes what it finds"),
+                    );
+                }
+            }
+            // A single literal was analysed above already.
+            CallKind::Run if !call.literal || decoded => {
+                if depth < self.limits.max_depth {
+                    self.analyze_text(&text, Map::Whole(span.0, span.1), depth + 1);
+                }
+            }
+            CallKind::Run => {}
+            CallKind::Eval => {
+                if depth < self.limits.max_depth {
+                    let m = Map::Whole(span.0, span.1);
+                    self.interp_code(&text, lang, argv, m, span, depth + 1);
+                }
+            }
         }
     }
 }

@@ -67,10 +67,22 @@ impl Analyzer<'_> {
         true
     }
 
+    /// `which NAME`: where the program is (so `cp "$(which rm)" x` is a copy of rm).
+    pub(super) fn which(&mut self, c: &Cmd<'_>, stage: &mut Stage) -> bool {
+        if let [a] = &c.flags.operands[..] {
+            stage.out = crate::analyze::exec::which(&a.text);
+        }
+        false
+    }
+
     pub(super) fn cat(&mut self, c: &Cmd<'_>, stage: &mut Stage) -> bool {
         let (flags, inv) = (c.flags, c.inv);
         if flags.operands.is_empty() || flags.operands.iter().all(|a| a.text == "-") {
             stage.out = Some(inv.stdin.clone());
+        } else if let ([src], Some(dst)) = (&flags.operands[..], &inv.stdout_to) {
+            // `cat /bin/rm > /tmp/x`: a copy.
+            let (src, dst) = (src.text.clone(), dst.clone());
+            self.note_copy(&src, &dst);
         }
         false
     }

@@ -386,3 +386,73 @@ fn argv_checks_paths_and_wrappers() {
         Decision::Allow
     );
 }
+
+#[test]
+fn exec_is_judged_as_the_program_it_is() {
+    use tessera_guard::{check_exec, exec_argv, followed_program};
+    let p = Policy::default();
+    let argv = |s: &str| s.split(' ').map(str::to_string).collect::<Vec<_>>();
+    // A copy of rm under another name: judged as rm.
+    let del = argv("/tmp/del -rf --no-preserve-root /");
+    assert_eq!(check_argv(&p, None, &del).decision, Decision::Allow);
+    assert_eq!(
+        check_exec(&p, None, &del, Some("rm")).decision,
+        Decision::Block
+    );
+    assert_eq!(exec_argv(&del, Some("rm"))[0], "rm");
+    // A copy of ls named rm is ls.
+    let ls = argv("/tmp/rm -rf /");
+    assert_eq!(
+        check_exec(&p, None, &ls, Some("ls")).decision,
+        Decision::Allow
+    );
+    // No identity, or the name it has: unchanged.
+    assert_eq!(exec_argv(&del, None), del);
+    assert_eq!(
+        exec_argv(&argv("/usr/bin/rm -rf /x"), Some("rm")),
+        argv("/usr/bin/rm -rf /x")
+    );
+    // busybox runs the applet it is called as.
+    assert_eq!(
+        exec_argv(&argv("/bin/rm -rf /"), Some("busybox")),
+        argv("busybox rm -rf /")
+    );
+    assert_eq!(
+        exec_argv(&argv("/bin/busybox rm -rf /"), Some("busybox")),
+        argv("/bin/busybox rm -rf /")
+    );
+    assert_eq!(
+        check_exec(&p, None, &argv("/bin/rm -rf /"), Some("busybox")).decision,
+        Decision::Block
+    );
+    // A shell copy with a reverse-shell redirect is caught as a shell (by argv here).
+    let py = vec![
+        "/tmp/p".to_string(),
+        "-c".into(),
+        "import shutil; shutil.rmtree('/')".into(),
+    ];
+    assert_eq!(
+        check_exec(&p, None, &py, Some("python3.11")).decision,
+        Decision::Block
+    );
+    for n in [
+        "rm",
+        "dd",
+        "mkfs.ext4",
+        "shred",
+        "wipefs",
+        "truncate",
+        "bash",
+        "dash",
+        "python3.12",
+        "perl",
+        "busybox",
+        "curl",
+        "nc",
+    ] {
+        assert!(followed_program(n), "{n}");
+    }
+    for n in ["ls", "cat", "true", "grep"] {
+        assert!(!followed_program(n), "{n}");
+    }
+}

@@ -57,6 +57,20 @@ pub trait CommandCheck: Send + Sync {
     fn checks_exec(&self) -> bool {
         true
     }
+    /// Checks an `execve` of `argv` inside the sandbox whose file the runtime identified
+    /// as `program` (a copy of or a link to it, see `identity.rs`): judged as that
+    /// program ([`tessera_guard::exec_argv`]), by the same rules as [`Self::check`].
+    fn check_exec(
+        &self,
+        tenant: Option<&str>,
+        argv: &[String],
+        program: Option<&str>,
+    ) -> CheckDecision {
+        self.check(
+            tenant,
+            &Command::Argv(tessera_guard::exec_argv(argv, program)),
+        )
+    }
 }
 
 /// Allows everything and redacts nothing. Named for what it is: a sandbox built with it

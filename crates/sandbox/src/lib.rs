@@ -22,6 +22,7 @@ pub mod cgroup;
 pub mod error;
 mod execcheck;
 pub mod guard;
+pub mod identity;
 pub mod init;
 pub mod netns;
 pub mod pool;

@@ -37,8 +37,8 @@ use crate::policy::{Effective, ExceptionKind, Limits};
 use crate::rules::builtin;
 use crate::types::{Decision, FileOp, Finding};
 
-pub(crate) use names::is_block_device;
-use names::{PROTECTED, basename};
+use names::PROTECTED;
+pub(crate) use names::{MULTICALL, basename, followed, is_block_device};
 
 pub(crate) const UNK: char = '\u{0}';
 pub(crate) const UNK_SET: char = '\u{1}';

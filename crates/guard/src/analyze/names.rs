@@ -198,6 +198,118 @@ pub(super) const NO_READ: &[&str] = &[
     "go",
 ];
 
+/// Programs whose copies and links the runtime identifies by content: everything with
+/// rules of its own here (deleters, disk tools, shells, interpreters, downloaders,
+/// network tools, wrappers that run another program, multi-call binaries, miners).
+const FOLLOWED: &[&str] = &[
+    "rm",
+    "unlink",
+    "rmdir",
+    "srm",
+    "shred",
+    "wipe",
+    "dd",
+    "truncate",
+    "mke2fs",
+    "mkswap",
+    "mkntfs",
+    "mkdosfs",
+    "wipefs",
+    "blkdiscard",
+    "sgdisk",
+    "sfdisk",
+    "fdisk",
+    "parted",
+    "cfdisk",
+    "gdisk",
+    "hdparm",
+    "badblocks",
+    "nvme",
+    "cryptsetup",
+    "find",
+    "xargs",
+    "chmod",
+    "chown",
+    "chgrp",
+    "mv",
+    "cp",
+    "ln",
+    "install",
+    "rsync",
+    "tee",
+    "sed",
+    "kill",
+    "pkill",
+    "killall",
+    "killall5",
+    "shutdown",
+    "reboot",
+    "halt",
+    "poweroff",
+    "init",
+    "telinit",
+    "systemctl",
+    "service",
+    "iptables",
+    "ip6tables",
+    "iptables-legacy",
+    "iptables-nft",
+    "ip6tables-legacy",
+    "ip6tables-nft",
+    "nft",
+    "ufw",
+    "auditctl",
+    "setenforce",
+    "crontab",
+    "socat",
+    "telnet",
+    "openssl",
+    "base64",
+    "base32",
+    "basenc",
+    "xxd",
+    "busybox",
+    "toybox",
+    "env",
+    "sudo",
+    "doas",
+    "nice",
+    "ionice",
+    "nohup",
+    "timeout",
+    "setsid",
+    "stdbuf",
+    "chroot",
+    "nsenter",
+    "unshare",
+    "su",
+    "runuser",
+    "strace",
+    "ltrace",
+    "flock",
+    "watch",
+    "eval",
+    "systemd-run",
+    "proxychains",
+    "proxychains4",
+];
+
+/// See [`FOLLOWED`]; also `mkfs.*` and `pythonX.Y`.
+pub(crate) fn followed(name: &str) -> bool {
+    let n = name.strip_suffix(".exe").unwrap_or(name);
+    FOLLOWED.contains(&n)
+        || n.starts_with("mkfs")
+        || SHELLS.contains(&n)
+        || INTERPS.contains(&n)
+        || n.starts_with("python") && n[6..].bytes().all(|b| b.is_ascii_digit() || b == b'.')
+        || DOWNLOADERS.contains(&n)
+        || NETCATS.contains(&n)
+        || MINERS.contains(&n)
+}
+
+/// Multi-call binaries: they run the applet named by how they were called.
+pub(crate) const MULTICALL: &[&str] = &["busybox", "toybox"];
+
 pub(super) fn is_name(k: &str) -> bool {
     !k.is_empty()
         && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')

@@ -17,13 +17,16 @@ mod analyze;
 mod glob;
 mod paths;
 mod policy;
+mod redact;
 mod rules;
 mod scan;
 mod types;
+mod validate;
 
 pub use glob::Glob;
 pub use paths::{check_path, normalize};
 pub use policy::{Limits, Policy, PolicyError};
+pub use redact::{Redaction, Redactor};
 pub use rules::{BUILTIN_RULES, RuleInfo, RuleKind, builtin};
 pub use scan::{ScanStream, Scanner};
 pub use types::{Decision, FileOp, Finding, PathRule, SecretMatch, Severity, Verdict};

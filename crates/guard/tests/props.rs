@@ -273,6 +273,180 @@ proptest! {
     }
 }
 
+/// Pieces for the streaming redactor: secrets of every rule, look-alikes, partial
+/// keywords, blocks that open and never close.
+const STREAM_PARTS: &[&str] = &[
+    "hello world ",
+    "AKIAQWERTYUIOPASDFGH ",
+    "AKI",
+    "mail alice@example.com ",
+    "bob@",
+    "example.org\n",
+    "4111 1111 1111 1111 ",
+    "4111",
+    " 1111",
+    "ghp_abcdefghijklmnopqrstuvwxyz0123456789 ",
+    "13800138000 ",
+    "+44 20 7946 0958 ",
+    "x",
+    "-----BEGIN RSA PRIVATE KEY-----\nMIIBOgIBAAJBAKj34Gkx\n-----END RSA PRIVATE KEY-----\n",
+    "-----BEGIN ",
+    "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+    "password = \"Xk9mP2vL7qR4tZ8w\"\n",
+    "password",
+    " = ",
+    "Xk9mP2vL7qR4tZ8w",
+    "203.0.113.7 ",
+    "version 1.2.3.4 ",
+    "GB82 WEST 1234 5698 7654 32 ",
+    "DE89370400440532013000 ",
+    "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U ",
+    "eyJ",
+    "postgres://app:S3cretPw@db:5432/app ",
+    "https://hooks.slack.com/services/T0000000/B0000000/XXXXXXXXXXXXXXXXXXXXXXXX ",
+    "11010519491231002X ",
+    "lorem ipsum dolor sit amet 2024-01-15 10:23:45 ",
+    "\n",
+    " ",
+    "ü",
+];
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, .. ProptestConfig::default() })]
+
+    /// Chunked redaction releases exactly the whole text's redaction, reports exactly
+    /// the whole scan's findings, and never holds more than the longest window.
+    #[test]
+    fn streaming_redaction_equals_whole_redaction(
+        parts in prop::collection::vec(prop::sample::select(STREAM_PARTS), 0..400),
+        cuts in prop::collection::vec(1usize..700, 1..20),
+    ) {
+        let text: String = parts.concat();
+        let b = text.as_bytes();
+        let sc = &*SCANNER;
+        let mut r = sc.redactor();
+        let mut out = Vec::new();
+        let (mut at, mut k) = (0, 0);
+        while at < b.len() {
+            let n = cuts[k % cuts.len()].min(b.len() - at);
+            out.extend(r.push(&b[at..at + n]));
+            at += n;
+            k += 1;
+            prop_assert!(r.held() <= 12 * 1024 + 2048, "held {}", r.held());
+        }
+        out.extend(r.finish());
+        let whole = sc.redact(b);
+        prop_assert_eq!(String::from_utf8_lossy(&out), String::from_utf8_lossy(&whole));
+        let want: Vec<(String, u64, u64)> = sc
+            .scan(b)
+            .into_iter()
+            .map(|m| (m.rule, m.start as u64, (m.end - m.start) as u64))
+            .collect();
+        let got: Vec<(String, u64, u64)> = r
+            .findings()
+            .iter()
+            .map(|f| (f.rule.clone(), f.offset, f.len))
+            .collect();
+        prop_assert_eq!(got, want);
+        prop_assert_eq!(r.redacted(), !r.findings().is_empty());
+    }
+}
+
+/// Bytes the scanner's tokenizers care about: digits and their separators, capitals
+/// (IBAN, keys), `@` and e-mail characters, key prefixes, whitespace.
+const STREAM_BYTES: &[&str] = &[
+    "0",
+    "1",
+    "3",
+    "4",
+    "8",
+    "9",
+    " ",
+    "-",
+    ".",
+    "+",
+    "@",
+    "A",
+    "G",
+    "B",
+    "X",
+    "a",
+    "x",
+    "\n",
+    "\t",
+    "_",
+    "/",
+    ":",
+    "=",
+    "\"",
+    "AKIA",
+    "ghp_",
+    "eyJ",
+    "sk-",
+    "passw",
+    "ord",
+    "https://",
+    "hooks.slack.com",
+    "-----BEGIN ",
+    "PRIVATE KEY-----",
+    "-----END ",
+    "postgres://",
+    "example.com",
+    "4111111111111111",
+    "13800138000",
+];
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, .. ProptestConfig::default() })]
+
+    #[test]
+    fn streaming_redaction_equals_whole_redaction_on_dense_text(
+        parts in prop::collection::vec(prop::sample::select(STREAM_BYTES), 0..1500),
+        cuts in prop::collection::vec(1usize..90, 1..30),
+    ) {
+        let text: String = parts.concat();
+        let b = text.as_bytes();
+        let sc = &*SCANNER;
+        let mut r = sc.redactor();
+        let mut out = Vec::new();
+        let (mut at, mut k) = (0, 0);
+        while at < b.len() {
+            let n = cuts[k % cuts.len()].min(b.len() - at);
+            out.extend(r.push(&b[at..at + n]));
+            at += n;
+            k += 1;
+        }
+        out.extend(r.finish());
+        let whole = sc.redact(b);
+        prop_assert_eq!(String::from_utf8_lossy(&out), String::from_utf8_lossy(&whole));
+    }
+}
+
+#[test]
+fn a_secret_split_across_chunks_is_redacted_and_clean_text_is_not_held() {
+    let sc = Scanner::new(&Policy::default());
+    let mut r = sc.redactor();
+    let mut out = r.push(b"line one\nkey AKIAQWERTY");
+    // What comes before the unfinished key is released at once.
+    assert!(out.starts_with(b"line one\nkey"), "{out:?}");
+    out.extend(r.push(b"UIOPASDFGH done\n"));
+    out.extend(r.finish());
+    assert_eq!(
+        String::from_utf8(out).unwrap(),
+        "line one\nkey [REDACTED:aws_access_key] done\n"
+    );
+    let f = &r.findings()[0];
+    assert_eq!(
+        (f.rule.as_str(), f.offset, f.len),
+        ("aws_access_key", 13, 20)
+    );
+    // Clean lines go straight through.
+    let mut r = sc.redactor();
+    assert_eq!(r.push(b"step 1 of 3 done\n"), b"step 1 of 3 done\n");
+    assert_eq!(r.held(), 0);
+    assert!(!r.redacted());
+}
+
 #[test]
 fn redaction_removes_the_secret() {
     let sc = Scanner::new(&Policy::default());

@@ -45,7 +45,9 @@ pub trait CommandCheck: Send + Sync {
         CheckDecision::Allow
     }
     /// Redacts output for `tenant` when the policy says so; `None` when nothing changed.
-    fn redact(&self, _tenant: Option<&str>, _output: &[u8]) -> Option<Vec<u8>> {
+    /// `location` says where the output goes (`sandbox sb-1 stdout`, `job j/t log`),
+    /// for the audit record of each redaction (the rule and offsets, never the secret).
+    fn redact(&self, _tenant: Option<&str>, _location: &str, _output: &[u8]) -> Option<Vec<u8>> {
         None
     }
     /// Landlock grants every sandbox of `tenant` gets on top of its spec's.
@@ -126,11 +128,25 @@ impl Compiled {
     }
 }
 
+/// One redaction, as reported to the guard's observer: where, for whom, which rules at
+/// which byte offsets. Never the secret itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedactionEvent {
+    pub tenant: Option<String>,
+    pub location: String,
+    /// `(rule, start, end)` in the output as it was before redaction.
+    pub findings: Vec<(String, usize, usize)>,
+}
+
+/// Receives every redaction the guard makes (the server writes them to the audit log).
+pub type RedactionObserver = Arc<dyn Fn(RedactionEvent) + Send + Sync>;
+
 /// The runtime guard over `tessera-guard` policies: the operator's floor plus, per
 /// tenant, a policy that may only tighten it.
 pub struct PolicyGuard {
     floor: Compiled,
     tenants: RwLock<BTreeMap<String, Arc<Compiled>>>,
+    observer: RwLock<Option<RedactionObserver>>,
 }
 
 impl Default for PolicyGuard {
@@ -199,7 +215,55 @@ impl PolicyGuard {
         PolicyGuard {
             floor: Compiled::new(floor),
             tenants: RwLock::new(BTreeMap::new()),
+            observer: RwLock::new(None),
         }
+    }
+
+    /// Reports every redaction from now on to `observer` (one at a time; it must not
+    /// block: hand the event to a queue).
+    pub fn set_observer(&self, observer: RedactionObserver) {
+        *self.observer.write().unwrap_or_else(|p| p.into_inner()) = Some(observer);
+    }
+
+    /// Redacts `output` for `tenant` (floor and tenant rules): every match replaced by
+    /// `[REDACTED:<rule>]`, overlapping matches merged into the first. Reports the
+    /// redaction (rules, offsets) to the observer. `None` when nothing matched.
+    pub fn redact_at(
+        &self,
+        tenant: Option<&str>,
+        location: &str,
+        output: &[u8],
+    ) -> Option<Vec<u8>> {
+        let ms = self.scan(tenant, output);
+        if ms.is_empty() {
+            return None;
+        }
+        let mut out = Vec::with_capacity(output.len());
+        let mut at = 0;
+        let mut findings = Vec::new();
+        for m in ms {
+            if m.start < at {
+                continue;
+            }
+            out.extend_from_slice(&output[at..m.start]);
+            out.extend_from_slice(format!("[REDACTED:{}]", m.rule).as_bytes());
+            findings.push((m.rule, m.start, m.end));
+            at = m.end;
+        }
+        out.extend_from_slice(&output[at..]);
+        let obs = self
+            .observer
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some(o) = obs {
+            o(RedactionEvent {
+                tenant: tenant.map(str::to_string),
+                location: location.to_string(),
+                findings,
+            });
+        }
+        Some(out)
     }
 
     /// The operator's policy.
@@ -291,12 +355,8 @@ impl CommandCheck for PolicyGuard {
         }))
     }
 
-    fn redact(&self, tenant: Option<&str>, output: &[u8]) -> Option<Vec<u8>> {
-        let mut out = self.floor.scanner(tenant).redact(output);
-        if let Some(o) = self.overlay(tenant) {
-            out = o.scanner(tenant).redact(&out);
-        }
-        (out != output).then_some(out)
+    fn redact(&self, tenant: Option<&str>, location: &str, output: &[u8]) -> Option<Vec<u8>> {
+        self.redact_at(tenant, location, output)
     }
 
     fn landlock_rules(&self, tenant: Option<&str>) -> Vec<PathAccess> {
@@ -378,7 +438,7 @@ mod tests {
             CheckDecision::Block(_)
         ));
         let secret = b"key AKIAIOSFODNN7EXAMPLF here";
-        assert!(g.redact(Some("t"), secret).is_some());
+        assert!(g.redact(Some("t"), "test", secret).is_some());
     }
 
     #[test]
@@ -393,6 +453,30 @@ mod tests {
         assert!(matches!(tight, CheckDecision::Block(_)), "{tight:?}");
         g.set_tenant_policy("t", None);
         assert_eq!(g.check(Some("t"), &c), floor);
+    }
+
+    #[test]
+    fn every_redaction_reaches_the_observer_without_the_secret() {
+        let g = PolicyGuard::default();
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let s2 = seen.clone();
+        g.set_observer(Arc::new(move |e| s2.lock().unwrap().push(e)));
+        let out = g
+            .redact(Some("t"), "job j/t log", b"x AKIAIOSFODNN7EXAMPLF y")
+            .unwrap();
+        assert_eq!(out, b"x [REDACTED:aws_access_key] y");
+        assert!(
+            g.redact(Some("t"), "job j/t log", b"nothing here")
+                .is_none()
+        );
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 1);
+        assert_eq!(seen[0].location, "job j/t log");
+        assert_eq!(
+            seen[0].findings,
+            vec![("aws_access_key".to_string(), 2, 22)]
+        );
+        assert!(!format!("{:?}", seen[0]).contains("AKIA"));
     }
 
     #[test]

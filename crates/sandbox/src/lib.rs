@@ -37,7 +37,10 @@ pub mod template;
 
 pub use cgroup::{CgroupManager, SandboxCgroup};
 pub use error::{CgroupError, ExecError, FileError, SpawnError, StepError};
-pub use guard::{AllowAll, CheckDecision, CommandCheck, FileAccess, PolicyGuard, landlock_grants};
+pub use guard::{
+    AllowAll, CheckDecision, CommandCheck, FileAccess, PolicyGuard, RedactionEvent,
+    RedactionObserver, landlock_grants,
+};
 pub use netns::NetnsStats;
 pub use pool::{PoolConfig, PoolStats, WarmPool};
 pub use registry::{RegistryError, TemplateRecord, TemplateRegistry};

@@ -854,7 +854,19 @@ impl Sandbox {
     ) -> Result<ExecOutput, ExecError> {
         let guard = self.rt.guard.clone();
         let tenant = self.tenant().map(str::to_string);
-        let mut f = |st: Stream, data: &[u8]| match guard.redact(tenant.as_deref(), data) {
+        let (out_at, err_at) = (
+            format!("sandbox {} stdout", self.id),
+            format!("sandbox {} stderr", self.id),
+        );
+        let mut f = |st: Stream, data: &[u8]| match guard.redact(
+            tenant.as_deref(),
+            if st == Stream::Stdout {
+                &out_at
+            } else {
+                &err_at
+            },
+            data,
+        ) {
             Some(r) => on_output(st, &r),
             None => on_output(st, data),
         };
@@ -908,11 +920,12 @@ impl Sandbox {
             redacted: false,
         };
         let g = &self.rt.guard;
-        if let Some(s) = g.redact(self.tenant(), &out.stdout) {
+        let at = |s: &str| format!("sandbox {} {s}", self.id);
+        if let Some(s) = g.redact(self.tenant(), &at("stdout"), &out.stdout) {
             out.stdout = s;
             out.redacted = true;
         }
-        if let Some(s) = g.redact(self.tenant(), &out.stderr) {
+        if let Some(s) = g.redact(self.tenant(), &at("stderr"), &out.stderr) {
             out.stderr = s;
             out.redacted = true;
         }
@@ -1344,14 +1357,30 @@ impl Sandbox {
     /// hostile as anything else from inside: unpack it with [`crate::tarball::unpack`],
     /// which refuses links that leave the destination.
     pub fn download_tar_with(&self, dir: &str, limits: &TarLimits) -> Result<Vec<u8>, FileError> {
-        self.file_job(
+        let archive = self.file_job(
             JobKind::Pack {
                 path: dir.into(),
                 limits: *limits,
             },
             dir,
             None,
-        )
+        )?;
+        // Every file in it is output leaving the sandbox: redacted like any other.
+        let tenant = self.tenant();
+        let guard = &self.rt.guard;
+        let redacted = crate::tarball::redact_files(&archive, |p, data| {
+            let at = format!(
+                "sandbox {} file {}",
+                self.id,
+                Path::new(dir).join(p).display()
+            );
+            guard.redact(tenant, &at, data)
+        })
+        .map_err(|source| FileError::Archive {
+            path: dir.to_string(),
+            source,
+        })?;
+        Ok(redacted.unwrap_or(archive))
     }
 
     /// Freezes every process of the sandbox (cgroup freezer).

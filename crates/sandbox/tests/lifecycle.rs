@@ -154,7 +154,7 @@ impl CommandCheck for TestGuard {
             CheckDecision::Allow
         }
     }
-    fn redact(&self, _tenant: Option<&str>, output: &[u8]) -> Option<Vec<u8>> {
+    fn redact(&self, _tenant: Option<&str>, _at: &str, output: &[u8]) -> Option<Vec<u8>> {
         let s = String::from_utf8_lossy(output);
         s.contains("AKIA")
             .then(|| s.replace("AKIAEXAMPLE", "[REDACTED]").into_bytes())

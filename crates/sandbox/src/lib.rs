@@ -39,7 +39,7 @@ pub use cgroup::{CgroupManager, SandboxCgroup};
 pub use error::{CgroupError, ExecError, FileError, SpawnError, StepError};
 pub use guard::{
     AllowAll, CheckDecision, CommandCheck, FileAccess, PolicyGuard, RedactionEvent,
-    RedactionObserver, landlock_grants,
+    RedactionObserver, StreamRedactor, landlock_grants,
 };
 pub use netns::NetnsStats;
 pub use pool::{PoolConfig, PoolStats, WarmPool};

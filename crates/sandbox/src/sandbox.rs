@@ -844,33 +844,46 @@ impl Sandbox {
         self.exec_inner(req, None)
     }
 
-    /// Like [`Sandbox::exec`], and calls `on_output` with each chunk of stdout and
-    /// stderr as it arrives (redacted chunk by chunk when the guard redacts; a secret
-    /// split across two chunks can slip through the stream, not the final output).
+    /// Like [`Sandbox::exec`], and calls `on_output` with stdout and stderr as they
+    /// arrive, redacted by the guard's stream redactor: a secret split across chunks is
+    /// held back until it is whole, so the stream says what the final output says, and
+    /// `redacted` is true when either redacted anything.
     pub fn exec_streaming(
         &self,
         req: &ExecRequest,
         mut on_output: impl FnMut(Stream, &[u8]),
     ) -> Result<ExecOutput, ExecError> {
-        let guard = self.rt.guard.clone();
-        let tenant = self.tenant().map(str::to_string);
+        let guard = &self.rt.guard;
+        let tenant = self.tenant();
         let (out_at, err_at) = (
             format!("sandbox {} stdout", self.id),
             format!("sandbox {} stderr", self.id),
         );
-        let mut f = |st: Stream, data: &[u8]| match guard.redact(
-            tenant.as_deref(),
-            if st == Stream::Stdout {
-                &out_at
-            } else {
-                &err_at
-            },
-            data,
-        ) {
-            Some(r) => on_output(st, &r),
-            None => on_output(st, data),
+        // One redactor per stream, holding back a secret split across chunks until it
+        // is whole: what the caller sees is what the final output says.
+        let mut rs = [
+            guard.stream_redactor(tenant, &out_at),
+            guard.stream_redactor(tenant, &err_at),
+        ];
+        let idx = |st: Stream| usize::from(st == Stream::Stderr);
+        let mut f = |st: Stream, data: &[u8]| {
+            let r = rs[idx(st)].push(data);
+            if !r.is_empty() {
+                on_output(st, &r);
+            }
         };
-        self.exec_inner(req, Some(&mut f))
+        let res = self.exec_inner(req, Some(&mut f));
+        for st in [Stream::Stdout, Stream::Stderr] {
+            let r = rs[idx(st)].finish();
+            if !r.is_empty() {
+                on_output(st, &r);
+            }
+        }
+        let streamed_redacted = rs.iter().any(|r| r.redacted());
+        res.map(|mut out| {
+            out.redacted |= streamed_redacted;
+            out
+        })
     }
 
     fn exec_inner(

@@ -725,3 +725,59 @@ fn harmless_look_alikes_still_run() {
     assert_eq!(text(&out.stdout), "still here\n");
     let _ = sb.destroy();
 }
+
+// ------------------------------------------------------------ issue 16: streaming
+// redaction holds across chunks
+
+#[test]
+fn a_secret_split_across_stream_chunks_never_leaves_the_sandbox() {
+    if !root_or_skip_ci("a_secret_split_across_stream_chunks_never_leaves_the_sandbox") {
+        return;
+    }
+    let sb = guarded();
+    // Two writes a third of a second apart: two chunks, the key split between them.
+    let cmd = "printf 'start\\nkey AKIAQWERTY'; sleep 0.3; printf 'UIOPASDFGH end\\n'; \
+               printf 'mail bob@exam' >&2; sleep 0.3; printf 'ple.com\\n' >&2";
+    let mut chunks: Vec<(tessera_sandbox::Stream, Vec<u8>)> = Vec::new();
+    let out = sb
+        .exec_streaming(&ExecRequest::shell(cmd).timeout(T), |st, d| {
+            chunks.push((st, d.to_vec()))
+        })
+        .expect("exec");
+    let streamed = |want: tessera_sandbox::Stream| -> String {
+        chunks
+            .iter()
+            .filter(|(st, _)| *st == want)
+            .map(|(_, d)| text(d))
+            .collect()
+    };
+    let so = streamed(tessera_sandbox::Stream::Stdout);
+    let se = streamed(tessera_sandbox::Stream::Stderr);
+    assert!(chunks.len() >= 2, "{chunks:?}");
+    for piece in ["AKIA", "UIOPASDFGH", "bob@", "exam"] {
+        assert!(
+            !so.contains(piece) && !se.contains(piece),
+            "{piece} leaked: {so:?} {se:?}"
+        );
+    }
+    assert_eq!(so, "start\nkey [REDACTED:aws_access_key] end\n");
+    assert_eq!(se, "mail [REDACTED:email]\n");
+    // The stream says what the final output says, and `redacted` is true.
+    assert_eq!(text(&out.stdout), so);
+    assert_eq!(text(&out.stderr), se);
+    assert!(out.redacted);
+    // Clean output streams as it comes, and is not marked redacted.
+    let mut n = 0;
+    let out = sb
+        .exec_streaming(
+            &ExecRequest::shell("echo one; sleep 0.3; echo two").timeout(T),
+            |_, d| {
+                n += 1;
+                assert!(!d.is_empty());
+            },
+        )
+        .expect("exec");
+    assert!(n >= 2, "clean lines were held back");
+    assert!(!out.redacted);
+    let _ = sb.destroy();
+}

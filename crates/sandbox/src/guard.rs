@@ -14,7 +14,9 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
-use tessera_guard::{Decision, FileOp, Policy, Scanner, Verdict};
+/// The guard's policy (operator floor or a tenant's own), as `tessera-guard` reads it.
+pub use tessera_guard::Policy;
+use tessera_guard::{Decision, FileOp, Scanner, Verdict};
 
 use crate::spec::{Command, PathAccess};
 
@@ -176,6 +178,52 @@ impl StreamRedactor for PolicyStream<'_> {
     }
     fn redacted(&self) -> bool {
         self.stages.iter().any(|s| s.redacted())
+    }
+}
+
+/// Redacts every string inside a JSON value (object keys too) with `check`'s scanner;
+/// returns whether anything changed. For outputs that are JSON: tool results, memory
+/// values, event payloads, span attributes.
+pub fn redact_json(
+    check: &dyn CommandCheck,
+    tenant: Option<&str>,
+    location: &str,
+    v: &mut serde_json::Value,
+) -> bool {
+    use serde_json::Value;
+    match v {
+        Value::String(s) => match check.redact(tenant, location, s.as_bytes()) {
+            Some(b) => {
+                *s = String::from_utf8_lossy(&b).into_owned();
+                true
+            }
+            None => false,
+        },
+        Value::Array(a) => {
+            let mut any = false;
+            for x in a {
+                any |= redact_json(check, tenant, location, x);
+            }
+            any
+        }
+        Value::Object(m) => {
+            let mut any = false;
+            let keys: Vec<String> = m.keys().cloned().collect();
+            for k in keys {
+                let Some(mut x) = m.remove(&k) else { continue };
+                any |= redact_json(check, tenant, location, &mut x);
+                let k2 = match check.redact(tenant, location, k.as_bytes()) {
+                    Some(b) => {
+                        any = true;
+                        String::from_utf8_lossy(&b).into_owned()
+                    }
+                    None => k,
+                };
+                m.insert(k2, x);
+            }
+            any
+        }
+        _ => false,
     }
 }
 
@@ -360,7 +408,30 @@ impl PolicyGuard {
         location: &str,
         output: &[u8],
     ) -> Option<Vec<u8>> {
-        let ms = self.scan(tenant, output);
+        self.redact_matching(tenant, location, output, |_| true)
+    }
+
+    /// [`PolicyGuard::redact_at`] for credentials only (rules of kind `secret`), leaving
+    /// personal data: for outputs whose owner chose so (an inference pool's `redact:
+    /// credentials`).
+    pub fn redact_secrets(
+        &self,
+        tenant: Option<&str>,
+        location: &str,
+        output: &[u8],
+    ) -> Option<Vec<u8>> {
+        self.redact_matching(tenant, location, output, |m| m.kind == "secret")
+    }
+
+    fn redact_matching(
+        &self,
+        tenant: Option<&str>,
+        location: &str,
+        output: &[u8],
+        keep: impl Fn(&tessera_guard::SecretMatch) -> bool,
+    ) -> Option<Vec<u8>> {
+        let mut ms = self.scan(tenant, output);
+        ms.retain(|m| keep(m));
         if ms.is_empty() {
             return None;
         }

@@ -39,7 +39,7 @@ pub use cgroup::{CgroupManager, SandboxCgroup};
 pub use error::{CgroupError, ExecError, FileError, SpawnError, StepError};
 pub use guard::{
     AllowAll, CheckDecision, CommandCheck, FileAccess, PolicyGuard, RedactionEvent,
-    RedactionObserver, StreamRedactor, landlock_grants,
+    RedactionObserver, StreamRedactor, landlock_grants, redact_json,
 };
 pub use netns::NetnsStats;
 pub use pool::{PoolConfig, PoolStats, WarmPool};

@@ -910,13 +910,21 @@ impl Sandbox {
             cwd: req.cwd.clone().unwrap_or_else(|| "/workspace".into()),
             check_exec: self.rt.guard.checks_exec(),
         };
-        let r = self.run_job(
+        let r = match self.run_job(
             job,
             req.stdin.as_deref(),
             req.timeout,
             req.max_output,
             on_chunk,
-        )?;
+        ) {
+            Ok(r) => r,
+            // Destroyed under the command (killed, timed out, deleted): say so, not
+            // whatever the broken pipe looked like.
+            Err(_) if self.destroyed.load(Ordering::Acquire) => {
+                return Err(ExecError::Destroyed(self.id.clone()));
+            }
+            Err(e) => return Err(e),
+        };
         let mut out = ExecOutput {
             status: r.status,
             stdout: r.stdout,
@@ -1270,9 +1278,15 @@ impl Sandbox {
         }
     }
 
-    /// Reads a whole file.
+    /// Reads a whole file, redacted by the guard like any output leaving the sandbox.
     pub fn read_file(&self, path: &str) -> Result<Vec<u8>, FileError> {
-        self.file_job(JobKind::ReadFile { path: path.into() }, path, None)
+        let data = self.file_job(JobKind::ReadFile { path: path.into() }, path, None)?;
+        let at = format!("sandbox {} file {path}", self.id);
+        Ok(self
+            .rt
+            .guard
+            .redact(self.tenant(), &at, &data)
+            .unwrap_or(data))
     }
     /// Writes a file (mode 0644), creating parent directories.
     pub fn write_file(&self, path: &str, data: &[u8]) -> Result<(), FileError> {

@@ -587,8 +587,14 @@ impl Host {
             .await;
             live.last_used = Instant::now();
             match r {
-                Ok(reply) => {
+                Ok(mut reply) => {
                     drop(g);
+                    // The agent's reply is output leaving tenant code: redacted.
+                    let at = format!("session {} reply", s.id);
+                    if let Some(b) = self.inner.cfg.guard.redact(Some(tenant), &at, &reply.body) {
+                        reply.body = b;
+                        reply.headers.retain(|(k, _)| k != "content-length");
+                    }
                     let duration_ms = t0.elapsed().as_secs_f64() * 1e3;
                     let s = self
                         .after_invoke(tenant, &s, &reply, started_ms, duration_ms)
@@ -1080,13 +1086,27 @@ impl Host {
             return json!({"busy": true});
         };
         match &g.live {
-            Some(l) => json!({
-                "sandbox": l.sb.id(),
-                "pid": l.sb.pid(),
-                "idle_for_ms": l.last_used.elapsed().as_millis() as u64,
-                "agent_exited": l.exited.load(Ordering::Acquire),
-                "output_tail": l.output.lock().unwrap_or_else(|p| p.into_inner()).clone(),
-            }),
+            Some(l) => {
+                // The agent's own output: redacted like any output leaving tenant code.
+                let tail = l.output.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                let at = format!("session {id} output");
+                let tail = match self
+                    .inner
+                    .cfg
+                    .guard
+                    .redact(Some(tenant), &at, tail.as_bytes())
+                {
+                    Some(b) => String::from_utf8_lossy(&b).into_owned(),
+                    None => tail,
+                };
+                // No host pid: it says nothing to a tenant and something to an attacker.
+                json!({
+                    "sandbox": l.sb.id(),
+                    "idle_for_ms": l.last_used.elapsed().as_millis() as u64,
+                    "agent_exited": l.exited.load(Ordering::Acquire),
+                    "output_tail": tail,
+                })
+            }
             None => Value::Null,
         }
     }

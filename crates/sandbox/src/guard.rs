@@ -14,7 +14,9 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
-use tessera_guard::{Decision, FileOp, Policy, Scanner, Verdict};
+/// The guard's policy (operator floor or a tenant's own), as `tessera-guard` reads it.
+pub use tessera_guard::Policy;
+use tessera_guard::{Decision, FileOp, Scanner, Verdict};
 
 use crate::spec::{Command, PathAccess};
 
@@ -59,6 +61,170 @@ pub trait CommandCheck: Send + Sync {
     fn checks_exec(&self) -> bool {
         true
     }
+    /// Checks an `execve` of `argv` inside the sandbox whose file the runtime identified
+    /// as `program` (a copy of or a link to it, see `identity.rs`): judged as that
+    /// program ([`tessera_guard::exec_argv`]), by the same rules as [`Self::check`].
+    fn check_exec(
+        &self,
+        tenant: Option<&str>,
+        argv: &[String],
+        program: Option<&str>,
+    ) -> CheckDecision {
+        self.check(
+            tenant,
+            &Command::Argv(tessera_guard::exec_argv(argv, program)),
+        )
+    }
+    /// A redactor for one output stream of `tenant` going to `location`: chunks in,
+    /// bytes safe to release out, a secret split across chunks held back until it is
+    /// whole. The default holds everything until the end and then calls
+    /// [`Self::redact`]: correct, not incremental; [`PolicyGuard`] streams.
+    fn stream_redactor<'a>(
+        &'a self,
+        tenant: Option<&'a str>,
+        location: &'a str,
+    ) -> Box<dyn StreamRedactor + 'a> {
+        Box::new(Buffered {
+            buf: Vec::new(),
+            redacted: false,
+            redact: Box::new(move |b: &[u8]| self.redact(tenant, location, b)),
+        })
+    }
+}
+
+/// One output stream being redacted as it flows (see
+/// [`CommandCheck::stream_redactor`]).
+pub trait StreamRedactor: Send {
+    /// Feeds the next chunk; returns what is safe to release now, redacted.
+    fn push(&mut self, chunk: &[u8]) -> Vec<u8>;
+    /// Ends the stream; returns the rest, redacted.
+    fn finish(&mut self) -> Vec<u8>;
+    /// Whether anything was redacted so far.
+    fn redacted(&self) -> bool;
+}
+
+type RedactFn<'a> = Box<dyn FnMut(&[u8]) -> Option<Vec<u8>> + Send + 'a>;
+
+/// [`CommandCheck::stream_redactor`]'s default: the whole stream, redacted at the end.
+struct Buffered<'a> {
+    buf: Vec<u8>,
+    redacted: bool,
+    redact: RedactFn<'a>,
+}
+
+impl StreamRedactor for Buffered<'_> {
+    fn push(&mut self, chunk: &[u8]) -> Vec<u8> {
+        self.buf.extend_from_slice(chunk);
+        Vec::new()
+    }
+    fn finish(&mut self) -> Vec<u8> {
+        let all = std::mem::take(&mut self.buf);
+        match (self.redact)(&all) {
+            Some(r) => {
+                self.redacted = true;
+                r
+            }
+            None => all,
+        }
+    }
+    fn redacted(&self) -> bool {
+        self.redacted
+    }
+}
+
+/// [`PolicyGuard`]'s stream redactor: the floor's [`tessera_guard::Redactor`], then the
+/// tenant's own policy's over the floor's output; every redaction goes to the
+/// observer as it is made (offsets in the stream: the original one for the floor's,
+/// the floor-redacted one for the tenant's).
+struct PolicyStream<'a> {
+    stages: Vec<tessera_guard::Redactor>,
+    reported: Vec<usize>,
+    guard: &'a PolicyGuard,
+    tenant: Option<&'a str>,
+    location: &'a str,
+}
+
+impl PolicyStream<'_> {
+    fn run(&mut self, chunk: &[u8], last: bool) -> Vec<u8> {
+        let mut data = chunk.to_vec();
+        for (i, st) in self.stages.iter_mut().enumerate() {
+            let mut out = st.push(&data);
+            if last {
+                out.extend(st.finish());
+            }
+            data = out;
+            let new: Vec<(String, usize, usize)> = st.findings()[self.reported[i]..]
+                .iter()
+                .map(|f| {
+                    let s = f.offset as usize;
+                    (f.rule.clone(), s, s + f.len as usize)
+                })
+                .collect();
+            self.reported[i] = st.findings().len();
+            if !new.is_empty() {
+                self.guard.report(self.tenant, self.location, new);
+            }
+        }
+        data
+    }
+}
+
+impl StreamRedactor for PolicyStream<'_> {
+    fn push(&mut self, chunk: &[u8]) -> Vec<u8> {
+        self.run(chunk, false)
+    }
+    fn finish(&mut self) -> Vec<u8> {
+        self.run(&[], true)
+    }
+    fn redacted(&self) -> bool {
+        self.stages.iter().any(|s| s.redacted())
+    }
+}
+
+/// Redacts every string inside a JSON value (object keys too) with `check`'s scanner;
+/// returns whether anything changed. For outputs that are JSON: tool results, memory
+/// values, event payloads, span attributes.
+pub fn redact_json(
+    check: &dyn CommandCheck,
+    tenant: Option<&str>,
+    location: &str,
+    v: &mut serde_json::Value,
+) -> bool {
+    use serde_json::Value;
+    match v {
+        Value::String(s) => match check.redact(tenant, location, s.as_bytes()) {
+            Some(b) => {
+                *s = String::from_utf8_lossy(&b).into_owned();
+                true
+            }
+            None => false,
+        },
+        Value::Array(a) => {
+            let mut any = false;
+            for x in a {
+                any |= redact_json(check, tenant, location, x);
+            }
+            any
+        }
+        Value::Object(m) => {
+            let mut any = false;
+            let keys: Vec<String> = m.keys().cloned().collect();
+            for k in keys {
+                let Some(mut x) = m.remove(&k) else { continue };
+                any |= redact_json(check, tenant, location, &mut x);
+                let k2 = match check.redact(tenant, location, k.as_bytes()) {
+                    Some(b) => {
+                        any = true;
+                        String::from_utf8_lossy(&b).into_owned()
+                    }
+                    None => k,
+                };
+                m.insert(k2, x);
+            }
+            any
+        }
+        _ => false,
+    }
 }
 
 /// Allows everything and redacts nothing. Named for what it is: a sandbox built with it
@@ -71,6 +237,28 @@ impl CommandCheck for AllowAll {
         CheckDecision::Allow
     }
     fn checks_exec(&self) -> bool {
+        false
+    }
+    fn stream_redactor<'a>(
+        &'a self,
+        _tenant: Option<&'a str>,
+        _location: &'a str,
+    ) -> Box<dyn StreamRedactor + 'a> {
+        Box::new(PassThrough)
+    }
+}
+
+/// Redacts nothing, holds nothing ([`AllowAll`]'s streams).
+struct PassThrough;
+
+impl StreamRedactor for PassThrough {
+    fn push(&mut self, chunk: &[u8]) -> Vec<u8> {
+        chunk.to_vec()
+    }
+    fn finish(&mut self) -> Vec<u8> {
+        Vec::new()
+    }
+    fn redacted(&self) -> bool {
         false
     }
 }
@@ -220,7 +408,30 @@ impl PolicyGuard {
         location: &str,
         output: &[u8],
     ) -> Option<Vec<u8>> {
-        let ms = self.scan(tenant, output);
+        self.redact_matching(tenant, location, output, |_| true)
+    }
+
+    /// [`PolicyGuard::redact_at`] for credentials only (rules of kind `secret`), leaving
+    /// personal data: for outputs whose owner chose so (an inference pool's `redact:
+    /// credentials`).
+    pub fn redact_secrets(
+        &self,
+        tenant: Option<&str>,
+        location: &str,
+        output: &[u8],
+    ) -> Option<Vec<u8>> {
+        self.redact_matching(tenant, location, output, |m| m.kind == "secret")
+    }
+
+    fn redact_matching(
+        &self,
+        tenant: Option<&str>,
+        location: &str,
+        output: &[u8],
+        keep: impl Fn(&tessera_guard::SecretMatch) -> bool,
+    ) -> Option<Vec<u8>> {
+        let mut ms = self.scan(tenant, output);
+        ms.retain(|m| keep(m));
         if ms.is_empty() {
             return None;
         }
@@ -250,6 +461,22 @@ impl PolicyGuard {
             });
         }
         Some(out)
+    }
+
+    /// Hands one redaction to the observer, if there is one.
+    fn report(&self, tenant: Option<&str>, location: &str, findings: Vec<(String, usize, usize)>) {
+        let obs = self
+            .observer
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some(o) = obs {
+            o(RedactionEvent {
+                tenant: tenant.map(str::to_string),
+                location: location.to_string(),
+                findings,
+            });
+        }
     }
 
     /// The operator's policy.
@@ -343,6 +570,24 @@ impl CommandCheck for PolicyGuard {
 
     fn redact(&self, tenant: Option<&str>, location: &str, output: &[u8]) -> Option<Vec<u8>> {
         self.redact_at(tenant, location, output)
+    }
+
+    fn stream_redactor<'a>(
+        &'a self,
+        tenant: Option<&'a str>,
+        location: &'a str,
+    ) -> Box<dyn StreamRedactor + 'a> {
+        let mut stages = vec![self.floor.scanner(tenant).redactor()];
+        if let Some(o) = self.overlay(tenant) {
+            stages.push(o.scanner(tenant).redactor());
+        }
+        Box::new(PolicyStream {
+            reported: vec![0; stages.len()],
+            stages,
+            guard: self,
+            tenant,
+            location,
+        })
     }
 
     fn landlock_rules(&self, tenant: Option<&str>) -> Vec<PathAccess> {
@@ -463,6 +708,31 @@ mod tests {
             vec![("aws_access_key".to_string(), 2, 22)]
         );
         assert!(!format!("{:?}", seen[0]).contains("AKIA"));
+    }
+
+    #[test]
+    fn streamed_redactions_hold_across_chunks_and_reach_the_observer() {
+        let g = PolicyGuard::default();
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let s2 = seen.clone();
+        g.set_observer(Arc::new(move |e| s2.lock().unwrap().push(e)));
+        let mut r = g.stream_redactor(Some("t"), "sandbox sb-1 stdout");
+        let mut out = r.push(b"x AKIAIOSF");
+        out.extend(r.push(b"ODNN7EXAMPLF y\n"));
+        out.extend(r.finish());
+        assert_eq!(out, b"x [REDACTED:aws_access_key] y\n");
+        assert!(r.redacted());
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 1);
+        assert_eq!(seen[0].location, "sandbox sb-1 stdout");
+        assert_eq!(
+            seen[0].findings,
+            vec![("aws_access_key".to_string(), 2, 22)]
+        );
+        // AllowAll passes chunks straight through.
+        let mut p = AllowAll.stream_redactor(None, "x");
+        assert_eq!(p.push(b"AKIAIOSF"), b"AKIAIOSF");
+        assert!(!p.redacted());
     }
 
     #[test]

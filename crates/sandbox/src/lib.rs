@@ -22,6 +22,7 @@ pub mod cgroup;
 pub mod error;
 mod execcheck;
 pub mod guard;
+pub mod identity;
 pub mod init;
 pub mod netns;
 pub mod pool;
@@ -38,7 +39,7 @@ pub use cgroup::{CgroupManager, SandboxCgroup};
 pub use error::{CgroupError, ExecError, FileError, SpawnError, StepError};
 pub use guard::{
     AllowAll, CheckDecision, CommandCheck, FileAccess, PolicyGuard, RedactionEvent,
-    RedactionObserver, landlock_grants,
+    RedactionObserver, StreamRedactor, landlock_grants, redact_json,
 };
 pub use netns::NetnsStats;
 pub use pool::{PoolConfig, PoolStats, WarmPool};

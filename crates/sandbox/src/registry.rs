@@ -59,7 +59,8 @@ pub enum RegistryError {
     NotFound { reference: String },
     #[error(
         "template {reference}: a template is named (`NAME` or `NAME@sha256:<hex>`, \
-         from `GET /v1/templates`), never a host path; {why}"
+         from `GET /v1/templates`), never a host path ({why}); an operator registers a \
+         root folder with `tessera template import --name NAME DIR`"
     )]
     BadReference { reference: String, why: String },
     #[error("template {name}: registered as {actual}, not {wanted}")]

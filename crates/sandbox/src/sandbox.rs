@@ -992,33 +992,46 @@ impl Sandbox {
         self.exec_inner(req, None)
     }
 
-    /// Like [`Sandbox::exec`], and calls `on_output` with each chunk of stdout and
-    /// stderr as it arrives (redacted chunk by chunk when the guard redacts; a secret
-    /// split across two chunks can slip through the stream, not the final output).
+    /// Like [`Sandbox::exec`], and calls `on_output` with stdout and stderr as they
+    /// arrive, redacted by the guard's stream redactor: a secret split across chunks is
+    /// held back until it is whole, so the stream says what the final output says, and
+    /// `redacted` is true when either redacted anything.
     pub fn exec_streaming(
         &self,
         req: &ExecRequest,
         mut on_output: impl FnMut(Stream, &[u8]),
     ) -> Result<ExecOutput, ExecError> {
-        let guard = self.rt.guard.clone();
-        let tenant = self.tenant().map(str::to_string);
+        let guard = &self.rt.guard;
+        let tenant = self.tenant();
         let (out_at, err_at) = (
             format!("sandbox {} stdout", self.id),
             format!("sandbox {} stderr", self.id),
         );
-        let mut f = |st: Stream, data: &[u8]| match guard.redact(
-            tenant.as_deref(),
-            if st == Stream::Stdout {
-                &out_at
-            } else {
-                &err_at
-            },
-            data,
-        ) {
-            Some(r) => on_output(st, &r),
-            None => on_output(st, data),
+        // One redactor per stream, holding back a secret split across chunks until it
+        // is whole: what the caller sees is what the final output says.
+        let mut rs = [
+            guard.stream_redactor(tenant, &out_at),
+            guard.stream_redactor(tenant, &err_at),
+        ];
+        let idx = |st: Stream| usize::from(st == Stream::Stderr);
+        let mut f = |st: Stream, data: &[u8]| {
+            let r = rs[idx(st)].push(data);
+            if !r.is_empty() {
+                on_output(st, &r);
+            }
         };
-        self.exec_inner(req, Some(&mut f))
+        let res = self.exec_inner(req, Some(&mut f));
+        for st in [Stream::Stdout, Stream::Stderr] {
+            let r = rs[idx(st)].finish();
+            if !r.is_empty() {
+                on_output(st, &r);
+            }
+        }
+        let streamed_redacted = rs.iter().any(|r| r.redacted());
+        res.map(|mut out| {
+            out.redacted |= streamed_redacted;
+            out
+        })
     }
 
     fn exec_inner(
@@ -1045,13 +1058,21 @@ impl Sandbox {
             cwd: req.cwd.clone().unwrap_or_else(|| "/workspace".into()),
             check_exec: self.rt.guard.checks_exec(),
         };
-        let r = self.run_job(
+        let r = match self.run_job(
             job,
             req.stdin.as_deref(),
             req.timeout,
             req.max_output,
             on_chunk,
-        )?;
+        ) {
+            Ok(r) => r,
+            // Destroyed under the command (killed, timed out, deleted): say so, not
+            // whatever the broken pipe looked like.
+            Err(_) if self.destroyed.load(Ordering::Acquire) => {
+                return Err(ExecError::Destroyed(self.id.clone()));
+            }
+            Err(e) => return Err(e),
+        };
         let mut out = ExecOutput {
             status: r.status,
             stdout: r.stdout,
@@ -1270,39 +1291,90 @@ impl Sandbox {
         })
     }
 
-    /// Answers one exec check from a job's runner with the guard's verdict. Returns
-    /// false when the runner's socket is closed.
+    /// Answers one exec check from a job's runner with the guard's verdict, judging
+    /// the file as the program it is (a copy of or a link to a program of the template
+    /// is judged as that program; see `identity.rs`). Returns false when the runner's
+    /// socket is closed.
     fn answer_exec_check(&self, sock: &OwnedFd, alerts: &mut Vec<String>) -> bool {
-        let Ok(Some((check, _))) = proto::recv::<proto::ExecCheck>(sock.as_fd()) else {
+        use crate::identity::{self, Identity};
+        let Ok(Some((mut check, _))) = proto::recv::<proto::ExecCheck>(sock.as_fd()) else {
             return false;
         };
+        let table = identity::table_for(&identity::template_root(&self.spec.template));
+        let mut ident = match &check.file {
+            Some(f) => table.identify(f, None),
+            None => Identity::Unknown,
+        };
+        if ident == Identity::NeedHash {
+            // Same size as a program of the template: its content decides.
+            let ask = proto::ExecVerdict {
+                allow: false,
+                want_hash: true,
+            };
+            if proto::send(sock.as_fd(), &ask, &[]).is_err() {
+                return false;
+            }
+            match recv_timeout::<proto::ExecCheck>(sock, Duration::from_secs(30)) {
+                Ok(c) => check = c,
+                Err(_) => return false,
+            }
+            let hash = check.sha256.as_deref().and_then(identity::unhex);
+            ident = match (&check.file, hash) {
+                (Some(f), Some(h)) => table.identify(f, Some(&h)),
+                _ => Identity::Unknown,
+            };
+        }
         let mut argv = check.argv.clone();
         if argv.is_empty() {
             argv.push(check.path.clone());
         }
-        let cmd = crate::Command::Argv(argv);
+        let called = argv[0].rsplit('/').next().unwrap_or("").to_string();
+        // Judged as the program it is, when that is not the name it was called by.
+        let program = match ident {
+            Identity::Known { program, names } if !names.contains(&called) => Some(program),
+            _ => None,
+        };
+        if check.first && program.is_none() {
+            // The job's command itself, checked before it was sent.
+            let v = proto::ExecVerdict {
+                allow: true,
+                want_hash: false,
+            };
+            return proto::send(sock.as_fd(), &v, &[]).is_ok();
+        }
+        let shown = match &program {
+            Some(p) => format!(
+                "{}` (the file is `{p}`)",
+                crate::Command::Argv(argv.clone()).display()
+            ),
+            None => format!("{}`", crate::Command::Argv(argv.clone()).display()),
+        };
         let mut note = |msg: String| {
             // A PATH search tries the same argv in several directories: report it once.
             if !alerts.contains(&msg) {
                 alerts.push(msg);
             }
         };
-        let allow = match self.rt.guard.check(self.tenant(), &cmd) {
+        let allow = match self
+            .rt
+            .guard
+            .check_exec(self.tenant(), &argv, program.as_deref())
+        {
             CheckDecision::Allow => true,
             CheckDecision::Alert(r) => {
-                note(format!("execve `{}`: {}", cmd.display(), r.join("; ")));
+                note(format!("execve `{shown}: {}", r.join("; ")));
                 true
             }
             CheckDecision::Block(r) => {
-                note(format!(
-                    "execve `{}` blocked: {}",
-                    cmd.display(),
-                    r.join("; ")
-                ));
+                note(format!("execve `{shown} blocked: {}", r.join("; ")));
                 false
             }
         };
-        proto::send(sock.as_fd(), &proto::ExecVerdict { allow }, &[]).is_ok()
+        let v = proto::ExecVerdict {
+            allow,
+            want_hash: false,
+        };
+        proto::send(sock.as_fd(), &v, &[]).is_ok()
     }
 
     fn file_job(
@@ -1354,9 +1426,15 @@ impl Sandbox {
         }
     }
 
-    /// Reads a whole file.
+    /// Reads a whole file, redacted by the guard like any output leaving the sandbox.
     pub fn read_file(&self, path: &str) -> Result<Vec<u8>, FileError> {
-        self.file_job(JobKind::ReadFile { path: path.into() }, path, None)
+        let data = self.file_job(JobKind::ReadFile { path: path.into() }, path, None)?;
+        let at = format!("sandbox {} file {path}", self.id);
+        Ok(self
+            .rt
+            .guard
+            .redact(self.tenant(), &at, &data)
+            .unwrap_or(data))
     }
     /// Writes a file (mode 0644), creating parent directories.
     pub fn write_file(&self, path: &str, data: &[u8]) -> Result<(), FileError> {

@@ -153,6 +153,16 @@ fn own_session(c: &Caller, id: &str) -> Result<(), ApiError> {
     }
 }
 
+/// A session as a tenant sees it: no host pid (it says nothing to a tenant and
+/// something to an attacker); the store keeps it for crash recovery.
+fn session_view(s: &sessions::Session) -> Result<Value, ApiError> {
+    let mut v = to_v(s)?;
+    if let Some(m) = v.as_object_mut() {
+        m.remove("sandbox_pid");
+    }
+    Ok(v)
+}
+
 /// Writes into a session (memory, history, checkpoints, spans) need the session to
 /// exist: a write for a session nobody started is a 404, not a stray record.
 async fn session_exists(a: &App, tenant: &str, id: &str) -> Result<(), ApiError> {
@@ -360,7 +370,7 @@ async fn list_sessions(State(a): State<App>, c: Caller, Q(q): Q<SessionQuery>) -
         }
     }
     let l = sessions::list(a.plane.store(), &c.tenant, &states, q.runtime.as_deref()).await?;
-    items(l.iter().map(to_v).collect::<Result<_, _>>()?)
+    items(l.iter().map(session_view).collect::<Result<_, _>>()?)
 }
 async fn get_session(
     State(a): State<App>,
@@ -372,7 +382,7 @@ async fn get_session(
     let s = sessions::get(a.plane.store(), &c.tenant, &id)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("session {id:?}")))?;
-    let mut v = to_v(&s)?;
+    let mut v = session_view(&s)?;
     v["usage"] = to_v(&meter::session_totals(a.plane.store(), &c.tenant, &id).await?)?;
     v["live"] = a.agents.host()?.live_info(&c.tenant, &id).await;
     ok(v)
@@ -400,7 +410,7 @@ async fn kill_session(
         .reason
         .unwrap_or_else(|| format!("killed by {}", c.subject));
     let s = a.agents.host()?.kill(&c.tenant, &id, &why).await?;
-    ok(to_v(&s)?)
+    ok(session_view(&s)?)
 }
 
 async fn memory_keys(
@@ -419,7 +429,9 @@ async fn memory_get(
 ) -> R {
     c.require(Role::Viewer)?;
     own_session(&c, &id)?;
-    ok(json!({"key": k, "value": sessions::memory_get(a.plane.store(), &c.tenant, &id, &k).await?}))
+    let v = sessions::memory_get(a.plane.store(), &c.tenant, &id, &k).await?;
+    let at = format!("session {id} memory {k}");
+    ok(json!({"key": k, "value": a.plane.redact_value(&c.tenant, &at, v)}))
 }
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -473,7 +485,12 @@ async fn history_read(
         q.limit.unwrap_or(100),
     )
     .await?;
-    items(h.iter().map(to_v).collect::<Result<_, _>>()?)
+    let at = format!("session {id} history");
+    items(
+        h.iter()
+            .map(|x| Ok(a.plane.redact_value(&c.tenant, &at, to_v(x)?)))
+            .collect::<Result<_, ApiError>>()?,
+    )
 }
 async fn history_append(
     State(a): State<App>,
@@ -526,7 +543,12 @@ async fn checkpoint_list(
         q.limit.unwrap_or(20).min(1000),
     )
     .await?;
-    items(l.iter().map(to_v).collect::<Result<_, _>>()?)
+    let at = format!("session {id} checkpoints");
+    items(
+        l.iter()
+            .map(|x| Ok(a.plane.redact_value(&c.tenant, &at, to_v(x)?)))
+            .collect::<Result<_, ApiError>>()?,
+    )
 }
 async fn checkpoint_put(
     State(a): State<App>,
@@ -573,7 +595,8 @@ async fn checkpoint_get(
     let mut v = to_v(&cp)?;
     v["pending_writes"] =
         Value::Array(sessions::checkpoint_writes(st, &c.tenant, &id, ns, &cp.id).await?);
-    ok(v)
+    ok(a.plane
+        .redact_value(&c.tenant, &format!("session {id} checkpoint {cid}"), v))
 }
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -604,7 +627,9 @@ async fn session_trace(
     own_session(&c, &id)?;
     let spans = trace::spans(a.plane.store(), &c.tenant, &id).await?;
     let tree = trace::tree(&spans);
-    ok(json!({"session": id, "spans": spans, "tree": tree, "text": trace::render(&id, &tree)}))
+    let v = json!({"session": id, "spans": spans, "tree": tree, "text": trace::render(&id, &tree)});
+    ok(a.plane
+        .redact_value(&c.tenant, &format!("session {id} trace"), v))
 }
 async fn record_span(
     State(a): State<App>,
@@ -616,6 +641,10 @@ async fn record_span(
     own_session(&c, &id)?;
     session_exists(&a, &c.tenant, &id).await?;
     b.session = id;
+    // Attributes are what the agent reports: redacted before they are stored or exported.
+    let at = format!("session {} span", b.session);
+    let b: trace::Span = serde_json::from_value(a.plane.redact_value(&c.tenant, &at, to_v(&b)?))
+        .map_err(ApiError::internal)?;
     let seq = trace::record_span(a.plane.store(), &c.tenant, b).await?;
     created(json!({"seq": seq}))
 }
@@ -669,8 +698,9 @@ async fn read_events(
         // Validate the name before streaming.
         events::last_offset(&st, &c.tenant, &t).await?;
         let tenant = c.tenant.clone();
+        let plane = a.plane.clone();
         let s = stream::unfold((st, after), move |(st, after)| {
-            let (tenant, t) = (tenant.clone(), t.clone());
+            let (tenant, t, plane) = (tenant.clone(), t.clone(), plane.clone());
             async move {
                 loop {
                     match events::read_wait(
@@ -689,10 +719,15 @@ async fn read_events(
                             let out: Vec<Result<Event, Infallible>> = evs
                                 .iter()
                                 .map(|e| {
+                                    let v = plane.redact_value(
+                                        &tenant,
+                                        &format!("topic {t} event {}", e.offset),
+                                        serde_json::to_value(e).unwrap_or_default(),
+                                    );
                                     Ok(Event::default()
                                         .event("event")
                                         .id(e.offset.to_string())
-                                        .data(serde_json::to_string(e).unwrap_or_default()))
+                                        .data(v.to_string()))
                                 })
                                 .collect();
                             return Some((stream::iter(out), (st, next)));
@@ -709,7 +744,12 @@ async fn read_events(
     }
     let wait = std::time::Duration::from_millis(q.wait_ms.unwrap_or(0).min(60_000));
     let evs = events::read_wait(&st, &c.tenant, &t, after, limit, wait).await?;
-    items(evs.iter().map(to_v).collect::<Result<_, _>>()?)
+    let at = format!("topic {t} events");
+    items(
+        evs.iter()
+            .map(|x| Ok(a.plane.redact_value(&c.tenant, &at, to_v(x)?)))
+            .collect::<Result<_, ApiError>>()?,
+    )
 }
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

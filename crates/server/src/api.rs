@@ -386,6 +386,7 @@ pub const ROUTE_TABLES: &[&[RouteDoc]] = &[
     crate::agents::ROUTES,
     crate::tools::ROUTES,
     crate::gateway::ROUTES,
+    crate::guardpol::ROUTES,
 ];
 
 routes! {
@@ -429,6 +430,7 @@ pub fn router(app: App) -> Router {
         .merge(crate::agents::routes())
         .merge(crate::tools::routes())
         .merge(crate::gateway::routes())
+        .merge(crate::guardpol::routes())
         .route("/v1/openapi.json", get(openapi))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
@@ -533,6 +535,7 @@ pub fn openapi_document() -> Value {
         .chain(crate::agents::schemas())
         .chain(crate::tools::schemas())
         .chain(crate::gateway::schemas())
+        .chain(crate::guardpol::schemas())
     {
         schemas[name] = schema;
     }

@@ -13,6 +13,7 @@ pub mod auth;
 pub mod exec;
 pub mod gateway;
 pub mod gpu;
+pub mod guardpol;
 pub mod identity;
 pub mod jobs;
 pub mod mcp;
@@ -22,6 +23,7 @@ pub mod oidc;
 pub mod otlp;
 pub mod plane;
 pub mod problem;
+pub mod redact;
 pub mod sandboxes;
 pub mod scheduler;
 pub mod tools;
@@ -288,6 +290,11 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
             None => None,
         });
     let admin_key = plane.bootstrap().await.map_err(StartError::Bootstrap)?;
+    // Tenants' own guard policies, beside the operator's floor.
+    plane
+        .load_guard_policies()
+        .await
+        .map_err(StartError::Bootstrap)?;
     // GPU discovery (NVML) only when this machine is to be a node.
     let gpus: std::sync::Arc<dyn tessera_node::gpu::GpuSource> = cfg
         .node
@@ -323,8 +330,9 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
         source,
     })?;
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    // Every redaction anywhere (sandboxes, sessions, tools, jobs, the API) is audited.
+    let mut tasks = vec![redact::start_audit(&plane, stop_rx.clone())];
     let metrics = std::sync::Arc::new(metrics::Metrics::default());
-    let mut tasks = Vec::new();
     if let Some(f) = cfg.scheduler.clone() {
         tasks.push(tokio::spawn(scheduler::run_loop(
             store,
@@ -447,6 +455,8 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
     tasks.extend(t);
     let (tools, t) = tools::ToolsState::start(&plane, &cfg.tools, &stop_rx).await?;
     tasks.extend(t);
+    // Tool results and errors are redacted before the ledger, the agent and the caller.
+    tools.gateway.set_guard(plane.guard().clone());
     // The gateway's built-in tools (exec, files) run in sessions' sandboxes.
     if let Some(h) = agents.session_host() {
         tools.gateway.set_sandboxes(std::sync::Arc::new(h));

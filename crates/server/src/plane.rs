@@ -1062,6 +1062,9 @@ impl ControlPlane {
                 }
                 Err(_) => String::new(),
             };
+            // A task's output is redacted again on the way out (a log written before a
+            // tenant tightened its policy, or by an older version, is covered too).
+            let text = self.redact_text(&c.tenant, &format!("job {name}/{t} log"), text);
             if tasks.len() > 1 {
                 out.push_str(&format!("==> {t} <==\n"));
             }

@@ -37,6 +37,8 @@ pub enum Code {
     BudgetExceeded,
     /// 503: a dependency (a session's agent, the sandboxes) is not available now.
     Unavailable,
+    /// The object went away under the request (a sandbox killed during its command).
+    Gone,
 }
 
 impl Code {
@@ -54,6 +56,7 @@ impl Code {
             Code::QuotaExceeded => StatusCode::TOO_MANY_REQUESTS,
             Code::BudgetExceeded => StatusCode::PAYMENT_REQUIRED,
             Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Code::Gone => StatusCode::GONE,
         }
     }
 
@@ -72,6 +75,7 @@ impl Code {
             Code::QuotaExceeded => "quota_exceeded",
             Code::BudgetExceeded => "budget_exceeded",
             Code::Unavailable => "unavailable",
+            Code::Gone => "gone",
         }
     }
 
@@ -90,6 +94,7 @@ impl Code {
             Code::QuotaExceeded => "Quota exceeded",
             Code::BudgetExceeded => "Budget exceeded",
             Code::Unavailable => "Unavailable",
+            Code::Gone => "Gone",
         }
     }
 }

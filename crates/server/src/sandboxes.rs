@@ -406,7 +406,11 @@ fn exec_error(id: &str, e: ExecError) -> ApiError {
             ApiError::new(Code::Forbidden, format!("blocked by the guard: {why}"))
         }
         ExecError::EmptyCommand => ApiError::invalid("cmd", "the command is empty"),
-        ExecError::Destroyed(_) => ApiError::not_found(format!("sandbox {id:?}")),
+        // Killed while the command ran (deleted, expired): the command ended with it.
+        ExecError::Destroyed(_) => ApiError::new(
+            Code::Gone,
+            format!("sandbox {id:?} was killed, and the command with it"),
+        ),
         ExecError::Start(s) => ApiError::invalid("argv", format!("the command did not start: {s}")),
         other if other.to_string().contains("paused") => ApiError::new(
             Code::Conflict,

@@ -367,8 +367,14 @@ struct LedgerQuery {
     state: Option<gw::State>,
 }
 
-fn entry_view(e: &gw::Entry) -> Value {
-    serde_json::to_value(e).unwrap_or_default()
+/// A ledger entry as served: its arguments, result and error redacted (the stored
+/// entry keeps the arguments as sent, for the idempotency check).
+fn entry_view(a: &App, tenant: &str, e: &gw::Entry) -> Value {
+    a.plane.redact_value(
+        tenant,
+        &format!("ledger {}", e.id),
+        serde_json::to_value(e).unwrap_or_default(),
+    )
 }
 
 async fn ledger(State(a): State<App>, SessionCaller(c): SessionCaller, Q(q): Q<LedgerQuery>) -> R {
@@ -385,7 +391,7 @@ async fn ledger(State(a): State<App>, SessionCaller(c): SessionCaller, Q(q): Q<L
         .gateway
         .ledger(&c.tenant, q.session_id.as_deref(), q.state)
         .await?;
-    ok(json!({ "items": v.iter().map(entry_view).collect::<Vec<_>>() }))
+    ok(json!({ "items": v.iter().map(|e| entry_view(&a, &c.tenant, e)).collect::<Vec<_>>() }))
 }
 
 async fn ledger_entry(
@@ -405,7 +411,7 @@ async fn ledger_entry(
                 .is_none_or(|s| s == e.session_id)
         })
         .ok_or_else(|| ApiError::not_found(format!("ledger entry {id:?}")))?;
-    ok(entry_view(&e))
+    ok(entry_view(&a, &c.tenant, &e))
 }
 
 async fn resolve(
@@ -428,13 +434,13 @@ async fn resolve(
         format!("ledger/{id} as {:?}", r.outcome),
     )
     .await;
-    ok(entry_view(&e))
+    ok(entry_view(&a, &c.tenant, &e))
 }
 
 async fn approvals(State(a): State<App>, c: Caller) -> R {
     c.require(Role::Viewer)?;
     let v = a.tools.gateway.approvals(&c.tenant).await?;
-    ok(json!({ "items": v.iter().map(entry_view).collect::<Vec<_>>() }))
+    ok(json!({ "items": v.iter().map(|e| entry_view(&a, &c.tenant, e)).collect::<Vec<_>>() }))
 }
 
 #[derive(Debug, Deserialize)]
@@ -471,7 +477,7 @@ async fn decide(
         format!("ledger/{id}"),
     )
     .await;
-    ok(entry_view(&e))
+    ok(entry_view(&a, &c.tenant, &e))
 }
 
 async fn mcp_post(State(a): State<App>, SessionCaller(c): SessionCaller, req: Request) -> Response {

@@ -67,6 +67,12 @@ pub struct UpArgs {
     /// are no cgroup limits).
     #[arg(long)]
     pub sandboxes: bool,
+    /// The operator's guard policy (YAML, docs/guard.md): the floor every workload
+    /// answers to — sandboxes, agent sessions, built-in tools, job tasks — and every
+    /// output is redacted by. Tenants may tighten it (`PUT /v1/guard/policy`), never
+    /// loosen it. Default: the shipped policy (`tessera guard rules --default-policy`).
+    #[arg(long, value_name = "FILE")]
+    pub guard_policy: Option<PathBuf>,
     /// The template registry: root file systems an operator registered with
     /// `tessera template import` (default: DATA/templates). Sandboxes, agent runtimes and
     /// jobs name a template (`NAME` or `NAME@sha256:<hex>`); none may give a host path.
@@ -143,6 +149,23 @@ async fn serve(a: UpArgs, listen: SocketAddr) -> i32 {
             Err(e) => return fail(EXIT_BAD_INPUT, format!("--oidc-jwks: {e}")),
         },
         _ => None,
+    };
+    let guard = match &a.guard_policy {
+        None => std::sync::Arc::new(tessera_sandbox::PolicyGuard::default()),
+        Some(f) => match std::fs::read_to_string(f)
+            .map_err(|e| e.to_string())
+            .and_then(|t| {
+                tessera_sandbox::guard::Policy::from_yaml(&t, &f.display().to_string())
+                    .map_err(|e| e.to_string())
+            }) {
+            Ok(p) => std::sync::Arc::new(tessera_sandbox::PolicyGuard::new(p)),
+            Err(e) => {
+                return fail(
+                    EXIT_BAD_INPUT,
+                    format!("--guard-policy {}: {e}", f.display()),
+                );
+            }
+        },
     };
     let data = a.data.clone().unwrap_or_else(default_data_dir);
     // The data folder holds the store, task logs and templates: the server's alone.
@@ -235,6 +258,7 @@ async fn serve(a: UpArgs, listen: SocketAddr) -> i32 {
                 .clone()
                 .unwrap_or_else(|| data.join("templates")),
         ),
+        guard,
         oidc,
         simulated: (!simulated.is_empty()).then(|| tessera_server::Simulated {
             nodes: simulated.clone(),

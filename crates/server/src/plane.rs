@@ -876,6 +876,9 @@ impl ControlPlane {
     /// Submits a job; the scheduler loop picks it up.
     pub async fn submit_job(&self, c: &Caller, spec: JobSpec) -> Result<Value, ApiError> {
         c.require(Role::Developer)?;
+        let spec = spec
+            .normalize()
+            .map_err(|(field, m)| ApiError::invalid(field, m))?;
         Self::check_job(&spec)?;
         // A template is a registered name (or `host`), never a host path.
         for (i, t) in spec.tasks.iter().enumerate() {

@@ -254,12 +254,32 @@ async fn delete_job(State(a): State<App>, c: Caller, Path(n): Path<String>) -> R
 struct LogsQuery {
     #[serde(default)]
     task: Option<String>,
+    /// With `task`: the log from this byte on, and `X-Tessera-Log-Offset` the next one.
+    #[serde(default)]
+    from: Option<u64>,
 }
 
 async fn job_logs(State(a): State<App>, c: Caller, Path(n): Path<String>, Q(q): Q<LogsQuery>) -> R {
-    let text = a.plane.job_logs(&c, &n, q.task.as_deref()).await?;
-    Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response())
+    let plain = (header::CONTENT_TYPE, "text/plain; charset=utf-8");
+    match (q.from, q.task.as_deref()) {
+        (Some(from), Some(task)) => {
+            let (text, next) = a.plane.job_log_from(&c, &n, task, from).await?;
+            let next = header::HeaderValue::from(next);
+            Ok(([plain], [(LOG_OFFSET, next)], text).into_response())
+        }
+        (Some(_), None) => Err(ApiError::invalid(
+            "from",
+            "from reads one task's log: give task=NAME too",
+        )),
+        (None, task) => {
+            let text = a.plane.job_logs(&c, &n, task).await?;
+            Ok(([plain], text).into_response())
+        }
+    }
 }
+
+/// The byte offset to ask for next (`?from=`) when reading a growing log.
+const LOG_OFFSET: header::HeaderName = header::HeaderName::from_static("x-tessera-log-offset");
 async fn list_templates(State(a): State<App>, c: Caller) -> R {
     items(a.plane.list_templates(&c)?)
 }
@@ -414,7 +434,7 @@ routes! {
     get "/v1/jobs/{name}" get_job "Get a job" None, 200;
     post "/v1/jobs/{name}/cancel" cancel_job "Cancel a job" None, 200;
     delete "/v1/jobs/{name}" delete_job "Delete a job so its name can be used again (202 while its trees are being stopped, then it is gone)" None, 200;
-    get "/v1/jobs/{name}/logs" job_logs "Output of the job's tasks on this machine (?task=NAME for one)" None, 200;
+    get "/v1/jobs/{name}/logs" job_logs "Output of the job's tasks on this machine (?task=NAME for one; with &from=BYTES the log from there on and X-Tessera-Log-Offset the next offset)" None, 200;
     get "/v1/events" list_events "List events" None, 200;
     get "/v1/audit" list_audit "The audit log: who changed what (admins)" None, 200;
     get "/v1/templates" list_templates "Templates an operator registered (name, digest): what sandboxes, runtimes and jobs may name" None, 200;

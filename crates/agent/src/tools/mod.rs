@@ -623,12 +623,34 @@ impl<S: Store> Gateway<S> {
     ) -> Result<Vec<CompiledTool>, CallError> {
         check_session_caller(caller, session_id)?;
         let runtime = self.session_runtime(&caller.tenant, session_id).await?;
-        let tools = self.list_tools(&caller.tenant).await?;
-        let grants = self
-            .inner
-            .store
-            .list(kind::GRANT, Some(&caller.tenant))
-            .await?;
+        self.tools_where(&caller.tenant, |g| {
+            g.admits(runtime.as_deref(), &caller.role)
+        })
+        .await
+    }
+
+    /// The tools a key without a session may browse (an IDE-style MCP client): every
+    /// tool of its tenant one of whose grants admits the key's role, whatever runtime
+    /// the grant names, sorted by name. Calling one still needs a session it is
+    /// granted to. Session keys get [`Gateway::granted_tools`] instead.
+    pub async fn browsable_tools(&self, caller: &Caller) -> Result<Vec<CompiledTool>, CallError> {
+        self.tools_where(&caller.tenant, |g| {
+            g.grants.iter().any(|one| {
+                let mut any_runtime = one.clone();
+                any_runtime.runtime = None;
+                any_runtime.admits(None, &caller.role)
+            })
+        })
+        .await
+    }
+
+    async fn tools_where(
+        &self,
+        tenant: &str,
+        admit: impl Fn(&Grants) -> bool,
+    ) -> Result<Vec<CompiledTool>, CallError> {
+        let tools = self.list_tools(tenant).await?;
+        let grants = self.inner.store.list(kind::GRANT, Some(tenant)).await?;
         let mut out = Vec::new();
         for t in &tools {
             let g: Grants = grants
@@ -637,8 +659,8 @@ impl<S: Store> Gateway<S> {
                 .find(|g| g.name == t.name)
                 .and_then(|g| serde_json::from_value(g.body.clone()).ok())
                 .unwrap_or_default();
-            if g.admits(runtime.as_deref(), &caller.role) {
-                if let Ok(c) = self.compiled(&caller.tenant, t) {
+            if admit(&g) {
+                if let Ok(c) = self.compiled(tenant, t) {
                     out.push(c);
                 }
             }

@@ -456,6 +456,7 @@ pub fn router(app: App) -> Router {
         .route("/metrics", get(metrics))
         .fallback(no_route)
         .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn(crate::gateway::openai_errors))
         .layer(axum::middleware::from_fn_with_state(app.clone(), count))
         .with_state(app)
 }

@@ -327,6 +327,22 @@ async fn the_mcp_endpoint_lists_granted_tools_and_calls_through_the_ledger() {
     let (_, _, v) = mcp(&agent, sid, call).await;
     assert_eq!(v["result"]["structuredContent"]["executions"], 1, "{v}");
     assert_eq!(svc.executions("s1/m1"), 1);
+    // The call is one GenAI `execute_tool` span in the session's trace (the replay
+    // adds none).
+    let (_, t) = acme.get("/v1/sessions/s1/trace").await;
+    let tools: Vec<&Value> = t["spans"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{t}"))
+        .iter()
+        .filter(|s| s["operation"] == "execute_tool")
+        .collect();
+    assert_eq!(tools.len(), 1, "{t}");
+    assert_eq!(tools[0]["name"], "execute_tool charge", "{t}");
+    assert_eq!(tools[0]["attributes"]["gen_ai.tool.call.id"], "m1", "{t}");
+    assert_eq!(
+        tools[0]["attributes"]["gen_ai.conversation.id"], "s1",
+        "{t}"
+    );
     // Not granted: an error and an audit entry.
     let (_, _, v) = mcp(
         &agent,

@@ -23,5 +23,5 @@ pub use plan::{Binding, Eviction, MigRef, MigStep, Pending, Plan, Reservation};
 pub use quantity::{QuantityError, parse_bytes, parse_count, parse_cpu_milli, parse_milli};
 pub use queue::Queue;
 pub use resources::{Dim, Resources};
-pub use snapshot::Snapshot;
+pub use snapshot::{IssueKind, Snapshot, SnapshotIssue};
 pub use topology::{GpuScope, GpuTopology, MigRequest, NetworkTier, Strength};

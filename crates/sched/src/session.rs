@@ -14,18 +14,29 @@ use crate::gpu::Pick;
 use crate::index::{NodeIndex, cpu_mag};
 use crate::proportion::water_fill_resources;
 use crate::state::{JobId, NodeId, QueueId, State, TaskStatus, class_failure};
+use crate::victims;
 
 /// Hooks a caller can observe the session through (benchmarks time decisions
 /// with it; the scheduler itself never reads a clock).
 pub trait Observer {
     /// Called after each placement decision for one task, placed or not.
     fn decision(&mut self) {}
+    /// Called when a victim search (preempt or reclaim, for one task or one
+    /// gang) begins.
+    fn search_begin(&mut self) {}
+    /// Called when that search ends, with the number of victims it chose (0:
+    /// none, or no set makes the task fit).
+    fn search_end(&mut self, _victims: usize) {}
 }
 
 /// An observer that does nothing.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct NoObserver;
 impl Observer for NoObserver {}
+
+/// Allocation rounds at most: each further round follows groups parked in the
+/// one before (see `allocate`).
+const MAX_ROUNDS: usize = 8;
 
 /// How many feasible nodes of the best bucket are scored before choosing.
 const CANDIDATES: usize = 4;
@@ -87,6 +98,9 @@ struct Session<'s, 'c, 'o> {
     victim_nodes: Vec<NodeId>,
     /// Evictions in the plan so far, per node.
     releasing: Vec<u32>,
+    /// The current attempt may use only these nodes (a gang's joint victim
+    /// search, beyond its queue's deserved share).
+    only_nodes: Option<Vec<NodeId>>,
 }
 
 /// Runs a session; see [`crate::schedule`].
@@ -117,6 +131,7 @@ pub fn run(snapshot: &Snapshot, cfg: &Config, obs: &mut dyn Observer) -> Plan {
         diag_cache: HashMap::new(),
         victim_nodes: Vec::new(),
         releasing: Vec::new(),
+        only_nodes: None,
     };
     s.releasing = vec![0; s.st.nodes.len()];
     s.victim_nodes = (0..s.st.nodes.len() as NodeId)
@@ -161,7 +176,7 @@ impl Session<'_, '_, '_> {
         for j in 0..self.st.jobs.len() {
             let job = &self.st.jobs[j];
             let Some(q) = job.queue else { continue };
-            if !job.admitted {
+            if !job.admitted || job.parked {
                 continue;
             }
             let mut want = Resources::default();
@@ -381,7 +396,7 @@ impl Session<'_, '_, '_> {
     /// Devices for task `t` on node `n` as things stand, under the current
     /// tier restriction and reservations.
     fn fits_now(&self, t: u32, n: NodeId) -> Option<Pick> {
-        if !self.tier_ok(n) {
+        if !self.tier_ok(n) || self.only_nodes.as_ref().is_some_and(|o| !o.contains(&n)) {
             return None;
         }
         let ex = self.excluded_for(t, n);
@@ -660,6 +675,7 @@ impl Session<'_, '_, '_> {
                 match reserved_ok {
                     Ok(()) => {
                         self.st.jobs[j as usize].admitted = true;
+                        self.enqueue_reason.remove(&j);
                         let mut cur = Some(q as QueueId);
                         while let Some(c) = cur {
                             self.st.queues[c as usize]
@@ -843,7 +859,7 @@ impl Session<'_, '_, '_> {
                 node: node.name.clone(),
                 gpus: if whole { Vec::new() } else { u.gpus.clone() },
                 reason: format!(
-                    "{} held for a queued training gang (priority {}), {} of {} GPUs free; lower-priority tasks stay off",
+                    "{} held for a queued training gang (priority {}), {} of {} GPUs free; lower-priority tasks stay off, and the gang keeps its queue's quota",
                     if whole { "whole node" } else { &u.label },
                     job.src.priority,
                     u.free,
@@ -859,10 +875,54 @@ impl Session<'_, '_, '_> {
     }
 
     /// Places admitted groups, queue by queue in fair-share order, gang by gang.
+    /// Quota is charged for what is placed: a group admitted but placeable on
+    /// no node this session is parked (it gives back its admission reservation
+    /// and its demand, and waits with its reason), and the groups its quota
+    /// held back get another turn; until nothing more is parked.
     fn allocate(&mut self) {
         self.elect_reservation();
-        let mut per =
-            self.jobs_by_queue(|s, j| s.st.jobs[j as usize].admitted && s.has_pending(j, false));
+        let mut round = 0;
+        let mut tried = vec![false; self.st.jobs.len()];
+        let mut parked = false;
+        loop {
+            let mut per = self.jobs_by_queue(|s, j| {
+                let job = &s.st.jobs[j as usize];
+                job.admitted
+                    && !job.parked
+                    && s.has_pending(j, false)
+                    && (round == 0 || !tried[j as usize] || job.quota_blocked)
+            });
+            for jobs in &per {
+                for &j in jobs {
+                    tried[j as usize] = true;
+                }
+            }
+            self.allocate_queues(&mut per);
+            round += 1;
+            if round >= MAX_ROUNDS || !self.park_unplaceable() {
+                break;
+            }
+            parked = true;
+            // The parked groups' quota goes back: admission again, shares again.
+            self.recompute_inqueue();
+            if self.cfg.runs(Action::Enqueue) {
+                self.enqueue();
+            }
+            self.compute_deserved();
+        }
+        if parked {
+            // Parking is for allocation on free room only: preempt and reclaim
+            // make room by eviction, and a parked group's demand is what
+            // entitles its queue to that.
+            for job in &mut self.st.jobs {
+                job.parked = false;
+            }
+            self.compute_deserved();
+        }
+    }
+
+    /// One pass of allocation over `per` (admitted jobs per queue, in order).
+    fn allocate_queues(&mut self, per: &mut [VecDeque<JobId>]) {
         let mut heap: BinaryHeap<Reverse<(u64, QueueId)>> = BinaryHeap::new();
         let mut turns = vec![0u64; per.len()];
         for (q, jobs) in per.iter().enumerate() {
@@ -882,6 +942,55 @@ impl Session<'_, '_, '_> {
         }
     }
 
+    /// Parks admitted groups that hold nothing and that no node can hold:
+    /// those that found no node, and those stopped by quota that would not
+    /// fit anyway. The gang the `reservation` plugin holds for keeps its
+    /// quota. Returns whether any group was parked.
+    fn park_unplaceable(&mut self) -> bool {
+        let held = self.reserve.as_ref().map(|r| r.job);
+        let mut changed = false;
+        for j in 0..self.st.jobs.len() as JobId {
+            let job = &self.st.jobs[j as usize];
+            if !job.admitted
+                || job.parked
+                || job.occupied > 0
+                || Some(j) == held
+                || !(job.no_room || job.quota_blocked)
+                || !self.has_pending(j, false)
+            {
+                continue;
+            }
+            if job.no_room || !self.dry_run(j) {
+                self.st.jobs[j as usize].parked = true;
+                changed = true;
+            }
+        }
+        changed
+    }
+
+    /// Admission reservations again: what admitted groups that hold nothing
+    /// yet (and are not parked) need to start.
+    fn recompute_inqueue(&mut self) {
+        for q in &mut self.st.queues {
+            q.inqueue = Resources::default();
+        }
+        for j in 0..self.st.jobs.len() {
+            let job = &self.st.jobs[j];
+            let Some(q) = job.queue else { continue };
+            if !job.admitted || job.parked || job.occupied > 0 {
+                continue;
+            }
+            let min = job.min_request.clone();
+            let mut cur = Some(q);
+            while let Some(c) = cur {
+                self.st.queues[c as usize]
+                    .inqueue
+                    .add_assign_saturating(&min);
+                cur = self.st.queues[c as usize].parent;
+            }
+        }
+    }
+
     fn order_key(&self, q: QueueId, turns: u64) -> u64 {
         if self.proportion {
             self.queue_share(q)
@@ -897,6 +1006,9 @@ impl Session<'_, '_, '_> {
     /// falls back to any nodes, preferring the domain of the first member.
     fn allocate_job(&mut self, j: JobId) {
         self.tier_pref = None;
+        let job = &mut self.st.jobs[j as usize];
+        job.no_room = false;
+        job.quota_blocked = false;
         let Some(nt) = self.st.jobs[j as usize].src.network_topology else {
             self.allocate_job_once(j);
             return;
@@ -923,6 +1035,9 @@ impl Session<'_, '_, '_> {
             self.allocate_job_once(j);
             self.tier_pref = None;
             return;
+        }
+        if self.st.jobs[j as usize].occupied == before && !self.st.jobs[j as usize].quota_blocked {
+            self.st.jobs[j as usize].no_room = true;
         }
         if self.st.jobs[j as usize].reason.is_none() && self.st.jobs[j as usize].occupied == before
         {
@@ -1009,7 +1124,9 @@ impl Session<'_, '_, '_> {
                 continue;
             }
             if let Err(r) = self.queue_allows(q, &ts.request, true) {
-                self.st.jobs[j as usize].reason = Some(r);
+                let job = &mut self.st.jobs[j as usize];
+                job.reason = Some(r);
+                job.quota_blocked = true;
                 self.obs.decision();
                 break;
             }
@@ -1041,6 +1158,7 @@ impl Session<'_, '_, '_> {
             }
             None => {
                 let partial = !stmt.ops.is_empty();
+                self.st.jobs[j as usize].no_room = true;
                 self.record_failure(j, t, partial);
                 false
             }
@@ -1086,8 +1204,8 @@ impl Session<'_, '_, '_> {
     }
 
     /// Within a queue: a group with pending tasks may evict running tasks of
-    /// strictly lower priority, fewest victims first, only when that makes the
-    /// whole gang fit.
+    /// strictly lower priority, only when that makes the whole gang fit; the
+    /// victim set is the smallest (see [`crate::victims`]).
     fn preempt(&mut self) {
         let per =
             self.jobs_by_queue(|s, j| s.st.jobs[j as usize].admitted && s.has_pending(j, false));
@@ -1098,14 +1216,15 @@ impl Session<'_, '_, '_> {
                 let name = self.st.jobs[j as usize].src.name.clone();
                 self.evicting_attempt(
                     j,
-                    |s, t, v, _taken| {
+                    &|s, t, v| {
                         let vt = &s.st.tasks[v as usize];
                         let vj = &s.st.jobs[vt.job as usize];
                         vj.queue == Some(q)
                             && vt.job != s.st.tasks[t as usize].job
                             && vt.priority < s.st.tasks[t as usize].priority
                     },
-                    |s, v| {
+                    &|_, _| true,
+                    &|s, v| {
                         let vt = &s.st.tasks[v as usize];
                         format!("preempted by {name} (priority {prio} > {})", vt.priority)
                     },
@@ -1132,7 +1251,9 @@ impl Session<'_, '_, '_> {
             for &j in &per[q as usize] {
                 self.evicting_attempt(
                     j,
-                    |s, _t, v, taken| {
+                    &|s, _t, v| {
+                        // The victim's queue is reclaimable and above its
+                        // deserved share in something the victim holds.
                         let vt = &s.st.tasks[v as usize];
                         let Some(vq) = s.st.jobs[vt.job as usize].queue else {
                             return false;
@@ -1140,26 +1261,35 @@ impl Session<'_, '_, '_> {
                         if vq == q || !s.st.queues[vq as usize].reclaimable {
                             return false;
                         }
-                        // Only what the victim's queue holds above its deserved share.
                         let vs = &s.st.queues[vq as usize];
-                        let already = taken.get(&vq).cloned().unwrap_or_default();
-                        let mut any_over = false;
-                        for (d, r) in vt.request.dims() {
-                            if r == 0 || d == Dim::Pods {
-                                continue;
-                            }
-                            let held = vs.allocated.get(&d).saturating_sub(already.get(&d));
-                            let des = vs.deserved.get(&d);
-                            if held > des {
-                                any_over = true;
-                                if held - r < des {
-                                    return false;
-                                }
+                        vt.request.dims().any(|(d, r)| {
+                            r > 0 && d != Dim::Pods && vs.allocated.get(&d) > vs.deserved.get(&d)
+                        })
+                    },
+                    &|s, victims| {
+                        // Only down to the deserved share: per victim queue,
+                        // what the set takes leaves it at or above deserved in
+                        // every dimension it is above in.
+                        let mut taken: BTreeMap<QueueId, Resources> = BTreeMap::new();
+                        for &v in victims {
+                            let vt = &s.st.tasks[v as usize];
+                            if let Some(vq) = s.st.jobs[vt.job as usize].queue {
+                                taken
+                                    .entry(vq)
+                                    .or_default()
+                                    .add_assign_saturating(&vt.request);
                             }
                         }
-                        any_over
+                        taken.iter().all(|(&vq, t)| {
+                            let vs = &s.st.queues[vq as usize];
+                            t.dims().all(|(d, r)| {
+                                let held = vs.allocated.get(&d);
+                                let des = vs.deserved.get(&d);
+                                r == 0 || d == Dim::Pods || held <= des || held - r.min(held) >= des
+                            })
+                        })
                     },
-                    |s, v| {
+                    &|s, v| {
                         let vt = &s.st.tasks[v as usize];
                         let vq = s.st.jobs[vt.job as usize]
                             .queue
@@ -1176,14 +1306,16 @@ impl Session<'_, '_, '_> {
     }
 
     /// Tries to place the pending tasks of job `j`, evicting victims accepted by
-    /// `eligible` where free room is lacking. Gang rules apply to the whole
-    /// attempt. `taken` in the callback is what this node's trial already takes,
-    /// per victim queue.
+    /// `ok` (per task) and `set_ok` (per victim set) where free room is lacking.
+    /// Gang rules apply to the whole attempt: a gang that needs several tasks
+    /// placed is searched jointly when few victims are eligible, else task by
+    /// task (see [`crate::victims`]).
     fn evicting_attempt(
         &mut self,
         j: JobId,
-        eligible: impl Fn(&Self, u32, u32, &BTreeMap<QueueId, Resources>) -> bool,
-        reason: impl Fn(&Self, u32) -> String,
+        ok: &dyn Fn(&Self, u32, u32) -> bool,
+        set_ok: &dyn Fn(&Self, &[u32]) -> bool,
+        reason: &dyn Fn(&Self, u32) -> String,
         check_deserved: bool,
     ) {
         let Some(q) = self.st.jobs[j as usize].queue else {
@@ -1195,6 +1327,13 @@ impl Session<'_, '_, '_> {
             .src
             .network_topology
             .is_some_and(|nt| nt.strength == Strength::Hard)
+        {
+            return;
+        }
+        let job = &self.st.jobs[j as usize];
+        if self.gang
+            && job.src.min_member.saturating_sub(job.occupied) >= 2
+            && self.joint_attempt(j, q, ok, set_ok, reason, check_deserved)
         {
             return;
         }
@@ -1218,132 +1357,152 @@ impl Session<'_, '_, '_> {
             if req.is_best_effort() || self.queue_allows(q, &req, check_deserved).is_err() {
                 break;
             }
-            let Some((n, victims)) = self.find_victims(t, &eligible) else {
+            self.obs.search_begin();
+            let found = {
+                let ok_t = |v: u32| ok(self, t, v);
+                let set_ok_t = |vs: &[u32]| set_ok(self, vs);
+                let search = victims::Search {
+                    st: &self.st,
+                    task: t,
+                    gang: self.gang,
+                    ok: &ok_t,
+                    set_ok: &set_ok_t,
+                    nodes: &self.victim_nodes,
+                };
+                let mut stats = victims::Stats::default();
+                search.run(&mut stats)
+            };
+            self.obs
+                .search_end(found.as_ref().map_or(0, |f| f.victims.len()));
+            let Some(found) = found else {
                 break;
             };
-            for v in victims {
-                let r = reason(self, v);
-                self.st.unplace(v, TaskStatus::Evicted);
-                self.releasing[n as usize] += 1;
-                stmt.ops.push(Op::Evicted(v));
-                self.pending_evictions.push((v, r));
-            }
-            let Some(pick) = self.st.fits(t, n) else {
+            self.evict_set(&found.victims, &found.whole_jobs, reason, &mut stmt);
+            let Some(pick) = self.st.fits(t, found.node) else {
                 break;
             };
-            self.place_task(t, n, pick);
+            self.place_task(t, found.node, pick);
             stmt.ops.push(Op::Placed(t));
         }
         self.finish(j, stmt);
     }
 
-    /// The node where evicting the fewest eligible victims (lowest priority,
-    /// youngest first) makes task `t` fit; ties go to the node whose highest
-    /// victim priority is lowest, then to the lower node id.
-    fn find_victims(
-        &self,
-        t: u32,
-        eligible: &impl Fn(&Self, u32, u32, &BTreeMap<QueueId, Resources>) -> bool,
-    ) -> Option<(NodeId, Vec<u32>)> {
-        let task = &self.st.tasks[t as usize];
-        let mut best: Option<(usize, i32, NodeId, Vec<u32>)> = None;
+    /// Evicts `victims` in `stmt`; members of `whole` jobs go because the gang
+    /// rule takes the whole gang, and their reason says so.
+    fn evict_set(
+        &mut self,
+        victims: &[u32],
+        whole: &[JobId],
+        reason: &dyn Fn(&Self, u32) -> String,
+        stmt: &mut Stmt,
+    ) {
+        let reasons: Vec<String> = victims
+            .iter()
+            .map(|&v| {
+                let mut r = reason(self, v);
+                let vj = self.st.tasks[v as usize].job;
+                if whole.contains(&vj) {
+                    let job = &self.st.jobs[vj as usize];
+                    r.push_str(&format!(
+                        "; with its whole gang ({} running, min_member {})",
+                        job.occupied, job.src.min_member
+                    ));
+                }
+                r
+            })
+            .collect();
+        for (&v, r) in victims.iter().zip(reasons) {
+            let n = self.st.tasks[v as usize].node.unwrap_or(0);
+            self.st.unplace(v, TaskStatus::Evicted);
+            self.releasing[n as usize] += 1;
+            stmt.ops.push(Op::Evicted(v));
+            self.pending_evictions.push((v, r));
+        }
+    }
+
+    /// The joint victim search of a gang that needs several tasks placed: when
+    /// at most [`victims::JOINT_MAX`] running tasks are eligible, every victim
+    /// set in key order, the first with which the whole gang fits taken.
+    /// Returns false when there are too many eligible victims (the caller then
+    /// goes task by task).
+    fn joint_attempt(
+        &mut self,
+        j: JobId,
+        q: QueueId,
+        ok: &dyn Fn(&Self, u32, u32) -> bool,
+        set_ok: &dyn Fn(&Self, &[u32]) -> bool,
+        reason: &dyn Fn(&Self, u32) -> String,
+        check_deserved: bool,
+    ) -> bool {
+        let job = &self.st.jobs[j as usize];
+        let pending: Vec<u32> = job
+            .tasks
+            .iter()
+            .copied()
+            .filter(|&t| self.st.tasks[t as usize].status == TaskStatus::Pending)
+            .collect();
+        let Some(&lowest) = pending.last() else {
+            return true;
+        };
+        let mut eligible = Vec::new();
         for &n in &self.victim_nodes {
-            let ns = &self.st.nodes[n as usize];
-            if ns.tasks.is_empty()
-                || ns.src.unschedulable
-                || !self.st.class_ok(t, n)
-                || !task.request.fits_in(&ns.src.allocatable)
-            {
-                continue;
-            }
-            let mut cands: Vec<u32> = ns
-                .tasks
-                .iter()
-                .copied()
-                .filter(|&v| {
-                    let vt = &self.st.tasks[v as usize];
-                    vt.status == TaskStatus::Running
-                        && self.st.jobs[vt.job as usize].src.preemptable
-                })
-                .collect();
-            if cands.is_empty() {
-                continue;
-            }
-            cands.sort_by(|&a, &b| {
-                let (ta, tb) = (&self.st.tasks[a as usize], &self.st.tasks[b as usize]);
-                let (ja, jb) = (
-                    &self.st.jobs[ta.job as usize],
-                    &self.st.jobs[tb.job as usize],
-                );
-                ta.priority
-                    .cmp(&tb.priority)
-                    .then_with(|| jb.src.creation.cmp(&ja.src.creation))
-                    .then_with(|| b.cmp(&a))
-            });
-            let mut free = ns.free.clone();
-            let mut gpus = ns.gpus.clone();
-            let mut taken: BTreeMap<QueueId, Resources> = BTreeMap::new();
-            let mut from_job: BTreeMap<JobId, u32> = BTreeMap::new();
-            let mut chosen = Vec::new();
-            let mut fits = false;
-            for v in cands {
-                if let Some((c, ..)) = &best {
-                    if chosen.len() >= *c {
-                        break;
-                    }
-                }
+            for &v in &self.st.nodes[n as usize].tasks {
                 let vt = &self.st.tasks[v as usize];
-                if !eligible(self, t, v, &taken) {
-                    continue;
-                }
-                if self.gang {
-                    // Never leave a gang running below its minimum: a victim
-                    // either keeps its gang at min_member, or is its last task.
-                    let vj = &self.st.jobs[vt.job as usize];
-                    let left = vj.occupied - from_job.get(&vt.job).copied().unwrap_or(0) - 1;
-                    if left < vj.src.min_member && left > 0 {
-                        continue;
-                    }
-                }
-                *from_job.entry(vt.job).or_insert(0) += 1;
-                if let Some(vq) = self.st.jobs[vt.job as usize].queue {
-                    taken
-                        .entry(vq)
-                        .or_default()
-                        .add_assign_saturating(&vt.request);
-                }
-                free.add_assign_saturating(&vt.request);
-                match (&vt.src.gpu, &vt.mig) {
-                    (GpuRequest::Mig { profile, .. }, Some(c)) => {
-                        gpus.release_mig(c.gpu, profile, c.start)
-                    }
-                    (r, _) => gpus.release(r, &vt.gpus),
-                }
-                chosen.push(v);
-                if task.request.fits_in(&free)
-                    && gpus.pick(&task.src.gpu, task.src.topology, 0).is_some()
+                if vt.status == TaskStatus::Running
+                    && self.st.jobs[vt.job as usize].src.preemptable
+                    && ok(self, lowest, v)
                 {
-                    fits = true;
-                    break;
+                    eligible.push(v);
+                    if eligible.len() > victims::JOINT_MAX {
+                        return false;
+                    }
                 }
-            }
-            if !fits {
-                continue;
-            }
-            let top = chosen
-                .iter()
-                .map(|&v| self.st.tasks[v as usize].priority)
-                .max()
-                .unwrap_or(i32::MIN);
-            let better = match &best {
-                None => true,
-                Some((c, p, ..)) => (chosen.len(), top) < (*c, *p),
-            };
-            if better {
-                best = Some((chosen.len(), top, n, chosen));
             }
         }
-        best.map(|(_, _, n, v)| (n, v))
+        eligible.sort_unstable();
+        let want = job.src.min_member.saturating_sub(job.occupied) as usize;
+        let mut need = Resources::default();
+        for &t in pending.iter().take(want) {
+            need.add_assign_saturating(&self.st.tasks[t as usize].request);
+        }
+        self.obs.search_begin();
+        let sets = {
+            let ok_t = |v: u32| ok(self, lowest, v);
+            let set_ok_t = |vs: &[u32]| set_ok(self, vs);
+            victims::joint_sets(&self.st, &eligible, self.gang, &ok_t, &set_ok_t, &need)
+        };
+        for (_, vs, whole) in sets {
+            let mut stmt = Stmt::default();
+            self.evict_set(&vs, &whole, reason, &mut stmt);
+            let freed: Vec<NodeId> = vs
+                .iter()
+                .filter_map(|&v| self.st.tasks[v as usize].node)
+                .collect();
+            for &t in &pending {
+                let req = self.st.tasks[t as usize].request.clone();
+                if self.queue_allows(q, &req, check_deserved).is_err() {
+                    break;
+                }
+                // Beyond the deserved share, only on room the victims free.
+                let within = self.queue_allows(q, &req, true).is_ok();
+                self.only_nodes = (!within).then(|| freed.clone());
+                let found = self.find_node(t);
+                self.only_nodes = None;
+                let Some((n, pick)) = found else { break };
+                self.place_task(t, n, pick);
+                stmt.ops.push(Op::Placed(t));
+            }
+            if self.st.jobs[j as usize].ready() {
+                self.obs.search_end(vs.len());
+                self.finish(j, stmt);
+                return true;
+            }
+            let job = &mut self.st.jobs[j as usize];
+            job.placeable = job.placeable.max(job.occupied);
+            self.rollback(stmt);
+        }
+        self.obs.search_end(0);
+        true
     }
 
     // ----- the plan ---------------------------------------------------------

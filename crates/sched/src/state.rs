@@ -64,6 +64,14 @@ pub struct JobState<'s> {
     pub diag: Option<String>,
     /// Original priority-ordered position used for tie breaks.
     pub order: u32,
+    /// The last allocate attempt found no node for a task.
+    pub no_room: bool,
+    /// The last allocate attempt was stopped by the queue's quota.
+    pub quota_blocked: bool,
+    /// Admitted, holding nothing, and placeable on no node this session: it
+    /// holds no quota (no admission reservation, no demand) and waits with
+    /// its reason.
+    pub parked: bool,
 }
 
 impl JobState<'_> {
@@ -303,6 +311,9 @@ impl<'s> State<'s> {
                 failed_task: None,
                 diag: None,
                 order: j as u32,
+                no_room: false,
+                quota_blocked: false,
+                parked: false,
             });
         }
 

@@ -423,6 +423,7 @@ impl Builder<'_> {
         let queue_names: BTreeSet<&str> = queues.iter().map(|q| q.name.as_str()).collect();
         let parents: BTreeSet<&str> = queues.iter().filter_map(|q| q.parent.as_deref()).collect();
         let mut groups = Vec::new();
+        let mut origins = Vec::new();
         let mut seen = BTreeSet::new();
         for (gi, g) in raw.groups.iter().enumerate() {
             let path = format!("groups[{gi}]");
@@ -447,14 +448,26 @@ impl Builder<'_> {
                     ),
                 ));
             }
-            groups.push(self.group(&path, g, &node_names)?);
+            let (group, origin) = self.group(&path, g, &node_names)?;
+            groups.push(group);
+            origins.push(origin);
+        }
+        let snapshot = Snapshot {
+            nodes,
+            queues,
+            groups,
+        };
+        // Running tasks' GPUs: in range, not listed twice, not held twice.
+        if let Some(i) = snapshot.validate().into_iter().next() {
+            let (ti, k) = origins[i.group][i.task];
+            let mut path = format!("groups[{}].tasks[{ti}].running_gpus[{k}]", i.group);
+            if let Some(x) = i.index {
+                path.push_str(&format!("[{x}]"));
+            }
+            return Err(self.err(path, i.message));
         }
         Ok(Scenario {
-            snapshot: Snapshot {
-                nodes,
-                queues,
-                groups,
-            },
+            snapshot,
             config,
             description: raw.description,
         })
@@ -706,8 +719,10 @@ impl Builder<'_> {
         path: &str,
         g: &RawGroup,
         nodes: &BTreeSet<&str>,
-    ) -> Result<PodGroup, ScenarioError> {
+    ) -> Result<(PodGroup, Vec<(usize, usize)>), ScenarioError> {
         let mut tasks = Vec::new();
+        // Per task made: (index under `tasks` in the file, replica).
+        let mut origin = Vec::new();
         let mut seen = BTreeSet::new();
         if g.tasks.is_empty() {
             return Err(self.err(format!("{path}.tasks"), "a group needs at least one task"));
@@ -841,6 +856,16 @@ impl Builder<'_> {
                     ),
                 ));
             }
+            if !t.running_gpus.is_empty() && t.running_gpus.len() < t.running_on.len() {
+                return Err(self.err(
+                    format!("{tp}.running_gpus"),
+                    format!(
+                        "{} GPU lists for {} running replicas (`running_on`); give one per running replica, or none (each then holds what a fresh selection picks)",
+                        t.running_gpus.len(),
+                        t.running_on.len()
+                    ),
+                ));
+            }
             for (ri, g) in t.running_gpus.iter().enumerate() {
                 if g.len() != gpu.devices() as usize {
                     return Err(self.err(
@@ -858,6 +883,7 @@ impl Builder<'_> {
                 }
             }
             for (k, name) in names.into_iter().enumerate() {
+                origin.push((ti, k));
                 if !seen.insert(name.clone()) {
                     return Err(self.err(
                         format!("{tp}.name"),
@@ -898,18 +924,21 @@ impl Builder<'_> {
             Some(m) => Some(self.resources(&format!("{path}.min_resources"), m)?),
             None => None,
         };
-        Ok(PodGroup {
-            name: g.name.clone(),
-            queue: g.queue.clone(),
-            min_member,
-            min_resources,
-            priority: g.priority,
-            kind: g.kind,
-            creation: g.creation,
-            preemptable: g.preemptable.unwrap_or(true),
-            network_topology: g.network_topology,
-            tasks,
-        })
+        Ok((
+            PodGroup {
+                name: g.name.clone(),
+                queue: g.queue.clone(),
+                min_member,
+                min_resources,
+                priority: g.priority,
+                kind: g.kind,
+                creation: g.creation,
+                preemptable: g.preemptable.unwrap_or(true),
+                network_topology: g.network_topology,
+                tasks,
+            },
+            origin,
+        ))
     }
 }
 

@@ -101,7 +101,13 @@ impl Snapshot {
             .groups
             .iter()
             .enumerate()
-            .flat_map(|(g, pg)| (0..pg.tasks.len()).map(move |t| (g, t)))
+            .flat_map(|(g, pg)| {
+                pg.tasks
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, t)| t.node.is_some())
+                    .map(move |(t, _)| (g, t))
+            })
             .collect();
         order.sort_by(|a, b| {
             let ta = (&self.groups[a.0].name, &self.groups[a.0].tasks[a.1].name);
@@ -115,7 +121,7 @@ impl Snapshot {
             let Some(node_name) = task.node.as_deref() else {
                 continue;
             };
-            let who = format!("task {}/{}", pg.name, task.name);
+            let who = TaskName(&pg.name, &task.name);
             let issue = |kind, index, message: String| SnapshotIssue {
                 group: g,
                 task: t,
@@ -258,6 +264,15 @@ impl Snapshot {
             );
         }
         issues
+    }
+}
+
+/// `task group/name`, formatted only when an issue is written.
+struct TaskName<'a>(&'a str, &'a str);
+
+impl fmt::Display for TaskName<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "task {}/{}", self.0, self.1)
     }
 }
 

@@ -132,13 +132,18 @@ impl State {
             (Some(ix), Some(b)) if ix.global == self.global => Some((ix, b)),
             _ => None,
         };
-        let (ix, b) = match last.and_then(|(ix, b)| self.recount_pdbs(ix, b)) {
+        let (ix, mut b) = match last.and_then(|(ix, b)| self.recount_pdbs(ix, b)) {
             Some((ix, b)) => {
                 self.assembled_in_part += 1;
                 self.patch(ix, b, dirty.into_iter().collect(), false)
             }
             None => self.assemble_full(),
         };
+        // GPU indices that do not add up (out of range, held twice) are
+        // dropped, with a logged reason, so accounting stays whole.
+        for i in b.snapshot.repair() {
+            self.note(format!("snapshot repaired: {i}"));
+        }
         self.index = Some(ix);
         b
     }

@@ -250,12 +250,23 @@ impl Session<'_, '_, '_> {
             let qs = &self.st.queues[c as usize];
             if let Some(cap) = &qs.capability {
                 if let Some(d) = over(&qs.allocated, req, cap) {
-                    return Err(format!(
-                        "queue {} would exceed its capability of {d} ({} of {})",
+                    let mut msg = format!(
+                        "queue {} would exceed its capability of {d} ({} of {}: {} held, {} asked)",
                         qs.name,
                         fmt_dim(&d, qs.allocated.get(&d).saturating_add(req.get(&d))),
-                        fmt_dim(&d, cap.get(&d))
-                    ));
+                        fmt_dim(&d, cap.get(&d)),
+                        fmt_dim(&d, qs.allocated.get(&d)),
+                        fmt_dim(&d, req.get(&d)),
+                    );
+                    if c != q {
+                        let leaf = &self.st.queues[q as usize];
+                        msg.push_str(&format!(
+                            "; it is an ancestor of queue {}, which holds {}",
+                            leaf.name,
+                            fmt_dim(&d, leaf.allocated.get(&d))
+                        ));
+                    }
+                    return Err(msg);
                 }
             }
             cur = qs.parent;
@@ -272,12 +283,23 @@ impl Session<'_, '_, '_> {
                 }
             }
             if let Some(d) = over(&qs.allocated, req, &limit) {
-                return Err(format!(
-                    "queue {} is at its deserved share of {d} ({} held, {} deserved)",
+                let mut msg = format!(
+                    "queue {} is at its deserved share of {d} ({} held, {} deserved, {} asked)",
                     qs.name,
                     fmt_dim(&d, qs.allocated.get(&d)),
-                    fmt_dim(&d, qs.deserved.get(&d))
-                ));
+                    fmt_dim(&d, qs.deserved.get(&d)),
+                    fmt_dim(&d, req.get(&d)),
+                );
+                if let Some(p) = qs.parent {
+                    let ps = &self.st.queues[p as usize];
+                    msg.push_str(&format!(
+                        "; parent {} deserves {}, holds {}",
+                        ps.name,
+                        fmt_dim(&d, ps.deserved.get(&d)),
+                        fmt_dim(&d, ps.allocated.get(&d))
+                    ));
+                }
+                return Err(msg);
             }
         }
         Ok(())
@@ -662,10 +684,13 @@ impl Session<'_, '_, '_> {
                         let held = qs.allocated.checked_add(&qs.inqueue).unwrap_or_default();
                         if let Some(d) = over(&held, &min, cap) {
                             reserved_ok = Err(format!(
-                                "queue {} capability of {d} is {}; held and admitted would be {}",
+                                "queue {} capability of {d} is {}; held and admitted would be {} ({} held, {} admitted and waiting to start, {} for this group)",
                                 qs.name,
                                 fmt_dim(&d, cap.get(&d)),
-                                fmt_dim(&d, held.get(&d).saturating_add(min.get(&d)))
+                                fmt_dim(&d, held.get(&d).saturating_add(min.get(&d))),
+                                fmt_dim(&d, qs.allocated.get(&d)),
+                                fmt_dim(&d, qs.inqueue.get(&d)),
+                                fmt_dim(&d, min.get(&d)),
                             ));
                             break;
                         }
@@ -1016,6 +1041,11 @@ impl Session<'_, '_, '_> {
         let (domains, roomiest, need) = self.tier_domains(j, nt);
         let tried = domains.len();
         let roomiest_none = roomiest.is_none();
+        let most = roomiest
+            .as_ref()
+            .map(|(d, f)| format!(" (most: {f} in {d})"))
+            .unwrap_or_default();
+        let roomiest = roomiest.map(|(d, _)| d);
         let before = self.st.jobs[j as usize].occupied;
         for d in domains {
             self.tier_filter = Some((nt.tier, d.clone()));
@@ -1048,7 +1078,7 @@ impl Session<'_, '_, '_> {
                 )
             } else if tried == 0 {
                 format!(
-                    "needs its tasks within one tier-{} network domain (hard), and no domain has the {need} free GPUs it needs",
+                    "needs its tasks within one tier-{} network domain (hard), and no domain has the {need} free GPUs it needs{most}",
                     nt.tier
                 )
             } else {
@@ -1064,7 +1094,7 @@ impl Session<'_, '_, '_> {
     /// Network-tier domains a gang may try, in order (with members running,
     /// only theirs); the domain with the most free GPUs; and the whole GPUs
     /// the gang needs to start.
-    fn tier_domains(&self, j: JobId, nt: NetworkTier) -> (Vec<String>, Option<String>, u32) {
+    fn tier_domains(&self, j: JobId, nt: NetworkTier) -> (Vec<String>, Option<(String, u32)>, u32) {
         let job = &self.st.jobs[j as usize];
         let domain = |n: NodeId| {
             let src = self.st.nodes[n as usize].src;
@@ -1076,7 +1106,7 @@ impl Session<'_, '_, '_> {
             .find_map(|&t| self.st.tasks[t as usize].node)
             .and_then(domain);
         if let Some(d) = running {
-            return (vec![d.clone()], Some(d), 0);
+            return (vec![d.clone()], Some((d, 0)), 0);
         }
         // Whole GPUs the gang needs to start, and free whole GPUs per domain.
         let need: u32 = job
@@ -1100,7 +1130,7 @@ impl Session<'_, '_, '_> {
         let roomiest = free
             .iter()
             .max_by(|a, b| a.1.cmp(b.1).then_with(|| b.0.cmp(a.0)))
-            .map(|(d, _)| d.clone());
+            .map(|(d, f)| (d.clone(), *f));
         let mut v: Vec<(String, u32)> = free.into_iter().filter(|(_, f)| *f >= need).collect();
         if spread {
             v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
@@ -1667,6 +1697,11 @@ impl Session<'_, '_, '_> {
         let mut class_reason: Vec<Option<Option<String>>> = vec![None; self.st.classes.len()];
         let sig = &self.st.sigs[ts.sig as usize];
         let mut fit = 0usize;
+        // The numbers behind the GPU reasons: free whole GPUs per node that
+        // lacks them; the best topology domain; the roomiest GPU for a share.
+        let mut whole: Vec<(u32, &str)> = Vec::new();
+        let mut topo_best: Option<(u32, String, &str)> = None;
+        let mut share_best: Option<(u32, u64, u32, &str)> = None;
         for (n, ns) in self.st.nodes.iter().enumerate() {
             let r = if ns.src.unschedulable {
                 Some("are cordoned".to_string())
@@ -1685,8 +1720,10 @@ impl Session<'_, '_, '_> {
                 Some(cr)
             } else {
                 let lack = ts.request.exceeding(&ns.free);
+                let name = ns.src.name.as_str();
                 let gpu_lack = match &ts.src.gpu {
                     GpuRequest::Whole { count, .. } if ns.gpus.whole_free() < *count => {
+                        whole.push((ns.gpus.whole_free(), name));
                         Some(format!(
                             "lack {count} free GPU{}",
                             if *count == 1 { "" } else { "s" }
@@ -1702,6 +1739,11 @@ impl Session<'_, '_, '_> {
                             && ns.gpus.pick(&ts.src.gpu, ts.src.topology, 0).is_none() =>
                     {
                         let scope = ts.src.topology.map_or(GpuScope::NvlinkDomain, |x| x.scope);
+                        for u in ns.gpus.domain_units(scope, ts.src.gpu.models()) {
+                            if topo_best.as_ref().is_none_or(|b| u.free > b.0) {
+                                topo_best = Some((u.free, u.label, name));
+                            }
+                        }
                         Some(format!(
                             "have no {} with {count} free GPUs",
                             match scope {
@@ -1711,9 +1753,19 @@ impl Session<'_, '_, '_> {
                             }
                         ))
                     }
-                    GpuRequest::Shared { milli, memory, .. }
-                        if ns.gpus.select(&ts.src.gpu).is_none() =>
-                    {
+                    GpuRequest::Shared {
+                        milli,
+                        memory,
+                        models,
+                    } if ns.gpus.select(&ts.src.gpu).is_none() => {
+                        for g in ns.gpus.slots.iter().filter(|g| {
+                            g.mig.is_none() && (models.is_empty() || models.contains(&g.model))
+                        }) {
+                            let k = (g.free_milli, g.free_memory);
+                            if share_best.as_ref().is_none_or(|b| k > (b.0, b.1)) {
+                                share_best = Some((g.free_milli, g.free_memory, g.index, name));
+                            }
+                        }
                         Some(format!(
                             "have no GPU with {}m and {} free",
                             milli,
@@ -1770,13 +1822,33 @@ impl Session<'_, '_, '_> {
         }
         let mut v: Vec<(String, usize)> = counts.into_iter().collect();
         v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        let detail = |r: &str| -> String {
+            if r.starts_with("lack ") && (r.ends_with(" free GPU") || r.ends_with(" free GPUs")) {
+                return whole_detail(&whole);
+            }
+            if r.starts_with("have no ") && r.ends_with(" free GPUs") {
+                if let Some((f, label, node)) = &topo_best {
+                    return format!(" (best: {f} free in {label} on {node})");
+                }
+            }
+            if r.starts_with("have no GPU with ") {
+                if let Some((m, mem, g, node)) = &share_best {
+                    return format!(
+                        " (most free: {m}m and {} on GPU {g} of {node})",
+                        tessera_model::quantity::format_bytes(*mem)
+                    );
+                }
+            }
+            String::new()
+        };
         let parts: Vec<String> = v
             .into_iter()
             .map(|(r, c)| {
+                let d = detail(&r);
                 if c == 1 {
-                    format!("1 node {}", singular(&r))
+                    format!("1 node {}{d}", singular(&r))
                 } else {
-                    format!("{c} nodes {r}")
+                    format!("{c} nodes {r}{d}")
                 }
             })
             .collect();
@@ -1804,6 +1876,43 @@ fn fmt_dim(d: &Dim, v: u64) -> String {
         Dim::Memory | Dim::GpuMemory => format_bytes(v),
         _ => v.to_string(),
     }
+}
+
+/// " (most free is 2, on node-b; 1 node has 2, 2 have 1)": the largest free
+/// block of whole GPUs among the nodes that lack enough, where, and how many
+/// nodes have how many (the three largest counts).
+fn whole_detail(nodes: &[(u32, &str)]) -> String {
+    let Some(&(max, at)) = nodes
+        .iter()
+        .max_by(|a, b| a.0.cmp(&b.0).then_with(|| b.1.cmp(a.1)))
+    else {
+        return String::new();
+    };
+    if max == 0 {
+        return if nodes.len() == 1 {
+            " (it has no free GPU)".into()
+        } else {
+            " (none has a free GPU)".into()
+        };
+    }
+    let mut hist: BTreeMap<u32, usize> = BTreeMap::new();
+    for (f, _) in nodes {
+        *hist.entry(*f).or_insert(0) += 1;
+    }
+    let parts: Vec<String> = hist
+        .iter()
+        .rev()
+        .take(3)
+        .enumerate()
+        .map(|(i, (f, c))| match (i, *c) {
+            (0, 1) => format!("1 node has {f}"),
+            (0, c) => format!("{c} nodes have {f}"),
+            (_, 1) => format!("1 has {f}"),
+            (_, c) => format!("{c} have {f}"),
+        })
+        .collect();
+    let more = if hist.len() > 3 { ", …" } else { "" };
+    format!(" (most free is {max}, on {at}; {}{more})", parts.join(", "))
 }
 
 /// Turns a plural verb phrase ("lack 4 free GPUs") into its singular ("lacks 4 free GPUs").

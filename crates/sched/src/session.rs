@@ -9,7 +9,7 @@ use tessera_model::{
     Plan, Reservation, Resources, Snapshot, Strength, TaskId,
 };
 
-use crate::config::{Action, Config, PluginName, Profile};
+use crate::config::{Action, Config, PluginName, Profile, SharePolicy};
 use crate::gpu::Pick;
 use crate::index::{NodeIndex, cpu_mag};
 use crate::proportion::water_fill_resources;
@@ -44,6 +44,118 @@ const CANDIDATES: usize = 4;
 /// How many feasible nodes a task with an imperfect topology fit collects
 /// (over several buckets) before choosing.
 const TOPO_CANDIDATES: usize = 64;
+
+/// How many feasible nodes (in binpack order) the `tessera` share policy
+/// scores for a fraction of a GPU.
+const SHARE_CANDIDATES: usize = 32;
+
+/// What the `tessera` share policy scores with, built once per session from
+/// the snapshot's tasks (the observed shapes) and nodes.
+struct ShareScorer {
+    /// GPU model id of each node (`u16::MAX`: none).
+    node_model: Vec<u16>,
+    /// Model ids by name.
+    models: BTreeMap<String, u16>,
+    workload: crate::gpu::Workload,
+    outlook: crate::gpu::Outlook,
+}
+
+impl ShareScorer {
+    fn new(st: &State<'_>) -> ShareScorer {
+        let mut names: Vec<&str> = st
+            .nodes
+            .iter()
+            .flat_map(|n| n.gpus.slots.iter().map(|g| g.model.as_str()))
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        let models: BTreeMap<String, u16> = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.to_string(), i as u16))
+            .collect();
+        let node_model = st
+            .nodes
+            .iter()
+            .map(|n| {
+                n.gpus
+                    .slots
+                    .first()
+                    .and_then(|g| models.get(&g.model).copied())
+                    .unwrap_or(u16::MAX)
+            })
+            .collect();
+        let mut sc = ShareScorer {
+            node_model,
+            models,
+            workload: crate::gpu::Workload::default(),
+            outlook: crate::gpu::Outlook::default(),
+        };
+        let shapes: Vec<crate::gpu::PodShape> = (0..st.tasks.len() as u32)
+            .filter_map(|t| sc.shape(st, t))
+            .collect();
+        let nodes: Vec<crate::gpu::NodeState> = (0..st.nodes.len())
+            .map(|n| sc.node(st, n as NodeId, false))
+            .collect();
+        sc.workload = crate::gpu::Workload::typical(&shapes, 0.95, true);
+        sc.outlook = crate::gpu::Outlook::new(&shapes, &nodes);
+        sc
+    }
+
+    /// Task `t` as the placement policies see it (MIG tasks are left out).
+    fn shape(&self, st: &State<'_>, t: u32) -> Option<crate::gpu::PodShape> {
+        let ts = &st.tasks[t as usize];
+        let (num_gpu, milli) = match &ts.src.gpu {
+            GpuRequest::None => (0, 0),
+            GpuRequest::Whole { count, .. } => (*count, 1000),
+            GpuRequest::Shared { milli, .. } => (1, *milli),
+            GpuRequest::Mig { .. } => return None,
+        };
+        let models = ts
+            .src
+            .gpu
+            .models()
+            .iter()
+            .filter_map(|m| self.models.get(m))
+            .filter(|&&m| m < 64)
+            .fold(0u64, |a, &m| a | (1 << m));
+        let cpu = i64::try_from(ts.request.cpu_milli).unwrap_or(i64::MAX);
+        Some(crate::gpu::PodShape {
+            cpu: if cpu == 0 { 100 } else { cpu },
+            cpu_req: cpu,
+            mem: i64::try_from(ts.request.memory).unwrap_or(i64::MAX),
+            num_gpu,
+            milli,
+            models,
+        })
+    }
+
+    /// Node `n` as the placement policies see it: free now (`current`), or
+    /// as allocatable.
+    fn node(&self, st: &State<'_>, n: NodeId, current: bool) -> crate::gpu::NodeState {
+        let ns = &st.nodes[n as usize];
+        let r = if current {
+            &ns.free
+        } else {
+            &ns.src.allocatable
+        };
+        let mut out = crate::gpu::NodeState::new(
+            i64::try_from(ns.src.allocatable.cpu_milli).unwrap_or(i64::MAX),
+            i64::try_from(r.memory).unwrap_or(i64::MAX),
+            ns.gpus.slots.len() as u32,
+            self.node_model[n as usize],
+        );
+        out.cpu_left = i64::try_from(r.cpu_milli).unwrap_or(i64::MAX);
+        for (k, g) in ns.gpus.slots.iter().enumerate() {
+            out.gpu_left[k] = match (&g.mig, current) {
+                (Some(_), _) => 0,
+                (None, true) => g.free_milli,
+                (None, false) => 1000,
+            };
+        }
+        out
+    }
+}
 
 /// An undo log for gang placement: either the whole group lands, or nothing does.
 #[derive(Debug, Default)]
@@ -98,6 +210,8 @@ struct Session<'s, 'c, 'o> {
     victim_nodes: Vec<NodeId>,
     /// Evictions in the plan so far, per node.
     releasing: Vec<u32>,
+    /// The `tessera` share policy, when configured.
+    share: Option<ShareScorer>,
     /// The current attempt may use only these nodes (a gang's joint victim
     /// search, beyond its queue's deserved share).
     only_nodes: Option<Vec<NodeId>>,
@@ -105,6 +219,15 @@ struct Session<'s, 'c, 'o> {
 
 /// Runs a session; see [`crate::schedule`].
 pub fn run(snapshot: &Snapshot, cfg: &Config, obs: &mut dyn Observer) -> Plan {
+    run_session(snapshot, cfg, obs).into_plan()
+}
+
+/// Runs the configured actions; the session, for the plan or an explanation.
+fn run_session<'s, 'c, 'o>(
+    snapshot: &'s Snapshot,
+    cfg: &'c Config,
+    obs: &'o mut dyn Observer,
+) -> Session<'s, 'c, 'o> {
     let st = State::new(snapshot, cfg.enabled(PluginName::Predicates));
     let max_cpu_mag = st
         .nodes
@@ -132,7 +255,11 @@ pub fn run(snapshot: &Snapshot, cfg: &Config, obs: &mut dyn Observer) -> Plan {
         victim_nodes: Vec::new(),
         releasing: Vec::new(),
         only_nodes: None,
+        share: None,
     };
+    if cfg.share_policy == SharePolicy::Tessera {
+        s.share = Some(ShareScorer::new(&s.st));
+    }
     s.releasing = vec![0; s.st.nodes.len()];
     s.victim_nodes = (0..s.st.nodes.len() as NodeId)
         .filter(|&n| {
@@ -162,7 +289,198 @@ pub fn run(snapshot: &Snapshot, cfg: &Config, obs: &mut dyn Observer) -> Plan {
             Action::Reclaim => s.reclaim(),
         }
     }
-    s.into_plan()
+    s
+}
+
+/// Why task `task` went where it went, or did not go: the session is run as
+/// [`run`] does; then, on the cluster as the session leaves it (the task
+/// itself taken off its node, if it was placed), every node is judged for it:
+/// the nodes it fits ranked by the scoring rules (best first, the chosen one
+/// marked), then the others with the rule that drops each. `None` when the
+/// snapshot has no such task.
+pub fn explain(snapshot: &Snapshot, cfg: &Config, task: &TaskId) -> Option<Explanation> {
+    let mut obs = NoObserver;
+    let mut s = run_session(snapshot, cfg, &mut obs);
+    let t = (0..s.st.tasks.len() as u32).find(|&t| s.task_id(t) == *task)?;
+    let j = s.st.tasks[t as usize].job;
+    let ts = &s.st.tasks[t as usize];
+    let node_name = |n: Option<NodeId>| {
+        n.map(|n| s.st.nodes[n as usize].src.name.clone())
+            .unwrap_or_default()
+    };
+    let (outcome, chosen) = match ts.status {
+        TaskStatus::Bound | TaskStatus::Pipelined => (
+            format!(
+                "bound to {}{}{}",
+                node_name(ts.node),
+                if ts.gpus.is_empty() {
+                    String::new()
+                } else {
+                    let g: Vec<String> = ts.gpus.iter().map(u32::to_string).collect();
+                    format!(" gpus [{}]", g.join(","))
+                },
+                if ts.status == TaskStatus::Pipelined {
+                    " (after evictions)"
+                } else {
+                    ""
+                }
+            ),
+            ts.node,
+        ),
+        TaskStatus::Running => (
+            format!("already running on {}", node_name(ts.node)),
+            ts.node,
+        ),
+        TaskStatus::Evicted => (
+            format!(
+                "evicted from {}: {}",
+                node_name(ts.node),
+                s.evicted
+                    .iter()
+                    .find(|e| e.0 == t)
+                    .map(|e| e.1.clone())
+                    .unwrap_or_default()
+            ),
+            None,
+        ),
+        TaskStatus::Pending => {
+            let mut cache = HashMap::new();
+            let why = s
+                .pending_reason(j, &mut cache)
+                .map(|p| p.reason)
+                .unwrap_or_else(|| "pending".into());
+            (format!("pending: {why}"), None)
+        }
+    };
+    // Judge the nodes as if the task were not placed.
+    let saved = match ts.status {
+        TaskStatus::Bound | TaskStatus::Pipelined | TaskStatus::Running => {
+            let status = ts.status;
+            let n = ts.node;
+            let pick = Pick {
+                gpus: ts.gpus.clone(),
+                mig: ts.mig.clone(),
+            };
+            s.st.unplace(t, TaskStatus::Pending);
+            Some((status, n, pick))
+        }
+        _ => None,
+    };
+    let mut fits: Vec<(((u8, u32), u64, usize, u64, NodeId), NodeVerdict)> = Vec::new();
+    let mut dropped: Vec<NodeVerdict> = Vec::new();
+    for n in 0..s.st.nodes.len() as NodeId {
+        let name = s.st.nodes[n as usize].src.name.clone();
+        match s.node_rule(t, n) {
+            Ok(pick) => {
+                let key = s.score_key(t, n, &pick);
+                let spread = s.spread_for(t);
+                let gpus: Vec<String> = pick.gpus.iter().map(u32::to_string).collect();
+                let rule = format!(
+                    "fits{}: {} GPU domain{} beyond one{}, {} GPU memory {}, {} tasks of other gangs, CPU/memory {}",
+                    if gpus.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" on gpus [{}]", gpus.join(","))
+                    },
+                    key.0.1,
+                    if key.0.1 == 1 { "" } else { "s" },
+                    if key.0.0 > 0 {
+                        ", outside the gang's network domain"
+                    } else {
+                        ""
+                    },
+                    tessera_model::quantity::format_bytes(if spread {
+                        u64::MAX - key.1
+                    } else {
+                        key.1
+                    }),
+                    if spread {
+                        "left (spread: most)"
+                    } else {
+                        "left (binpack: least)"
+                    },
+                    key.2,
+                    if spread {
+                        format!("{}‰ used after", key.3 / 2)
+                    } else {
+                        format!("{}‰ used after", (u64::MAX - key.3) / 2)
+                    }
+                );
+                fits.push((
+                    key,
+                    NodeVerdict {
+                        node: name,
+                        fits: true,
+                        chosen: Some(n) == chosen,
+                        rule,
+                    },
+                ));
+            }
+            Err(rule) => dropped.push(NodeVerdict {
+                node: name,
+                fits: false,
+                chosen: false,
+                rule,
+            }),
+        }
+    }
+    if let Some((status, Some(n), pick)) = saved {
+        s.st.place(t, n, pick, status);
+    }
+    fits.sort_by(|a, b| b.1.chosen.cmp(&a.1.chosen).then_with(|| a.0.cmp(&b.0)));
+    let mut nodes: Vec<NodeVerdict> = fits.into_iter().map(|x| x.1).collect();
+    nodes.extend(dropped);
+    Some(Explanation {
+        task: task.clone(),
+        outcome,
+        nodes,
+    })
+}
+
+/// What [`explain`] says about one task.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Explanation {
+    pub task: TaskId,
+    /// Where it went, or why it waits, as the plan says.
+    pub outcome: String,
+    /// Every node: those it fits, best first (the chosen one first of all),
+    /// then the others with the rule that drops each.
+    pub nodes: Vec<NodeVerdict>,
+}
+
+/// One node's verdict for a task.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct NodeVerdict {
+    pub node: String,
+    pub fits: bool,
+    pub chosen: bool,
+    /// For a node it fits, the scoring figures; otherwise the rule that
+    /// drops it, with the numbers.
+    pub rule: String,
+}
+
+impl std::fmt::Display for Explanation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "{}: {}", self.task, self.outcome)?;
+        let w = self
+            .nodes
+            .iter()
+            .map(|n| n.node.len())
+            .max()
+            .unwrap_or(4)
+            .max(4);
+        for n in &self.nodes {
+            let mark = if n.chosen {
+                "chosen "
+            } else if n.fits {
+                "fits   "
+            } else {
+                "dropped"
+            };
+            writeln!(f, "  {mark} {:<w$}  {}", n.node, n.rule)?;
+        }
+        Ok(())
+    }
 }
 
 impl Session<'_, '_, '_> {
@@ -435,6 +753,9 @@ impl Session<'_, '_, '_> {
     /// its gang's network domain) keeps looking, up to [`TOPO_CANDIDATES`].
     fn find_node(&self, t: u32) -> Option<(NodeId, Pick)> {
         let task = &self.st.tasks[t as usize];
+        if let (Some(sc), GpuRequest::Shared { .. }) = (&self.share, &task.src.gpu) {
+            return self.find_node_share(t, sc);
+        }
         let ix = &self.st.index;
         let max_g = ix.max_gpus();
         let (g_lo, shared) = match &task.src.gpu {
@@ -499,6 +820,85 @@ impl Session<'_, '_, '_> {
         }
     }
 
+    /// The `tessera` share policy: the first [`SHARE_CANDIDATES`] feasible
+    /// nodes in binpack order, scored by [`crate::gpu::tessera_score_on`] on
+    /// the GPUs that can hold the share (memory, model, reservations); the
+    /// best score wins, the lower node id among equals.
+    fn find_node_share(&self, t: u32, sc: &ShareScorer) -> Option<(NodeId, Pick)> {
+        let task = &self.st.tasks[t as usize];
+        let GpuRequest::Shared {
+            milli,
+            memory,
+            models,
+        } = &task.src.gpu
+        else {
+            return None;
+        };
+        let ix = &self.st.index;
+        let classes: &[u32] = if self.st.predicates {
+            &self.st.sig_class_list[task.sig as usize]
+        } else {
+            &self.st.all_classes
+        };
+        let c_lo = cpu_mag(task.request.cpu_milli);
+        let c_hi = self.max_cpu_mag.max(c_lo);
+        let mut found: Vec<NodeId> = Vec::new();
+        'scan: for g in 0..=ix.max_gpus() {
+            for c in c_lo..=c_hi.min(NodeIndex::MAX_CPU_MAG) {
+                for &class in classes {
+                    for &n in ix.bucket(class, g, c) {
+                        if self.fits_now(t, n).is_some() {
+                            found.push(n);
+                            if found.len() >= SHARE_CANDIDATES {
+                                break 'scan;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let pod = sc.shape(&self.st, t)?;
+        let mut scratch = Vec::new();
+        let mut best: Option<(f64, NodeId, u32)> = None;
+        for n in found {
+            let ns = &self.st.nodes[n as usize];
+            let view = sc.node(&self.st, n, true);
+            let ex = self.excluded_for(t, n);
+            let slots = &ns.gpus.slots;
+            let eligible = |k: usize| {
+                let g = &slots[k];
+                g.mig.is_none()
+                    && g.free_milli >= *milli
+                    && g.free_memory >= *memory
+                    && (models.is_empty() || models.contains(&g.model))
+                    && !(g.index < 64 && ex & (1u64 << g.index) != 0)
+            };
+            let before = sc.workload.frag(&view);
+            let (score, gpu) = crate::gpu::tessera_score_on(
+                &sc.workload,
+                &sc.outlook,
+                &view,
+                before,
+                &pod,
+                &eligible,
+                &mut scratch,
+            );
+            let Some(k) = gpu else { continue };
+            if best.as_ref().is_none_or(|b| score > b.0) {
+                best = Some((score, n, slots[k as usize].index));
+            }
+        }
+        best.map(|(_, n, g)| {
+            (
+                n,
+                Pick {
+                    gpus: vec![g],
+                    mig: None,
+                },
+            )
+        })
+    }
+
     /// Topology fit of task `t` on node `n` with `p` (lower is better): whether
     /// the node is outside the network domain its gang prefers, and how many
     /// domains beyond one its GPUs span (0 on nodes that state no domains).
@@ -536,6 +936,14 @@ impl Session<'_, '_, '_> {
     /// the node), then CPU and memory (binpack: the node left fullest; spread:
     /// emptiest); ties go to the lower node id.
     fn best(&self, t: u32, found: Vec<(NodeId, Pick)>) -> Option<(NodeId, Pick)> {
+        found
+            .into_iter()
+            .min_by_key(|(n, p)| self.score_key(t, *n, p))
+    }
+
+    /// The key [`Session::best`] ranks candidates by (lower is better):
+    /// topology fit, GPU memory fit, communication load, CPU/memory fill, node.
+    fn score_key(&self, t: u32, n: NodeId, p: &Pick) -> ((u8, u32), u64, usize, u64, NodeId) {
         let task = &self.st.tasks[t as usize];
         let req = &task.request;
         let spread = self.spread_for(t);
@@ -580,14 +988,12 @@ impl Session<'_, '_, '_> {
                 })
                 .count()
         };
-        found.into_iter().min_by_key(|(n, p)| {
-            let (mem, util) = if spread {
-                (u64::MAX - gpu_mem_left(*n, p), score(*n))
-            } else {
-                (gpu_mem_left(*n, p), u64::MAX - score(*n))
-            };
-            (self.topo_key(t, *n, p), mem, comm(*n), util, *n)
-        })
+        let (mem, util) = if spread {
+            (u64::MAX - gpu_mem_left(n, p), score(n))
+        } else {
+            (gpu_mem_left(n, p), u64::MAX - score(n))
+        };
+        (self.topo_key(t, n, p), mem, comm(n), util, n)
     }
 
     /// Places a task; on a node where this plan evicts, the binding waits for
@@ -1686,6 +2092,95 @@ impl Session<'_, '_, '_> {
             group,
             admitted: true,
             reason,
+        })
+    }
+
+    /// Whether task `t` fits on node `n` as things stand (the devices it would
+    /// get), or the rule that drops the node, with the numbers.
+    fn node_rule(&self, t: u32, n: NodeId) -> Result<Pick, String> {
+        let ts = &self.st.tasks[t as usize];
+        let ns = &self.st.nodes[n as usize];
+        if ns.src.unschedulable {
+            return Err("cordoned".into());
+        }
+        if self.st.predicates {
+            if let Some(r) = class_failure(
+                &self.st.classes[ns.class as usize],
+                &self.st.sigs[ts.sig as usize],
+            ) {
+                return Err(format!("predicates: {}", singular(&r)));
+            }
+        }
+        let mut lack = Vec::new();
+        for d in ts.request.exceeding(&ns.free) {
+            if matches!(d, Dim::Gpu | Dim::GpuMemory) {
+                continue;
+            }
+            lack.push(format!(
+                "{d}: needs {}, {} free",
+                fmt_dim(&d, ts.request.get(&d)),
+                fmt_dim(&d, ns.free.get(&d))
+            ));
+        }
+        if !lack.is_empty() {
+            return Err(format!("resources: {}", lack.join("; ")));
+        }
+        if let Some(p) = self.st.fits(t, n) {
+            let ex = self.excluded_for(t, n);
+            if ex == u64::MAX || (ex != 0 && self.st.fits_excluding(t, n, ex).is_none()) {
+                let r = self.reserve.as_ref().map(|r| r.job).unwrap_or(0);
+                return Err(format!(
+                    "reservation: held for queued gang {}",
+                    self.st.jobs[r as usize].src.name
+                ));
+            }
+            return Ok(p);
+        }
+        Err(match &ts.src.gpu {
+            GpuRequest::Whole { count, .. } if ns.gpus.whole_free() < *count => {
+                format!("GPUs: needs {count} free, has {}", ns.gpus.whole_free())
+            }
+            GpuRequest::Whole { count, .. } => {
+                let scope = ts.src.topology.map_or(GpuScope::NvlinkDomain, |x| x.scope);
+                let best = ns
+                    .gpus
+                    .domain_units(scope, ts.src.gpu.models())
+                    .into_iter()
+                    .max_by_key(|u| u.free);
+                format!(
+                    "topology: no {} with {count} free GPUs{}",
+                    match scope {
+                        GpuScope::NvlinkDomain => "NVLink domain",
+                        GpuScope::PcieRoot => "PCIe root",
+                        GpuScope::Numa => "NUMA node",
+                    },
+                    best.map(|u| format!(" (best: {} free in {})", u.free, u.label))
+                        .unwrap_or_default()
+                )
+            }
+            GpuRequest::Shared { milli, memory, .. } => {
+                let best = ns
+                    .gpus
+                    .slots
+                    .iter()
+                    .filter(|g| g.mig.is_none())
+                    .max_by_key(|g| (g.free_milli, g.free_memory));
+                format!(
+                    "GPUs: no GPU with {milli}m and {} free{}",
+                    tessera_model::quantity::format_bytes(*memory),
+                    best.map(|g| format!(
+                        " (most free: {}m and {} on GPU {})",
+                        g.free_milli,
+                        tessera_model::quantity::format_bytes(g.free_memory),
+                        g.index
+                    ))
+                    .unwrap_or_default()
+                )
+            }
+            GpuRequest::Mig { profile, .. } => {
+                format!("GPUs: no room for a MIG {profile} instance")
+            }
+            GpuRequest::None => "no room".into(),
         })
     }
 

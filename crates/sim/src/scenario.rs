@@ -15,7 +15,7 @@ use tessera_model::{
     GpuDevice, GpuRequest, GpuTopology, GroupKind, NetworkTier, Node, PodGroup, Queue, Resources,
     Snapshot, Taint, Task, Toleration, parse_bytes, parse_count, parse_milli,
 };
-use tessera_sched::{Config, Profile};
+use tessera_sched::{Config, Profile, SharePolicy};
 
 /// A loaded, validated scenario.
 #[derive(Debug, Clone)]
@@ -102,6 +102,9 @@ struct RawConfig {
     /// binpack, inference spread).
     #[serde(default)]
     profiles: BTreeMap<GroupKind, Profile>,
+    /// How fractions of a GPU are placed: `profile` (default) or `tessera`.
+    #[serde(default)]
+    share_policy: Option<SharePolicy>,
 }
 
 /// Actions as a YAML list, or as Volcano writes them: one comma-separated string.
@@ -301,6 +304,9 @@ fn config_from_raw(c: &RawConfig, file: &str, prefix: &str) -> Result<Config, Sc
         .map_err(|e| err(prefix.trim_end_matches('.').to_string(), e.to_string()))?;
     cfg.profiles
         .extend(c.profiles.iter().map(|(k, p)| (*k, *p)));
+    if let Some(p) = c.share_policy {
+        cfg.share_policy = p;
+    }
     Ok(cfg)
 }
 

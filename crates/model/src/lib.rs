@@ -19,7 +19,7 @@ pub mod topology;
 
 pub use group::{GpuRequest, GroupKind, PodGroup, Task, TaskId};
 pub use node::{GpuDevice, Node, Taint, TaintEffect, Toleration, TolerationOperator};
-pub use plan::{Binding, Eviction, MigRef, MigStep, Pending, Plan, Reservation};
+pub use plan::{Binding, Choice, Eviction, MigRef, MigStep, Pending, Plan, Reservation};
 pub use quantity::{QuantityError, parse_bytes, parse_count, parse_cpu_milli, parse_milli};
 pub use queue::Queue;
 pub use resources::{Dim, Resources};

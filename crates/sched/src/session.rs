@@ -105,7 +105,7 @@ impl ShareScorer {
     /// Task `t` as the placement policies see it (MIG tasks are left out).
     fn shape(&self, st: &State<'_>, t: u32) -> Option<crate::gpu::PodShape> {
         let ts = &st.tasks[t as usize];
-        let (num_gpu, milli) = match &ts.src.gpu {
+        let (num_gpu, milli) = match &ts.gpu {
             GpuRequest::None => (0, 0),
             GpuRequest::Whole { count, .. } => (*count, 1000),
             GpuRequest::Shared { milli, .. } => (1, *milli),
@@ -753,12 +753,12 @@ impl Session<'_, '_, '_> {
     /// its gang's network domain) keeps looking, up to [`TOPO_CANDIDATES`].
     fn find_node(&self, t: u32) -> Option<(NodeId, Pick)> {
         let task = &self.st.tasks[t as usize];
-        if let (Some(sc), GpuRequest::Shared { .. }) = (&self.share, &task.src.gpu) {
+        if let (Some(sc), GpuRequest::Shared { .. }) = (&self.share, &task.gpu) {
             return self.find_node_share(t, sc);
         }
         let ix = &self.st.index;
         let max_g = ix.max_gpus();
-        let (g_lo, shared) = match &task.src.gpu {
+        let (g_lo, shared) = match &task.gpu {
             GpuRequest::None => (0, false),
             GpuRequest::Whole { count, .. } => (*count, false),
             GpuRequest::Shared { .. } | GpuRequest::Mig { .. } => (0, true),
@@ -830,7 +830,7 @@ impl Session<'_, '_, '_> {
             milli,
             memory,
             models,
-        } = &task.src.gpu
+        } = &task.gpu
         else {
             return None;
         };
@@ -963,7 +963,7 @@ impl Session<'_, '_, '_> {
         };
         let gpu_mem_left = |n: NodeId, p: &Pick| -> u64 {
             let g = &self.st.nodes[n as usize].gpus;
-            let taken: u64 = match &task.src.gpu {
+            let taken: u64 = match &task.gpu {
                 GpuRequest::Whole { .. } => p
                     .gpus
                     .iter()
@@ -1020,7 +1020,10 @@ impl Session<'_, '_, '_> {
     fn rollback(&mut self, stmt: Stmt) {
         for op in stmt.ops.into_iter().rev() {
             match op {
-                Op::Placed(t) => self.st.unplace(t, TaskStatus::Pending),
+                Op::Placed(t) => {
+                    self.st.unplace(t, TaskStatus::Pending);
+                    self.st.set_choice(t, 0);
+                }
                 Op::Evicted(t) => {
                     let n = self.st.tasks[t as usize].node.unwrap_or(0);
                     self.releasing[n as usize] -= 1;
@@ -1144,7 +1147,7 @@ impl Session<'_, '_, '_> {
                     && job
                         .tasks
                         .iter()
-                        .any(|&t| self.st.tasks[t as usize].src.gpu.whole() > 0)
+                        .any(|&t| self.st.tasks[t as usize].gpu.whole() > 0)
             })
             .collect();
         cands.sort_by_key(|&j| {
@@ -1206,7 +1209,7 @@ impl Session<'_, '_, '_> {
         let mut chosen: Vec<Unit> = Vec::new();
         for t in pending {
             let ts = &self.st.tasks[t as usize];
-            let g = ts.src.gpu.whole();
+            let g = ts.gpu.whole();
             if g == 0 {
                 continue;
             }
@@ -1241,7 +1244,7 @@ impl Session<'_, '_, '_> {
                         });
                         u
                     } else {
-                        ns.gpus.domain_units(scope, ts.src.gpu.models())
+                        ns.gpus.domain_units(scope, ts.gpu.models())
                     };
                     for u in units {
                         if (u.gpus.len() as u32) < g
@@ -1520,7 +1523,7 @@ impl Session<'_, '_, '_> {
             .iter()
             .filter(|&&t| self.st.tasks[t as usize].status == TaskStatus::Pending)
             .take(job.src.min_member.saturating_sub(job.occupied) as usize)
-            .map(|&t| self.st.tasks[t as usize].src.gpu.whole())
+            .map(|&t| self.st.tasks[t as usize].gpu.whole())
             .sum();
         let mut free: BTreeMap<String, u32> = BTreeMap::new();
         for n in 0..self.st.nodes.len() as NodeId {
@@ -1559,6 +1562,12 @@ impl Session<'_, '_, '_> {
             if ts.status != TaskStatus::Pending {
                 continue;
             }
+            if !ts.src.gpu_alternatives.is_empty() {
+                if !self.try_place_options(j, t, q, &mut stmt) {
+                    break;
+                }
+                continue;
+            }
             if let Err(r) = self.queue_allows(q, &ts.request, true) {
                 let job = &mut self.st.jobs[j as usize];
                 job.reason = Some(r);
@@ -1571,6 +1580,43 @@ impl Session<'_, '_, '_> {
             }
         }
         self.finish(j, stmt);
+    }
+
+    /// One placement decision for a task with device alternatives: the first
+    /// shape, in the task's order, that the queue's quota allows and some node
+    /// holds is taken (and charged). If none, the task waits on the first
+    /// shape, with the quota's reason when quota stopped every shape.
+    fn try_place_options(&mut self, j: JobId, t: u32, q: QueueId, stmt: &mut Stmt) -> bool {
+        let n = self.st.tasks[t as usize].src.gpu_alternatives.len() as u32;
+        let mut quota: Option<String> = None;
+        let mut room = false;
+        for k in 0..=n {
+            self.st.set_choice(t, k);
+            let req = self.st.tasks[t as usize].request.clone();
+            if let Err(r) = self.queue_allows(q, &req, true) {
+                quota.get_or_insert(r);
+                continue;
+            }
+            room = true;
+            if let Some((node, pick)) = self.find_node(t) {
+                self.obs.decision();
+                self.place_task(t, node, pick);
+                stmt.ops.push(Op::Placed(t));
+                return true;
+            }
+        }
+        self.obs.decision();
+        self.st.set_choice(t, 0);
+        if !room {
+            let job = &mut self.st.jobs[j as usize];
+            job.reason = quota;
+            job.quota_blocked = true;
+        } else {
+            let partial = !stmt.ops.is_empty();
+            self.st.jobs[j as usize].no_room = true;
+            self.record_failure(j, t, partial);
+        }
+        false
     }
 
     /// One placement decision: finds a node for task `t` of job `j` and places
@@ -1963,7 +2009,7 @@ impl Session<'_, '_, '_> {
             return;
         }
         let ts = &self.st.tasks[t as usize];
-        let key = (ts.sig, ts.request.clone(), ts.src.gpu.clone());
+        let key = (ts.sig, ts.request.clone(), ts.gpu.clone());
         let diag = match self.diag_cache.get(&key) {
             Some((g, d)) if *g == self.generation => d.clone(),
             _ => {
@@ -1996,7 +2042,7 @@ impl Session<'_, '_, '_> {
                 node: self.st.nodes[n as usize].src.name.clone(),
                 gpus: ts.gpus.clone(),
                 after_evictions: ts.status == TaskStatus::Pipelined,
-                mig: match (&ts.src.gpu, &ts.mig) {
+                mig: match (&ts.gpu, &ts.mig) {
                     (GpuRequest::Mig { profile, .. }, Some(c)) => Some(MigStep {
                         profile: profile.clone(),
                         start: c.start,
@@ -2015,6 +2061,18 @@ impl Session<'_, '_, '_> {
             });
         }
         plan.reservations = self.reservations.clone();
+        for &t in &self.placed {
+            let ts = &self.st.tasks[t as usize];
+            if matches!(ts.status, TaskStatus::Bound | TaskStatus::Pipelined)
+                && !ts.src.gpu_alternatives.is_empty()
+            {
+                plan.choices.push(tessera_model::Choice {
+                    task: self.task_id(t),
+                    index: ts.choice,
+                    gpu: ts.gpu.clone(),
+                });
+            }
+        }
         let mut cache = HashMap::new();
         for j in 0..self.st.jobs.len() as JobId {
             if let Some(p) = self.pending_reason(j, &mut cache) {
@@ -2068,7 +2126,7 @@ impl Session<'_, '_, '_> {
         } else if let Some(t) = job.failed_task.or(first_real) {
             if self.cfg.runs(Action::Allocate) || job.failed_task.is_some() {
                 let ts = &self.st.tasks[t as usize];
-                let key = (ts.sig, ts.request.clone(), ts.src.gpu.clone());
+                let key = (ts.sig, ts.request.clone(), ts.gpu.clone());
                 cache.entry(key).or_insert_with(|| self.diagnose(t)).clone()
             } else {
                 "the allocate action is not configured".into()
@@ -2136,7 +2194,7 @@ impl Session<'_, '_, '_> {
             }
             return Ok(p);
         }
-        Err(match &ts.src.gpu {
+        Err(match &ts.gpu {
             GpuRequest::Whole { count, .. } if ns.gpus.whole_free() < *count => {
                 format!("GPUs: needs {count} free, has {}", ns.gpus.whole_free())
             }
@@ -2144,7 +2202,7 @@ impl Session<'_, '_, '_> {
                 let scope = ts.src.topology.map_or(GpuScope::NvlinkDomain, |x| x.scope);
                 let best = ns
                     .gpus
-                    .domain_units(scope, ts.src.gpu.models())
+                    .domain_units(scope, ts.gpu.models())
                     .into_iter()
                     .max_by_key(|u| u.free);
                 format!(
@@ -2216,7 +2274,7 @@ impl Session<'_, '_, '_> {
             } else {
                 let lack = ts.request.exceeding(&ns.free);
                 let name = ns.src.name.as_str();
-                let gpu_lack = match &ts.src.gpu {
+                let gpu_lack = match &ts.gpu {
                     GpuRequest::Whole { count, .. } if ns.gpus.whole_free() < *count => {
                         whole.push((ns.gpus.whole_free(), name));
                         Some(format!(
@@ -2224,17 +2282,14 @@ impl Session<'_, '_, '_> {
                             if *count == 1 { "" } else { "s" }
                         ))
                     }
-                    GpuRequest::Mig { profile, .. }
-                        if ns.gpus.pick(&ts.src.gpu, None, 0).is_none() =>
-                    {
+                    GpuRequest::Mig { profile, .. } if ns.gpus.pick(&ts.gpu, None, 0).is_none() => {
                         Some(format!("have no room for a MIG {profile} instance"))
                     }
                     GpuRequest::Whole { count, .. }
-                        if *count > 1
-                            && ns.gpus.pick(&ts.src.gpu, ts.src.topology, 0).is_none() =>
+                        if *count > 1 && ns.gpus.pick(&ts.gpu, ts.src.topology, 0).is_none() =>
                     {
                         let scope = ts.src.topology.map_or(GpuScope::NvlinkDomain, |x| x.scope);
-                        for u in ns.gpus.domain_units(scope, ts.src.gpu.models()) {
+                        for u in ns.gpus.domain_units(scope, ts.gpu.models()) {
                             if topo_best.as_ref().is_none_or(|b| u.free > b.0) {
                                 topo_best = Some((u.free, u.label, name));
                             }
@@ -2252,7 +2307,7 @@ impl Session<'_, '_, '_> {
                         milli,
                         memory,
                         models,
-                    } if ns.gpus.select(&ts.src.gpu).is_none() => {
+                    } if ns.gpus.select(&ts.gpu).is_none() => {
                         for g in ns.gpus.slots.iter().filter(|g| {
                             g.mig.is_none() && (models.is_empty() || models.contains(&g.model))
                         }) {

@@ -32,6 +32,12 @@ pub enum TaskStatus {
 pub struct TaskState<'s> {
     pub src: &'s Task,
     pub job: JobId,
+    /// The device shape in force: the task's `gpu`, or the alternative being
+    /// tried or taken (`choice`).
+    pub gpu: &'s GpuRequest,
+    /// Index of `gpu` in the task's options (0: `gpu`).
+    pub choice: u32,
+    /// The full request with `gpu`.
     pub request: Resources,
     pub priority: i32,
     /// Interned (selector, tolerations, models) signature.
@@ -265,10 +271,18 @@ impl<'s> State<'s> {
             ts.dedup_by(|a, b| a.name == b.name);
             let mut ids = Vec::with_capacity(ts.len());
             for t in ts {
+                // With alternatives of different models, the class-level
+                // model check is left to device selection, which checks the
+                // shape in force.
+                let models: &[String] = if t.gpu_options().all(|g| g.models() == t.gpu.models()) {
+                    t.gpu.models()
+                } else {
+                    &[]
+                };
                 let sig = Sig {
                     selector: &t.node_selector,
                     tolerations: &t.tolerations,
-                    models: t.gpu.models(),
+                    models,
                 };
                 let next = sigs.len() as u32;
                 let sig = *sig_ids.entry(sig.clone()).or_insert_with(|| {
@@ -276,10 +290,17 @@ impl<'s> State<'s> {
                     next
                 });
                 ids.push(tasks.len() as u32);
+                let choice = match (&t.node, t.gpu_choice) {
+                    (Some(_), Some(k)) if (k as usize) <= t.gpu_alternatives.len() => k,
+                    _ => 0,
+                };
+                let gpu = t.gpu_option(choice);
                 tasks.push(TaskState {
                     src: t,
                     job: j as JobId,
-                    request: t.request(),
+                    gpu,
+                    choice,
+                    request: t.request_with(gpu),
                     priority: t.priority.unwrap_or(g.priority),
                     sig,
                     status: TaskStatus::Pending,
@@ -291,9 +312,17 @@ impl<'s> State<'s> {
             let min_request = match &g.min_resources {
                 Some(r) => r.clone(),
                 None => {
+                    // A task with alternatives counts as the least of them.
                     let mut r = Resources::default();
                     for &t in ids.iter().take(g.min_member as usize) {
-                        r.add_assign_saturating(&tasks[t as usize].request);
+                        let ts = &tasks[t as usize];
+                        let least = ts
+                            .src
+                            .gpu_options()
+                            .map(|o| ts.src.request_with(o))
+                            .reduce(|a, b| a.min(&b))
+                            .unwrap_or_else(|| ts.request.clone());
+                        r.add_assign_saturating(&least);
                     }
                     r
                 }
@@ -356,7 +385,7 @@ impl<'s> State<'s> {
                 ns.free.sub_assign_saturating(&st.tasks[t].request);
                 let task = &st.tasks[t];
                 let mut mig = None;
-                let gpus = if let GpuRequest::Mig { profile, .. } = &task.src.gpu {
+                let gpus = if let GpuRequest::Mig { profile, .. } = &task.gpu {
                     // The recorded instance; else an in-use instance of the
                     // profile no other task claimed; else a fresh selection.
                     let recorded = match (task.src.gpu_indices.as_slice(), task.src.mig_start) {
@@ -374,7 +403,7 @@ impl<'s> State<'s> {
                                 .find(|&(g, s)| !claimed.contains(&(n, g, s)))
                         })
                         .or_else(|| {
-                            let c = ns.gpus.pick(&task.src.gpu, None, 0)?.mig?;
+                            let c = ns.gpus.pick(&task.gpu, None, 0)?.mig?;
                             ns.gpus.assign_mig(profile, &c).then_some((c.gpu, c.start))
                         });
                     match found {
@@ -396,11 +425,11 @@ impl<'s> State<'s> {
                     // snapshot), charge what a fresh selection picks, so
                     // accounting stays whole.
                     let mut gpus = task.gpus.clone();
-                    if gpus.len() != task.src.gpu.devices() as usize
-                        || !ns.gpus.assign(&task.src.gpu, &gpus)
+                    if gpus.len() != task.gpu.devices() as usize
+                        || !ns.gpus.assign(&task.gpu, &gpus)
                     {
-                        gpus = ns.gpus.select(&task.src.gpu).unwrap_or_default();
-                        ns.gpus.assign(&task.src.gpu, &gpus);
+                        gpus = ns.gpus.select(&task.gpu).unwrap_or_default();
+                        ns.gpus.assign(&task.gpu, &gpus);
                     }
                     gpus
                 };
@@ -449,6 +478,15 @@ impl<'s> State<'s> {
         }
     }
 
+    /// Puts option `k` of task `t`'s device shapes in force (the task must
+    /// not be placed).
+    pub fn set_choice(&mut self, t: u32, k: u32) {
+        let ts = &mut self.tasks[t as usize];
+        ts.choice = k;
+        ts.gpu = ts.src.gpu_option(k);
+        ts.request = ts.src.request_with(ts.gpu);
+    }
+
     /// Whether the task passes the class-level predicates on this node.
     pub fn class_ok(&self, t: u32, n: NodeId) -> bool {
         !self.predicates
@@ -468,7 +506,7 @@ impl<'s> State<'s> {
         if ns.src.unschedulable || !task.request.fits_in(&ns.free) {
             return None;
         }
-        ns.gpus.pick(&task.src.gpu, task.src.topology, exclude)
+        ns.gpus.pick(&task.gpu, task.src.topology, exclude)
     }
 
     /// Places task `t` on node `n` with the devices of `pick`.
@@ -476,7 +514,7 @@ impl<'s> State<'s> {
         let req = self.tasks[t as usize].request.clone();
         let ns = &mut self.nodes[n as usize];
         ns.free.sub_assign_saturating(&req);
-        let gpu_req = &self.tasks[t as usize].src.gpu;
+        let gpu_req = &self.tasks[t as usize].gpu;
         let assigned = match (gpu_req, &pick.mig) {
             (GpuRequest::Mig { profile, .. }, Some(c)) => ns.gpus.assign_mig(profile, c),
             _ => ns.gpus.assign(gpu_req, &pick.gpus),
@@ -510,7 +548,7 @@ impl<'s> State<'s> {
         let ns = &mut self.nodes[n as usize];
         ns.free.add_assign_saturating(&req);
         ns.free = ns.free.min(&ns.src.allocatable);
-        match (&self.tasks[t as usize].src.gpu, &mut mig) {
+        match (&self.tasks[t as usize].gpu, &mut mig) {
             (GpuRequest::Mig { profile, .. }, Some(c)) => {
                 if to == TaskStatus::Evicted {
                     // The instance stays, idle; putting the task back reuses it.

@@ -472,9 +472,7 @@ impl Search<'_, '_> {
             free.add_assign_saturating(&vt.request);
             release(&mut gpus, st, v);
             chosen.push(v);
-            if task.request.fits_in(&free)
-                && gpus.pick(&task.src.gpu, task.src.topology, 0).is_some()
-            {
+            if task.request.fits_in(&free) && gpus.pick(&task.gpu, task.src.topology, 0).is_some() {
                 if !(self.set_ok)(&chosen) {
                     return None;
                 }
@@ -495,7 +493,7 @@ impl Search<'_, '_> {
 /// Gives back, in `gpus`, the devices task `v` holds.
 fn release(gpus: &mut NodeGpus, st: &State<'_>, v: u32) {
     let vt = &st.tasks[v as usize];
-    match (&vt.src.gpu, &vt.mig) {
+    match (&vt.gpu, &vt.mig) {
         (GpuRequest::Mig { profile, .. }, Some(c)) => gpus.release_mig(c.gpu, profile, c.start),
         (r, _) => gpus.release(r, &vt.gpus),
     }
@@ -504,7 +502,7 @@ fn release(gpus: &mut NodeGpus, st: &State<'_>, v: u32) {
 /// Takes back, in `gpus`, the devices task `v` holds (undoes [`release`]).
 fn reclaim(gpus: &mut NodeGpus, st: &State<'_>, v: u32) {
     let vt = &st.tasks[v as usize];
-    match (&vt.src.gpu, &vt.mig) {
+    match (&vt.gpu, &vt.mig) {
         (GpuRequest::Mig { profile, .. }, Some(c)) => {
             gpus.claim_mig(c.gpu, profile, c.start);
         }
@@ -542,10 +540,7 @@ impl Dfs<'_, '_, '_> {
     fn fits(&self) -> bool {
         let task = &self.s.st.tasks[self.s.task as usize];
         task.request.fits_in(&self.free)
-            && self
-                .gpus
-                .pick(&task.src.gpu, task.src.topology, 0)
-                .is_some()
+            && self.gpus.pick(&task.gpu, task.src.topology, 0).is_some()
     }
 
     fn victims(&self) -> Vec<u32> {

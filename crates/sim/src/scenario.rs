@@ -255,9 +255,14 @@ struct RawTask {
     gpu_memory: Option<Qty>,
     #[serde(default)]
     gpu_models: Vec<String>,
-    /// A MIG profile (one instance), instead of `gpu` / `gpu_milli`.
+    /// A MIG profile (one instance), instead of `gpu` / `gpu_milli`; or a
+    /// list of profiles in order of preference.
     #[serde(default)]
-    mig: Option<String>,
+    mig: Option<OneOrMany>,
+    /// More device shapes the task accepts, in order of preference after
+    /// its own.
+    #[serde(default)]
+    gpu_alternatives: Vec<RawAlternative>,
     #[serde(default)]
     gpu_topology: Option<GpuTopology>,
     #[serde(default)]
@@ -275,6 +280,45 @@ struct RawTask {
     /// task gives one GPU. Default: what a fresh selection picks.
     #[serde(default)]
     running_gpus: Vec<Vec<u32>>,
+}
+
+/// One string or a list of them.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    fn first(&self) -> Option<&String> {
+        match self {
+            OneOrMany::One(s) => Some(s),
+            OneOrMany::Many(v) => v.first(),
+        }
+    }
+    fn iter(&self) -> std::slice::Iter<'_, String> {
+        match self {
+            OneOrMany::One(s) => std::slice::from_ref(s).iter(),
+            OneOrMany::Many(v) => v.iter(),
+        }
+    }
+}
+
+/// A device shape a task also accepts.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAlternative {
+    #[serde(default)]
+    gpu: Option<Qty>,
+    #[serde(default)]
+    gpu_milli: Option<Qty>,
+    #[serde(default)]
+    gpu_memory: Option<Qty>,
+    #[serde(default)]
+    gpu_models: Vec<String>,
+    #[serde(default)]
+    mig: Option<String>,
 }
 
 fn config_from_raw(c: &RawConfig, file: &str, prefix: &str) -> Result<Config, ScenarioError> {
@@ -720,6 +764,105 @@ impl Builder<'_> {
         Ok(out)
     }
 
+    /// A task's (or an alternative's) GPU request from its fields; `tp` is
+    /// the field path's prefix, `mig_path` what follows `.mig` in it.
+    #[allow(clippy::too_many_arguments)]
+    fn gpu_request(
+        &self,
+        tp: &str,
+        gpu: &Option<Qty>,
+        gpu_milli: &Option<Qty>,
+        gpu_memory: &Option<Qty>,
+        gpu_models: &[String],
+        mig: &Option<String>,
+        gpu_topology: &Option<GpuTopology>,
+        mig_path: &str,
+    ) -> Result<GpuRequest, ScenarioError> {
+        if let Some(profile) = mig {
+            if gpu.is_some() || gpu_milli.is_some() || gpu_memory.is_some() {
+                return Err(self.err(
+                    format!("{tp}.mig{mig_path}"),
+                    "set `mig` (one MIG instance) without `gpu`, `gpu_milli` or `gpu_memory`",
+                ));
+            }
+            if mig::profile_milli(profile, gpu_models) == 0 {
+                return Err(self.err(
+                        format!("{tp}.mig{mig_path}"),
+                        format!(
+                            "unknown MIG profile `{profile}`{}; profiles look like 1g.10gb, 3g.40gb (H100-80GB) or 2g.12gb (A30-24GB)",
+                            if gpu_models.is_empty() {
+                                String::new()
+                            } else {
+                                format!(" on {}", gpu_models.join("|"))
+                            }
+                        ),
+                    ));
+            }
+        }
+        if gpu_topology.is_some() && gpu.is_none() {
+            return Err(self.err(
+                format!("{tp}.gpu_topology"),
+                "gpu_topology constrains whole GPUs; it needs `gpu`",
+            ));
+        }
+        let req = match (gpu, gpu_milli) {
+            _ if mig.is_some() => GpuRequest::Mig {
+                profile: mig.clone().unwrap_or_default(),
+                models: gpu_models.to_vec(),
+            },
+            (Some(_), Some(_)) => {
+                return Err(self.err(
+                        format!("{tp}.gpu_milli"),
+                        "set either `gpu` (whole GPUs) or `gpu_milli` (a fraction of one GPU), not both",
+                    ));
+            }
+            (Some(g), None) => {
+                let count = self.qty(&format!("{tp}.gpu"), g, parse_count)?;
+                if gpu_memory.is_some() {
+                    return Err(self.err(
+                        format!("{tp}.gpu_memory"),
+                        "gpu_memory goes with gpu_milli; whole GPUs come with all their memory",
+                    ));
+                }
+                let count = u32::try_from(count)
+                    .map_err(|_| self.err(format!("{tp}.gpu"), "too many GPUs"))?;
+                if count == 0 {
+                    GpuRequest::None
+                } else {
+                    GpuRequest::Whole {
+                        count,
+                        models: gpu_models.to_vec(),
+                    }
+                }
+            }
+            (None, Some(m)) => {
+                let milli = self.qty(&format!("{tp}.gpu_milli"), m, parse_count)?;
+                if milli == 0 || milli >= 1000 {
+                    return Err(self.err(format!("{tp}.gpu_milli"), format!("gpu_milli is {milli}; a fraction of a GPU is 1..999 (use `gpu` for whole GPUs)")));
+                }
+                let memory = match gpu_memory {
+                    Some(q) => self.qty(&format!("{tp}.gpu_memory"), q, parse_bytes)?,
+                    None => 0,
+                };
+                GpuRequest::Shared {
+                    milli: milli as u32,
+                    memory,
+                    models: gpu_models.to_vec(),
+                }
+            }
+            (None, None) => {
+                if !gpu_models.is_empty() || gpu_memory.is_some() {
+                    return Err(self.err(
+                        format!("{tp}.gpu_models"),
+                        "gpu_models and gpu_memory need `gpu` or `gpu_milli`",
+                    ));
+                }
+                GpuRequest::None
+            }
+        };
+        Ok(req)
+    }
+
     fn group(
         &self,
         path: &str,
@@ -748,88 +891,54 @@ impl Builder<'_> {
                     self.qty(&format!("{tp}.extended.{k}"), v, parse_count)?,
                 );
             }
-            if let Some(profile) = &t.mig {
-                if t.gpu.is_some() || t.gpu_milli.is_some() || t.gpu_memory.is_some() {
-                    return Err(self.err(
-                        format!("{tp}.mig"),
-                        "set `mig` (one MIG instance) without `gpu`, `gpu_milli` or `gpu_memory`",
-                    ));
-                }
-                if mig::profile_milli(profile, &t.gpu_models) == 0 {
-                    return Err(self.err(
-                        format!("{tp}.mig"),
-                        format!(
-                            "unknown MIG profile `{profile}`{}; profiles look like 1g.10gb, 3g.40gb (H100-80GB) or 2g.12gb (A30-24GB)",
-                            if t.gpu_models.is_empty() {
-                                String::new()
-                            } else {
-                                format!(" on {}", t.gpu_models.join("|"))
-                            }
-                        ),
-                    ));
+            let mig_first = t.mig.as_ref().and_then(|m| m.first()).cloned();
+            let gpu = self.gpu_request(
+                &tp,
+                &t.gpu,
+                &t.gpu_milli,
+                &t.gpu_memory,
+                &t.gpu_models,
+                &mig_first,
+                &t.gpu_topology,
+                "",
+            )?;
+            // More shapes the task accepts, in order: `mig: [a, b]` lists
+            // profiles; `gpu_alternatives` any shape.
+            let mut alternatives = Vec::new();
+            if let Some(m) = &t.mig {
+                for (k, profile) in m.iter().enumerate().skip(1) {
+                    alternatives.push(self.gpu_request(
+                        &tp,
+                        &None,
+                        &None,
+                        &None,
+                        &t.gpu_models,
+                        &Some(profile.clone()),
+                        &None,
+                        &format!("[{k}]"),
+                    )?);
                 }
             }
-            if t.gpu_topology.is_some() && t.gpu.is_none() {
-                return Err(self.err(
-                    format!("{tp}.gpu_topology"),
-                    "gpu_topology constrains whole GPUs; it needs `gpu`",
-                ));
-            }
-            let gpu = match (&t.gpu, &t.gpu_milli) {
-                _ if t.mig.is_some() => GpuRequest::Mig {
-                    profile: t.mig.clone().unwrap_or_default(),
-                    models: t.gpu_models.clone(),
-                },
-                (Some(_), Some(_)) => {
+            for (k, a) in t.gpu_alternatives.iter().enumerate() {
+                let ap = format!("{tp}.gpu_alternatives[{k}]");
+                let alt = self.gpu_request(
+                    &ap,
+                    &a.gpu,
+                    &a.gpu_milli,
+                    &a.gpu_memory,
+                    &a.gpu_models,
+                    &a.mig,
+                    &None,
+                    "",
+                )?;
+                if alt == GpuRequest::None {
                     return Err(self.err(
-                        format!("{tp}.gpu_milli"),
-                        "set either `gpu` (whole GPUs) or `gpu_milli` (a fraction of one GPU), not both",
+                        ap,
+                        "an alternative asks for GPUs: set gpu, gpu_milli or mig",
                     ));
                 }
-                (Some(g), None) => {
-                    let count = self.qty(&format!("{tp}.gpu"), g, parse_count)?;
-                    if t.gpu_memory.is_some() {
-                        return Err(self.err(
-                            format!("{tp}.gpu_memory"),
-                            "gpu_memory goes with gpu_milli; whole GPUs come with all their memory",
-                        ));
-                    }
-                    let count = u32::try_from(count)
-                        .map_err(|_| self.err(format!("{tp}.gpu"), "too many GPUs"))?;
-                    if count == 0 {
-                        GpuRequest::None
-                    } else {
-                        GpuRequest::Whole {
-                            count,
-                            models: t.gpu_models.clone(),
-                        }
-                    }
-                }
-                (None, Some(m)) => {
-                    let milli = self.qty(&format!("{tp}.gpu_milli"), m, parse_count)?;
-                    if milli == 0 || milli >= 1000 {
-                        return Err(self.err(format!("{tp}.gpu_milli"), format!("gpu_milli is {milli}; a fraction of a GPU is 1..999 (use `gpu` for whole GPUs)")));
-                    }
-                    let memory = match &t.gpu_memory {
-                        Some(q) => self.qty(&format!("{tp}.gpu_memory"), q, parse_bytes)?,
-                        None => 0,
-                    };
-                    GpuRequest::Shared {
-                        milli: milli as u32,
-                        memory,
-                        models: t.gpu_models.clone(),
-                    }
-                }
-                (None, None) => {
-                    if !t.gpu_models.is_empty() || t.gpu_memory.is_some() {
-                        return Err(self.err(
-                            format!("{tp}.gpu_models"),
-                            "gpu_models and gpu_memory need `gpu` or `gpu_milli`",
-                        ));
-                    }
-                    GpuRequest::None
-                }
-            };
+                alternatives.push(alt);
+            }
             let names: Vec<String> = match t.replicas {
                 None => vec![t.name.clone()],
                 Some(0) => {
@@ -907,6 +1016,8 @@ impl Builder<'_> {
                     gpu_indices: t.running_gpus.get(k).cloned().unwrap_or_default(),
                     topology: t.gpu_topology,
                     mig_start: None,
+                    gpu_alternatives: alternatives.clone(),
+                    gpu_choice: None,
                 });
             }
         }

@@ -563,10 +563,16 @@ impl State {
                 }
                 let mut count = 0;
                 let mut missing = None;
+                // DRA's prioritized list (the first claim with one): its
+                // first choice, and the others.
+                let mut listed: Option<(u32, Vec<u32>)> = None;
                 for c in &p.claims {
                     match self.claim(&p.namespace, c) {
                         Some(ci) => {
                             count += ci.gpus();
+                            if listed.is_none() && !ci.first_available.is_empty() {
+                                listed = Some((ci.gpus(), ci.gpu_alternatives()));
+                            }
                             if let Some(n) = &ci.allocated_node {
                                 out.claim_pin = Some(n.clone());
                             }
@@ -579,9 +585,20 @@ impl State {
                     return out;
                 }
                 if count > 0 {
+                    let base = task.gpu.whole();
+                    let models = task.gpu.models().to_vec();
+                    if let Some((first, alts)) = listed {
+                        task.gpu_alternatives = alts
+                            .into_iter()
+                            .map(|a| GpuRequest::Whole {
+                                count: count - first + a + base,
+                                models: models.clone(),
+                            })
+                            .collect();
+                    }
                     task.gpu = GpuRequest::Whole {
-                        count: count + task.gpu.whole(),
-                        models: task.gpu.models().to_vec(),
+                        count: count + base,
+                        models,
                     };
                 }
             } else {
@@ -589,7 +606,7 @@ impl State {
                     .claims
                     .iter()
                     .filter_map(|c| self.claim(&p.namespace, c))
-                    .map(|c| c.gpus())
+                    .map(|c| c.held_gpus())
                     .sum();
                 if count > 0 && task.gpu == GpuRequest::None {
                     task.gpu = GpuRequest::Whole {

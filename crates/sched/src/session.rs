@@ -34,6 +34,11 @@ pub trait Observer {
 pub struct NoObserver;
 impl Observer for NoObserver {}
 
+/// What candidates are ranked by (lower is better): topology fit (outside the
+/// gang's network domain, domains spanned beyond one), GPU memory fit,
+/// communication load, CPU/memory fill, node id.
+type ScoreKey = ((u8, u32), u64, usize, u64, NodeId);
+
 /// Allocation rounds at most: each further round follows groups parked in the
 /// one before (see `allocate`).
 const MAX_ROUNDS: usize = 8;
@@ -366,7 +371,7 @@ pub fn explain(snapshot: &Snapshot, cfg: &Config, task: &TaskId) -> Option<Expla
         }
         _ => None,
     };
-    let mut fits: Vec<(((u8, u32), u64, usize, u64, NodeId), NodeVerdict)> = Vec::new();
+    let mut fits: Vec<(ScoreKey, NodeVerdict)> = Vec::new();
     let mut dropped: Vec<NodeVerdict> = Vec::new();
     for n in 0..s.st.nodes.len() as NodeId {
         let name = s.st.nodes[n as usize].src.name.clone();
@@ -943,7 +948,7 @@ impl Session<'_, '_, '_> {
 
     /// The key [`Session::best`] ranks candidates by (lower is better):
     /// topology fit, GPU memory fit, communication load, CPU/memory fill, node.
-    fn score_key(&self, t: u32, n: NodeId, p: &Pick) -> ((u8, u32), u64, usize, u64, NodeId) {
+    fn score_key(&self, t: u32, n: NodeId, p: &Pick) -> ScoreKey {
         let task = &self.st.tasks[t as usize];
         let req = &task.request;
         let spread = self.spread_for(t);
@@ -2282,11 +2287,11 @@ impl Session<'_, '_, '_> {
                             if *count == 1 { "" } else { "s" }
                         ))
                     }
-                    GpuRequest::Mig { profile, .. } if ns.gpus.pick(&ts.gpu, None, 0).is_none() => {
+                    GpuRequest::Mig { profile, .. } if ns.gpus.pick(ts.gpu, None, 0).is_none() => {
                         Some(format!("have no room for a MIG {profile} instance"))
                     }
                     GpuRequest::Whole { count, .. }
-                        if *count > 1 && ns.gpus.pick(&ts.gpu, ts.src.topology, 0).is_none() =>
+                        if *count > 1 && ns.gpus.pick(ts.gpu, ts.src.topology, 0).is_none() =>
                     {
                         let scope = ts.src.topology.map_or(GpuScope::NvlinkDomain, |x| x.scope);
                         for u in ns.gpus.domain_units(scope, ts.gpu.models()) {
@@ -2307,7 +2312,7 @@ impl Session<'_, '_, '_> {
                         milli,
                         memory,
                         models,
-                    } if ns.gpus.select(&ts.gpu).is_none() => {
+                    } if ns.gpus.select(ts.gpu).is_none() => {
                         for g in ns.gpus.slots.iter().filter(|g| {
                             g.mig.is_none() && (models.is_empty() || models.contains(&g.model))
                         }) {

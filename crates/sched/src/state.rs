@@ -403,7 +403,7 @@ impl<'s> State<'s> {
                                 .find(|&(g, s)| !claimed.contains(&(n, g, s)))
                         })
                         .or_else(|| {
-                            let c = ns.gpus.pick(&task.gpu, None, 0)?.mig?;
+                            let c = ns.gpus.pick(task.gpu, None, 0)?.mig?;
                             ns.gpus.assign_mig(profile, &c).then_some((c.gpu, c.start))
                         });
                     match found {
@@ -425,11 +425,10 @@ impl<'s> State<'s> {
                     // snapshot), charge what a fresh selection picks, so
                     // accounting stays whole.
                     let mut gpus = task.gpus.clone();
-                    if gpus.len() != task.gpu.devices() as usize
-                        || !ns.gpus.assign(&task.gpu, &gpus)
+                    if gpus.len() != task.gpu.devices() as usize || !ns.gpus.assign(task.gpu, &gpus)
                     {
-                        gpus = ns.gpus.select(&task.gpu).unwrap_or_default();
-                        ns.gpus.assign(&task.gpu, &gpus);
+                        gpus = ns.gpus.select(task.gpu).unwrap_or_default();
+                        ns.gpus.assign(task.gpu, &gpus);
                     }
                     gpus
                 };
@@ -506,7 +505,7 @@ impl<'s> State<'s> {
         if ns.src.unschedulable || !task.request.fits_in(&ns.free) {
             return None;
         }
-        ns.gpus.pick(&task.gpu, task.src.topology, exclude)
+        ns.gpus.pick(task.gpu, task.src.topology, exclude)
     }
 
     /// Places task `t` on node `n` with the devices of `pick`.

@@ -472,7 +472,7 @@ impl Search<'_, '_> {
             free.add_assign_saturating(&vt.request);
             release(&mut gpus, st, v);
             chosen.push(v);
-            if task.request.fits_in(&free) && gpus.pick(&task.gpu, task.src.topology, 0).is_some() {
+            if task.request.fits_in(&free) && gpus.pick(task.gpu, task.src.topology, 0).is_some() {
                 if !(self.set_ok)(&chosen) {
                     return None;
                 }
@@ -539,8 +539,7 @@ impl Dfs<'_, '_, '_> {
 
     fn fits(&self) -> bool {
         let task = &self.s.st.tasks[self.s.task as usize];
-        task.request.fits_in(&self.free)
-            && self.gpus.pick(&task.gpu, task.src.topology, 0).is_some()
+        task.request.fits_in(&self.free) && self.gpus.pick(task.gpu, task.src.topology, 0).is_some()
     }
 
     fn victims(&self) -> Vec<u32> {

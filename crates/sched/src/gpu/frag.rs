@@ -116,7 +116,8 @@ impl Workload {
             e.0 += 1;
             e.1.mem = e.1.mem.min(s.mem);
         }
-        let mut list: Vec<((i64, u32, u32, u64), u64, PodShape)> =
+        type Key = (i64, u32, u32, u64);
+        let mut list: Vec<(Key, u64, PodShape)> =
             by.into_iter().map(|(k, (c, s))| (k, c, s)).collect();
         list.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| b.0.cmp(&a.0)));
         let want = coverage * shapes.len() as f64;

@@ -79,6 +79,19 @@ pub struct HostConfig {
     /// How long a host's claim on its live sessions holds without renewal
     /// (renewed by the supervision loop at half of it).
     pub lease: Duration,
+    /// The runtime guard of every session sandbox: each command, `execve` and file
+    /// operation is checked for the session's tenant, and output redacted. The default
+    /// is the shipped policy; the server passes its own (the operator's floor and the
+    /// tenants' policies).
+    pub guard: Arc<dyn tessera_sandbox::CommandCheck>,
+    /// Where runtimes' templates are registered (`None`: only `host`).
+    pub templates: Option<tessera_sandbox::TemplateRegistry>,
+    /// Most warm pools kept at once (each keeps `pool_min` sandboxes ready). Pools are
+    /// shared by tenants (a sandbox belongs to a tenant only once claimed) and keyed
+    /// by template digest and limits; past this many, the least recently used pool
+    /// goes, and a new kind of sandbox starts cold. This bounds idle sandboxes to
+    /// `max_pools × pool_min`, whatever tenants ask for.
+    pub max_pools: usize,
 }
 
 impl Default for HostConfig {
@@ -97,6 +110,9 @@ impl Default for HostConfig {
             quotas: runtimes::Quotas::default(),
             exclusive: true,
             lease: Duration::from_secs(30),
+            guard: Arc::new(tessera_sandbox::PolicyGuard::default()),
+            templates: None,
+            max_pools: 8,
         }
     }
 }
@@ -133,6 +149,16 @@ struct Slot {
 
 type SlotRef = Arc<tokio::sync::Mutex<Slot>>;
 
+/// One warm pool and who used it.
+struct PoolEntry {
+    pool: Arc<WarmPool>,
+    /// Tenants whose runtimes use this pool (for `pool_stats`).
+    tenants: std::collections::BTreeSet<String>,
+    /// The template's digest (`host` for the built-in one).
+    digest: String,
+    last_used: Instant,
+}
+
 /// What an invocation returns.
 #[derive(Debug, Clone)]
 pub struct Invocation {
@@ -160,7 +186,7 @@ struct Inner {
     store: AnyStore,
     cfg: HostConfig,
     rt: Result<Arc<Runtime>, String>,
-    pools: Mutex<HashMap<String, Arc<WarmPool>>>,
+    pools: Mutex<HashMap<String, PoolEntry>>,
     slots: Mutex<HashMap<(String, String), SlotRef>>,
     /// The sandbox of each live session, for a kill that must not wait for an
     /// invocation in progress.
@@ -187,26 +213,36 @@ fn owner_host(owner: &str) -> &str {
     owner.split('/').next().unwrap_or_default()
 }
 
-fn sandbox_spec(spec: &RuntimeSpec) -> SandboxSpec {
-    SandboxSpec {
-        template: if spec.template == "host" {
-            Template::Host
-        } else {
-            Template::Dir(PathBuf::from(&spec.template))
+/// The sandbox a runtime's sessions get, and its template's digest. The template is
+/// resolved through the registry: a name, never a host path.
+fn sandbox_spec(
+    spec: &RuntimeSpec,
+    templates: Option<&tessera_sandbox::TemplateRegistry>,
+) -> Result<(SandboxSpec, String), AgentError> {
+    let (template, digest) = tessera_sandbox::registry::resolve_in(templates, &spec.template)
+        .map_err(|e| AgentError::invalid("template", e.to_string()))?;
+    Ok((
+        SandboxSpec {
+            template,
+            limits: Limits {
+                memory_bytes: Some(spec.resources.memory_mb << 20),
+                cpu_millis: Some(spec.resources.cpu_millis),
+                pids: Some(spec.resources.pids),
+                disk_bytes: spec.resources.disk_mb << 20,
+            },
+            hostname: "agent".into(),
+            ..SandboxSpec::default()
         },
-        limits: Limits {
-            memory_bytes: Some(spec.resources.memory_mb << 20),
-            cpu_millis: Some(spec.resources.cpu_millis),
-            pids: Some(spec.resources.pids),
-            disk_bytes: spec.resources.disk_mb << 20,
-        },
-        hostname: "agent".into(),
-        ..SandboxSpec::default()
-    }
+        digest,
+    ))
 }
 
-fn pool_key(s: &SandboxSpec) -> String {
-    serde_json::to_string(s).unwrap_or_default()
+/// A pool's key: the template's digest (never its path, so no spelling of a path
+/// makes a second pool) and everything else of the spec.
+fn pool_key(s: &SandboxSpec, digest: &str) -> String {
+    let mut k = s.clone();
+    k.template = Template::Host;
+    format!("{digest}|{}", serde_json::to_string(&k).unwrap_or_default())
 }
 
 /// CPU seconds used by a sandbox's processes, read from `/proc`: each live
@@ -261,6 +297,7 @@ impl Host {
         let rt = Runtime::new(RuntimeConfig {
             init: cfg.init.clone(),
             cgroups: cfg.cgroups,
+            guard: cfg.guard.clone(),
             ..RuntimeConfig::default()
         })
         .map_err(|e| e.to_string());
@@ -287,44 +324,77 @@ impl Host {
         &self.inner.cfg
     }
 
-    fn pool(&self, spec: &RuntimeSpec) -> Result<Arc<WarmPool>, AgentError> {
+    fn pool(&self, tenant: &str, spec: &RuntimeSpec) -> Result<Arc<WarmPool>, AgentError> {
         let rt =
             self.inner.rt.clone().map_err(|e| {
                 AgentError::Unavailable(format!("sandboxes cannot be made here: {e}"))
             })?;
-        let ss = sandbox_spec(spec);
-        let k = pool_key(&ss);
+        let (ss, digest) = sandbox_spec(spec, self.inner.cfg.templates.as_ref())?;
+        let k = pool_key(&ss, &digest);
         let mut pools = self.inner.pools.lock().unwrap_or_else(|p| p.into_inner());
-        Ok(pools
-            .entry(k)
-            .or_insert_with(|| {
-                Arc::new(WarmPool::new(
-                    rt,
-                    ss,
-                    PoolConfig {
-                        min: self.inner.cfg.pool_min,
-                        max: self.inner.cfg.pool_max,
-                        ..PoolConfig::default()
-                    },
-                ))
-            })
-            .clone())
+        if let Some(e) = pools.get_mut(&k) {
+            e.last_used = Instant::now();
+            e.tenants.insert(tenant.to_string());
+            return Ok(e.pool.clone());
+        }
+        let cfg = &self.inner.cfg;
+        if pools.len() >= cfg.max_pools.max(1) {
+            // The least recently used pool goes (its ready sandboxes with it; claimed
+            // ones stay with their sessions).
+            if let Some(old) = pools
+                .iter()
+                .min_by_key(|(_, e)| e.last_used)
+                .map(|(k, _)| k.clone())
+            {
+                pools.remove(&old);
+            }
+        }
+        let pool = Arc::new(WarmPool::new(
+            rt,
+            ss,
+            PoolConfig {
+                min: cfg.pool_min,
+                max: cfg.pool_max,
+                ..PoolConfig::default()
+            },
+        ));
+        pools.insert(
+            k,
+            PoolEntry {
+                pool: pool.clone(),
+                tenants: [tenant.to_string()].into(),
+                digest,
+                last_used: Instant::now(),
+            },
+        );
+        Ok(pool)
+    }
+
+    /// Checks that this host can run the runtime: its template is registered here.
+    pub fn check(&self, spec: &RuntimeSpec) -> Result<(), AgentError> {
+        sandbox_spec(spec, self.inner.cfg.templates.as_ref()).map(drop)
     }
 
     /// Starts a warm pool for the runtime's template (called when a runtime
     /// is created or updated), so its first session claims a ready sandbox.
-    pub fn prime(&self, spec: &RuntimeSpec) {
-        let _ = self.pool(spec);
+    /// Fails when the runtime's template is not registered.
+    pub fn prime(&self, tenant: &str, spec: &RuntimeSpec) -> Result<(), AgentError> {
+        match self.pool(tenant, spec) {
+            Ok(_) | Err(AgentError::Unavailable(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
-    /// Warm-pool statistics, one entry per template.
-    pub fn pool_stats(&self) -> Vec<tessera_sandbox::PoolStats> {
+    /// Statistics of the warm pools `tenant`'s runtimes use (another tenant's are not
+    /// shown), with each pool's template digest.
+    pub fn pool_stats(&self, tenant: &str) -> Vec<(String, tessera_sandbox::PoolStats)> {
         self.inner
             .pools
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .values()
-            .map(|p| p.stats())
+            .filter(|e| e.tenants.contains(tenant))
+            .map(|e| (e.digest.clone(), e.pool.stats()))
             .collect()
     }
 
@@ -517,8 +587,14 @@ impl Host {
             .await;
             live.last_used = Instant::now();
             match r {
-                Ok(reply) => {
+                Ok(mut reply) => {
                     drop(g);
+                    // The agent's reply is output leaving tenant code: redacted.
+                    let at = format!("session {} reply", s.id);
+                    if let Some(b) = self.inner.cfg.guard.redact(Some(tenant), &at, &reply.body) {
+                        reply.body = b;
+                        reply.headers.retain(|(k, _)| k != "content-length");
+                    }
                     let duration_ms = t0.elapsed().as_secs_f64() * 1e3;
                     let s = self
                         .after_invoke(tenant, &s, &reply, started_ms, duration_ms)
@@ -657,7 +733,7 @@ impl Host {
         rv: &RuntimeVersion,
     ) -> Result<Live, AgentError> {
         let store = &self.inner.store;
-        let pool = self.pool(&rv.spec)?;
+        let pool = self.pool(tenant, &rv.spec)?;
         let key = self.key_for(tenant, s).await?;
         let mut last = String::new();
         for attempt in 0..self.inner.cfg.start_attempts.max(1) {
@@ -684,7 +760,11 @@ impl Host {
             .await?;
             let p = pool.clone();
             let sb = match tokio::task::spawn_blocking(move || p.claim()).await {
-                Ok(Ok(sb)) => Arc::new(sb),
+                Ok(Ok(mut sb)) => {
+                    // The guard checks this session's commands as its tenant's.
+                    sb.set_tenant(Some(tenant.to_string()));
+                    Arc::new(sb)
+                }
                 Ok(Err(e)) => {
                     last = format!("claiming a sandbox: {e}");
                     continue;
@@ -1006,13 +1086,27 @@ impl Host {
             return json!({"busy": true});
         };
         match &g.live {
-            Some(l) => json!({
-                "sandbox": l.sb.id(),
-                "pid": l.sb.pid(),
-                "idle_for_ms": l.last_used.elapsed().as_millis() as u64,
-                "agent_exited": l.exited.load(Ordering::Acquire),
-                "output_tail": l.output.lock().unwrap_or_else(|p| p.into_inner()).clone(),
-            }),
+            Some(l) => {
+                // The agent's own output: redacted like any output leaving tenant code.
+                let tail = l.output.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                let at = format!("session {id} output");
+                let tail = match self
+                    .inner
+                    .cfg
+                    .guard
+                    .redact(Some(tenant), &at, tail.as_bytes())
+                {
+                    Some(b) => String::from_utf8_lossy(&b).into_owned(),
+                    None => tail,
+                };
+                // No host pid: it says nothing to a tenant and something to an attacker.
+                json!({
+                    "sandbox": l.sb.id(),
+                    "idle_for_ms": l.last_used.elapsed().as_millis() as u64,
+                    "agent_exited": l.exited.load(Ordering::Acquire),
+                    "output_tail": tail,
+                })
+            }
             None => Value::Null,
         }
     }

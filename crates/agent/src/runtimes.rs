@@ -70,8 +70,8 @@ pub struct RuntimeSpec {
     /// The agent's server: argv, run inside the sandbox; it must serve the
     /// agent contract on the unix socket `$TESSERA_AGENT_SOCKET`.
     pub command: Vec<String>,
-    /// `host` (the host's `/usr` read-only) or an absolute directory holding a
-    /// root filesystem.
+    /// `host` (the host's `/usr` read-only) or a registered template: `NAME` or
+    /// `NAME@sha256:<hex>` (`GET /v1/templates`). Never a host path.
     #[serde(default = "default_template")]
     pub template: String,
     #[serde(default)]
@@ -121,14 +121,10 @@ impl RuntimeSpec {
                 ));
             }
         }
-        if self.template != "host" && !self.template.starts_with('/') {
-            return Err(AgentError::invalid(
-                "template",
-                format!(
-                    "{:?}: use \"host\" or an absolute directory holding a root filesystem",
-                    self.template
-                ),
-            ));
+        if self.template != tessera_sandbox::registry::HOST_TEMPLATE
+            && let Err(e) = tessera_sandbox::registry::parse_reference(&self.template)
+        {
+            return Err(AgentError::invalid("template", e.to_string()));
         }
         let r = &self.resources;
         if !(10..=64_000).contains(&r.cpu_millis) {

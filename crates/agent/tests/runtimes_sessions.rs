@@ -153,7 +153,16 @@ fn bad_specs_name_the_field() {
         ),
         (
             json!({"command": ["x"], "template": "rel/dir"}),
-            "template: \"rel/dir\": use \"host\"",
+            "template: template \"rel/dir\": a template is named",
+        ),
+        // A host path from a tenant is refused: templates are registered, never paths.
+        (
+            json!({"command": ["x"], "template": "/"}),
+            "template: template \"/\": a template is named",
+        ),
+        (
+            json!({"command": ["x"], "template": "/usr/.."}),
+            "template: template \"/usr/..\": a template is named",
         ),
         (
             json!({"command": ["x"], "idle_timeout_s": 0}),

@@ -91,6 +91,7 @@ pub async fn run(cfg: &BenchConfig) -> Result<Vec<ModeSamples>, String> {
         max_in_flight: 1024,
         max_queue: 4096,
         queue_timeout_ms: 10_000,
+        redact: Default::default(),
     })?;
     let url = serve(gw.clone())
         .await

@@ -136,6 +136,21 @@ pub struct PoolSpec {
     /// Longest wait at the gateway, ms, before 429.
     #[serde(default = "default_queue_ms")]
     pub queue_timeout_ms: u64,
+    /// What of the engines' answers the control plane redacts before they reach the
+    /// caller: `credentials` (the default: keys, tokens, private keys), `all` (personal
+    /// data too) or `off`. The gateway only carries the setting; the server redacts.
+    #[serde(default)]
+    pub redact: Redact,
+}
+
+/// A pool's redaction of completions (see [`PoolSpec::redact`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Redact {
+    Off,
+    #[default]
+    Credentials,
+    All,
 }
 
 fn default_in_flight() -> u32 {
@@ -836,6 +851,13 @@ impl Gateway {
         axum::Json(json!({"object": "list", "data": data})).into_response()
     }
 
+    /// The redaction setting of the pool serving `model` (the default when none does).
+    pub fn redact_mode(&self, model: &str) -> Redact {
+        self.pool_for_model(model)
+            .and_then(|p| p.inner.lock().ok().map(|g| g.spec.redact))
+            .unwrap_or_default()
+    }
+
     fn pool_for_model(&self, model: &str) -> Option<Arc<Pool>> {
         let pools = self.pools.read().ok()?;
         pools
@@ -1387,6 +1409,7 @@ mod tests {
             max_in_flight: 4,
             max_queue: 4,
             queue_timeout_ms: 10,
+            redact: Redact::default(),
         };
         assert!(p.validate().unwrap_err().starts_with("endpoints[0].url"));
         p.endpoints[0].url = "http://x".into();

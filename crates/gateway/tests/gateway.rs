@@ -42,6 +42,7 @@ async fn harness(engines: &[&mock::MockEngine], max_in_flight: u32, max_queue: u
         max_in_flight,
         max_queue,
         queue_timeout_ms: 300,
+        redact: Default::default(),
     })
     .unwrap();
     let g2 = gw.clone();

@@ -17,13 +17,16 @@ mod analyze;
 mod glob;
 mod paths;
 mod policy;
+mod redact;
 mod rules;
 mod scan;
 mod types;
+mod validate;
 
 pub use glob::Glob;
 pub use paths::{check_path, normalize};
 pub use policy::{Limits, Policy, PolicyError};
+pub use redact::{Redaction, Redactor};
 pub use rules::{BUILTIN_RULES, RuleInfo, RuleKind, builtin};
 pub use scan::{ScanStream, Scanner};
 pub use types::{Decision, FileOp, Finding, PathRule, SecretMatch, Severity, Verdict};
@@ -60,6 +63,49 @@ pub fn check_command_counted(
     }
     let work = a.work();
     (rules::finish(a.out), work)
+}
+
+/// Whether the runtime should identify copies of and links to the program `name` by
+/// what they are (its inode, or its content), so that [`check_exec`] judges them as the
+/// original: every program the guard has rules for — deleters (`rm`, `dd`, `shred`,
+/// `mkfs.*`, …), shells, interpreters, downloaders, network tools, wrappers that run
+/// another program, `busybox`/`toybox`.
+pub fn followed_program(name: &str) -> bool {
+    analyze::followed(name)
+}
+
+/// The argv the guard judges for an `execve` of `argv` whose file the runtime
+/// identified as the program `program` (a name [`followed_program`] accepts): `argv[0]`
+/// replaced by that name, so `/tmp/del -rf /` that is a copy of `rm` is `rm -rf /`. A
+/// multi-call binary runs the applet it was called as (`busybox` called as `rm` is
+/// `busybox rm`), unless it was called by its own name. Without an identity, or when
+/// the name already is the program's, `argv` unchanged.
+pub fn exec_argv(argv: &[String], program: Option<&str>) -> Vec<String> {
+    let Some(program) = program.filter(|p| !p.is_empty()) else {
+        return argv.to_vec();
+    };
+    let called = argv.first().map(|a| analyze::basename(a)).unwrap_or("");
+    if called == program {
+        return argv.to_vec();
+    }
+    let mut out = vec![program.to_string()];
+    if analyze::MULTICALL.contains(&program) && !called.starts_with(program) && !called.is_empty() {
+        out.push(called.to_string());
+    }
+    out.extend(argv.iter().skip(1).cloned());
+    out
+}
+
+/// Checks an `execve` of `argv` whose file the runtime identified as `program` (see
+/// [`exec_argv`]): the same rules as [`check_argv`], applied to what really runs.
+/// Spans are offsets in [`exec_argv`]'s result joined by single spaces.
+pub fn check_exec(
+    policy: &Policy,
+    tenant: Option<&str>,
+    argv: &[String],
+    program: Option<&str>,
+) -> Verdict {
+    check_argv(policy, tenant, &exec_argv(argv, program))
 }
 
 /// Checks a program about to be executed with this argv (an `execve`): no shell

@@ -9,245 +9,29 @@
 
 use regex::bytes::Regex;
 
+use crate::Policy;
 use crate::policy::ExceptionKind;
+use crate::redact::Redactor;
 use crate::types::SecretMatch;
-use crate::{Policy, builtin};
+use crate::validate::{
+    any_ok, bounded, card_ok, cn_id_ok, cn_mobile_ok, dburl_ok, email_ok, generic_ok, iban_ok,
+    ipv4_ok, jwt_ok, openai_ok, phone_ok_plus, private_key_end, private_key_ok,
+};
 
 type Validate = fn(&[u8], usize, usize) -> bool;
 
-struct SRule {
-    id: &'static str,
+pub(crate) struct SRule {
+    pub(crate) id: &'static str,
     kind: &'static str,
-    re: Regex,
-    back: usize,
-    fwd: usize,
+    pub(crate) re: Regex,
+    pub(crate) back: usize,
+    pub(crate) fwd: usize,
     validate: Validate,
 }
 
 /// Longest match any rule can produce (private key blocks); the stream keeps this
 /// much context.
-const MAX_MATCH: usize = 12 * 1024;
-const WORD: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-
-fn is_word(b: u8) -> bool {
-    b.is_ascii_alphanumeric()
-}
-fn bounded(h: &[u8], s: usize, e: usize) -> bool {
-    (s == 0 || !is_word(h[s - 1]) && h[s - 1] != b'_' && h[s - 1] != b'-')
-        && (e >= h.len() || !is_word(h[e]) && h[e] != b'_')
-}
-fn digit_bounded(h: &[u8], s: usize, e: usize) -> bool {
-    let before_ok =
-        s == 0 || !(h[s - 1].is_ascii_alphanumeric() || matches!(h[s - 1], b'.' | b'-' | b'/'));
-    let joins_digit =
-        |i: usize| matches!(h[i], b'.' | b'-') && i + 1 < h.len() && h[i + 1].is_ascii_digit();
-    let after_ok = e >= h.len() || !(h[e].is_ascii_alphanumeric() || joins_digit(e));
-    before_ok && after_ok
-}
-fn any_ok(_: &[u8], _: usize, _: usize) -> bool {
-    true
-}
-
-fn entropy(v: &[u8]) -> f64 {
-    let mut counts = [0u32; 256];
-    for &b in v {
-        counts[b as usize] += 1;
-    }
-    let n = v.len() as f64;
-    counts
-        .iter()
-        .filter(|c| **c > 0)
-        .map(|&c| {
-            let p = c as f64 / n;
-            -p * p.log2()
-        })
-        .sum()
-}
-
-fn generic_ok(h: &[u8], s: usize, e: usize) -> bool {
-    let v = &h[s..e];
-    if v.len() < 12 || matches!(v[0], b'$' | b'{' | b'<' | b'%') {
-        return false;
-    }
-    let digits = v.iter().any(u8::is_ascii_digit);
-    let letters = v.iter().any(u8::is_ascii_alphabetic);
-    digits && letters && entropy(v) >= 3.3 && (e >= h.len() || !is_word(h[e]))
-}
-
-fn dburl_ok(h: &[u8], s: usize, e: usize) -> bool {
-    let v = &h[s..e];
-    !(v.is_empty()
-        || matches!(v[0], b'$' | b'{' | b'<' | b'%')
-        || v.iter().all(|b| *b == b'*' || *b == b'x' || *b == b'X'))
-}
-
-fn openai_ok(h: &[u8], s: usize, e: usize) -> bool {
-    let v = &h[s..e];
-    !v.starts_with(b"sk-ant-")
-        && bounded(h, s, e)
-        && v.iter().skip(3).any(u8::is_ascii_digit)
-        && v.iter().skip(3).any(u8::is_ascii_alphabetic)
-        && e - s >= 40
-}
-
-fn jwt_ok(h: &[u8], s: usize, e: usize) -> bool {
-    if !bounded(h, s, e) {
-        return false;
-    }
-    let head = h[s..e].split(|b| *b == b'.').next().unwrap_or(b"");
-    let mut buf = 0u32;
-    let mut bits = 0;
-    let mut out = Vec::new();
-    for &c in head {
-        let v = match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'-' | b'+' => 62,
-            b'_' | b'/' => 63,
-            _ => return false,
-        };
-        buf = (buf << 6) | v as u32;
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((buf >> bits) as u8);
-            buf &= (1 << bits) - 1;
-        }
-    }
-    out.starts_with(b"{") && out.windows(5).any(|w| w == b"\"alg\"")
-}
-
-/// Luhn checksum over the digits of `v`.
-pub fn luhn(v: &[u8]) -> bool {
-    let d: Vec<u32> = v
-        .iter()
-        .filter(|b| b.is_ascii_digit())
-        .map(|b| (b - b'0') as u32)
-        .collect();
-    if d.len() < 12 {
-        return false;
-    }
-    let mut sum = 0;
-    for (i, x) in d.iter().rev().enumerate() {
-        let mut y = *x;
-        if i % 2 == 1 {
-            y *= 2;
-            if y > 9 {
-                y -= 9;
-            }
-        }
-        sum += y;
-    }
-    sum % 10 == 0
-}
-
-fn card_ok(h: &[u8], s: usize, e: usize) -> bool {
-    let v = &h[s..e];
-    let digits: Vec<u8> = v.iter().copied().filter(u8::is_ascii_digit).collect();
-    (13..=19).contains(&digits.len())
-        && matches!(digits[0], b'2'..=b'6')
-        && !digits.iter().all(|d| *d == digits[0])
-        && luhn(v)
-        && digit_bounded(h, s, e)
-}
-
-/// Chinese resident identity number: 17 digits + check character (ISO 7064 MOD 11-2),
-/// with a plausible birth date.
-pub fn cn_id_ok_bytes(v: &[u8]) -> bool {
-    if v.len() != 18 || !v[..17].iter().all(u8::is_ascii_digit) {
-        return false;
-    }
-    const W: [u32; 17] = [7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2];
-    const C: &[u8; 11] = b"10X98765432";
-    let sum: u32 = v[..17]
-        .iter()
-        .zip(W)
-        .map(|(d, w)| (d - b'0') as u32 * w)
-        .sum();
-    let check = C[(sum % 11) as usize];
-    let last = v[17].to_ascii_uppercase();
-    let num = |a: usize, b: usize| {
-        std::str::from_utf8(&v[a..b])
-            .ok()
-            .and_then(|s| s.parse::<u32>().ok())
-            .unwrap_or(0)
-    };
-    let (y, m, d) = (num(6, 10), num(10, 12), num(12, 14));
-    last == check && (1900..=2100).contains(&y) && (1..=12).contains(&m) && (1..=31).contains(&d)
-}
-
-fn cn_id_ok(h: &[u8], s: usize, e: usize) -> bool {
-    cn_id_ok_bytes(&h[s..e]) && digit_bounded(h, s, e)
-}
-
-/// IBAN mod-97 check (spaces ignored).
-pub fn iban_ok_bytes(v: &[u8]) -> bool {
-    let c: Vec<u8> = v.iter().copied().filter(|b| *b != b' ').collect();
-    if c.len() < 15 || c.len() > 34 {
-        return false;
-    }
-    let mut rem: u32 = 0;
-    for &b in c[4..].iter().chain(&c[..4]) {
-        let val = match b {
-            b'0'..=b'9' => (b - b'0') as u32,
-            b'A'..=b'Z' => (b - b'A') as u32 + 10,
-            _ => return false,
-        };
-        rem = if val >= 10 {
-            (rem * 100 + val) % 97
-        } else {
-            (rem * 10 + val) % 97
-        };
-    }
-    rem == 1
-}
-
-fn iban_ok(h: &[u8], s: usize, e: usize) -> bool {
-    iban_ok_bytes(&h[s..e]) && bounded(h, s, e)
-}
-
-fn phone_ok(h: &[u8], s: usize, e: usize) -> bool {
-    let digits = h[s..e].iter().filter(|b| b.is_ascii_digit()).count();
-    (8..=15).contains(&digits) && digit_bounded(h, s, e) && (s == 0 || h[s - 1] != b'+')
-}
-
-fn ipv4_ok(h: &[u8], s: usize, e: usize) -> bool {
-    let v = &h[s..e];
-    if !digit_bounded(h, s, e)
-        || v.starts_with(b"0.")
-        || v.starts_with(b"127.")
-        || v == b"255.255.255.255"
-    {
-        return false;
-    }
-    // Not a version string: "v1.2.3.4" or "version 1.2.3.4" are still IPs to us, but
-    // a fifth component is not.
-    true
-}
-
-fn email_ok(h: &[u8], s: usize, e: usize) -> bool {
-    let v = &h[s..e];
-    let tld_start = v
-        .iter()
-        .rposition(|b| *b == b'.')
-        .map(|i| i + 1)
-        .unwrap_or(0);
-    let tld = v[tld_start..].to_ascii_lowercase();
-    let at = v.iter().position(|b| *b == b'@').unwrap_or(0);
-    !matches!(
-        tld.as_slice(),
-        b"png" | b"jpg" | b"jpeg" | b"gif" | b"svg" | b"webp" | b"ico" | b"bmp" | b"tif" | b"tiff"
-    ) && at > 0
-        && v[0] != b'.'
-        && v[at - 1] != b'.'
-        && (s == 0 || !(is_word(h[s - 1]) || b"._%+-".contains(&h[s - 1])))
-        && (e >= h.len() || !is_word(h[e]))
-}
-
-fn private_key_ok(_: &[u8], _: usize, _: usize) -> bool {
-    true
-}
+pub(crate) const MAX_MATCH: usize = 12 * 1024;
 
 struct KwRule {
     keywords: &'static [&'static str],
@@ -440,29 +224,21 @@ const CASE_VARIANTS: &[&str] = &[
     "access_key",
 ];
 
-/// Rule ids that are personal data; everything else is `secret`.
-const PII: &[&str] = &[
-    "email",
-    "phone",
-    "bank_card",
-    "cn_resident_id",
-    "iban",
-    "ipv4",
-];
-
 /// A compiled scanner for one policy. Share it; scanning takes `&self`.
 #[derive(Debug)]
 pub struct Scanner {
     inner: std::sync::Arc<Inner>,
 }
 
-struct Inner {
-    pre: Regex,
-    kw_lower: Vec<Vec<u8>>,
-    kw_to_rules: Vec<Vec<usize>>,
-    kw_rules: Vec<SRule>,
-    num: NumRules,
-    enabled_email: bool,
+pub(crate) struct Inner {
+    pub(crate) pre: Regex,
+    /// The prefilter's literals, as searched (case variants included).
+    pub(crate) lits: Vec<Vec<u8>>,
+    pub(crate) kw_lower: Vec<Vec<u8>>,
+    pub(crate) kw_to_rules: Vec<Vec<usize>>,
+    pub(crate) kw_rules: Vec<SRule>,
+    pub(crate) num: NumRules,
+    pub(crate) enabled_email: bool,
     text_exceptions: Vec<(String, Vec<u8>)>,
 }
 
@@ -474,7 +250,7 @@ impl std::fmt::Debug for Inner {
     }
 }
 
-struct NumRules {
+pub(crate) struct NumRules {
     email: Regex,
     phone_intl: Regex,
     phone_cn: Regex,
@@ -482,7 +258,8 @@ struct NumRules {
     cn_id: Regex,
     iban: Regex,
     ipv4: Regex,
-    enabled: [bool; 6],
+    /// email, phone, bank_card, cn_resident_id, iban, ipv4.
+    pub(crate) enabled: [bool; 6],
 }
 
 impl Scanner {
@@ -590,6 +367,7 @@ impl Scanner {
         Scanner {
             inner: std::sync::Arc::new(Inner {
                 pre,
+                lits: lits.iter().map(|l| l.as_bytes().to_vec()).collect(),
                 kw_lower,
                 kw_to_rules,
                 kw_rules,
@@ -623,6 +401,12 @@ impl Scanner {
         out
     }
 
+    /// A streaming redactor: feed chunks, get the redacted bytes that are certain, with
+    /// a secret split across chunks held back until it is whole (see [`Redactor`]).
+    pub fn redactor(&self) -> Redactor {
+        Redactor::new(self.inner.clone())
+    }
+
     /// A streaming scanner: feed chunks, get matches with absolute offsets, including
     /// matches that straddle chunk boundaries.
     pub fn stream(&self) -> ScanStream {
@@ -636,7 +420,7 @@ impl Scanner {
 }
 
 impl Inner {
-    fn scan(&self, h: &[u8]) -> Vec<SecretMatch> {
+    pub(crate) fn scan(&self, h: &[u8]) -> Vec<SecretMatch> {
         let mut found: Vec<(usize, usize, &'static str, &'static str)> = Vec::new();
         let mut last_end = vec![0usize; self.kw_rules.len()];
         for m in self.pre.find_iter(h) {
@@ -864,35 +648,6 @@ impl Inner {
     }
 }
 
-fn phone_ok_plus(h: &[u8], s: usize, e: usize) -> bool {
-    let digits = h[s..e].iter().filter(|b| b.is_ascii_digit()).count();
-    (8..=15).contains(&digits)
-        && (e >= h.len() || !h[e].is_ascii_alphanumeric())
-        && (s == 0 || !h[s - 1].is_ascii_alphanumeric())
-}
-
-fn cn_mobile_ok(h: &[u8], s: usize, e: usize) -> bool {
-    phone_ok(h, s, e) && h[e - 11] == b'1'
-}
-
-fn private_key_end(h: &[u8], header_end: usize) -> usize {
-    let lim = (header_end + MAX_MATCH - 128).min(h.len());
-    let hay = &h[header_end..lim];
-    let Some(i) = memfind(hay, b"-----END ") else {
-        return header_end;
-    };
-    let after = header_end + i + 9;
-    let rest = &h[after..lim];
-    match memfind(rest, b"-----") {
-        Some(j) if j < 48 && memfind(&rest[..j], b"PRIVATE KEY").is_some() => after + j + 5,
-        _ => header_end,
-    }
-}
-
-fn memfind(h: &[u8], n: &[u8]) -> Option<usize> {
-    h.windows(n.len()).position(|w| w == n)
-}
-
 /// Streaming scan state; see [`Scanner::stream`].
 #[derive(Debug)]
 pub struct ScanStream {
@@ -957,14 +712,4 @@ impl ScanStream {
         self.buf.clear();
         out
     }
-}
-
-#[allow(dead_code)]
-fn kind_of(id: &str) -> &'static str {
-    if PII.contains(&id) { "pii" } else { "secret" }
-}
-
-#[allow(dead_code)]
-fn _unused() -> (&'static [u8], Option<&'static crate::RuleInfo>) {
-    (WORD, builtin("email"))
 }

@@ -113,8 +113,78 @@ const PARTS: &[&str] = &[
     "lorem ipsum dolor sit amet 2024-01-15 10:23:45 ",
 ];
 
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
 static POLICY: std::sync::LazyLock<Policy> = std::sync::LazyLock::new(Policy::default);
 static SCANNER: std::sync::LazyLock<Scanner> = std::sync::LazyLock::new(|| Scanner::new(&POLICY));
+
+/// Pieces of interpreter code: the calls, values and punctuation the code reader
+/// looks at (see `analyze/code.rs`).
+const CODE_TOKENS: &[&str] = &[
+    "shutil.rmtree(",
+    "rmtree",
+    "FileUtils.rm_rf ",
+    "fs.rmSync(",
+    "{recursive: true}",
+    "os.system(",
+    "system ",
+    "exec(",
+    "eval(",
+    "subprocess.run(",
+    "os.walk(",
+    ".rglob(",
+    "os.remove(",
+    "Pathname.new(",
+    ").rmtree",
+    "os.path.join(",
+    "Path.home()",
+    "os.homedir()",
+    "Dir.home",
+    "$ENV{HOME}",
+    "os.sep",
+    "sys.argv[1]",
+    "ARGV[0]",
+    "base64.b64decode(",
+    "'cm0gLXJmIC8='",
+    ".decode()",
+    "Buffer.from(",
+    "'base64'",
+    ".toString()",
+    "from shutil import rmtree as n",
+    "n(",
+    "p = ",
+    "p",
+    "'/'",
+    "\"/etc\"",
+    "'rm -rf '",
+    "\"/tmp/x\"",
+    "f'/{x}'",
+    "`${x}`",
+    "(",
+    ")",
+    "[",
+    "]",
+    "{",
+    "}",
+    ",",
+    "+",
+    " . ",
+    " / ",
+    ";",
+    "\n",
+    "'",
+    "\"",
+    "`",
+    "\\",
+    " ",
+    "ü",
+];
+
+fn code_text() -> impl Strategy<Value = String> {
+    prop::collection::vec(prop::sample::select(CODE_TOKENS), 0..80).prop_map(|v| v.concat())
+}
 
 fn shell_text() -> impl Strategy<Value = String> {
     prop::collection::vec(prop::sample::select(TOKENS), 0..120).prop_map(|v| v.join(" "))
@@ -145,6 +215,24 @@ proptest! {
         let _ = check_path(p, None, FileOp::Read, &s);
         let _ = check_argv(p, None, &[s.clone(), s.clone()]);
         let _ = SCANNER.redact(s.as_bytes());
+    }
+
+    #[test]
+    fn interpreter_code_never_panics_and_work_is_bounded(code in code_text(), any_code in any::<String>()) {
+        let p = &*POLICY;
+        for c in [&code, &any_code] {
+            for interp in [["python3", "-c"], ["perl", "-e"], ["ruby", "-e"], ["node", "-e"]] {
+                let argv = vec![interp[0].to_string(), interp[1].to_string(), c.clone(), "/".to_string()];
+                let v = check_argv(p, None, &argv);
+                let joined = argv.join(" ");
+                for f in &v.findings {
+                    prop_assert!(f.span.0 <= f.span.1 && f.span.1 <= joined.len());
+                }
+            }
+            let line = format!("python3 -c {}", shell_quote(c));
+            let (_, work) = check_command_counted(p, None, &line);
+            prop_assert!(work <= p.limits().max_work + 64 + line.len() / 64);
+        }
     }
 
     #[test]
@@ -183,6 +271,180 @@ proptest! {
         got.extend(st.finish());
         prop_assert_eq!(got, whole);
     }
+}
+
+/// Pieces for the streaming redactor: secrets of every rule, look-alikes, partial
+/// keywords, blocks that open and never close.
+const STREAM_PARTS: &[&str] = &[
+    "hello world ",
+    "AKIAQWERTYUIOPASDFGH ",
+    "AKI",
+    "mail alice@example.com ",
+    "bob@",
+    "example.org\n",
+    "4111 1111 1111 1111 ",
+    "4111",
+    " 1111",
+    "ghp_abcdefghijklmnopqrstuvwxyz0123456789 ",
+    "13800138000 ",
+    "+44 20 7946 0958 ",
+    "x",
+    "-----BEGIN RSA PRIVATE KEY-----\nMIIBOgIBAAJBAKj34Gkx\n-----END RSA PRIVATE KEY-----\n",
+    "-----BEGIN ",
+    "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n",
+    "password = \"Xk9mP2vL7qR4tZ8w\"\n",
+    "password",
+    " = ",
+    "Xk9mP2vL7qR4tZ8w",
+    "203.0.113.7 ",
+    "version 1.2.3.4 ",
+    "GB82 WEST 1234 5698 7654 32 ",
+    "DE89370400440532013000 ",
+    "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U ",
+    "eyJ",
+    "postgres://app:S3cretPw@db:5432/app ",
+    "https://hooks.slack.com/services/T0000000/B0000000/XXXXXXXXXXXXXXXXXXXXXXXX ",
+    "11010519491231002X ",
+    "lorem ipsum dolor sit amet 2024-01-15 10:23:45 ",
+    "\n",
+    " ",
+    "ü",
+];
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, .. ProptestConfig::default() })]
+
+    /// Chunked redaction releases exactly the whole text's redaction, reports exactly
+    /// the whole scan's findings, and never holds more than the longest window.
+    #[test]
+    fn streaming_redaction_equals_whole_redaction(
+        parts in prop::collection::vec(prop::sample::select(STREAM_PARTS), 0..400),
+        cuts in prop::collection::vec(1usize..700, 1..20),
+    ) {
+        let text: String = parts.concat();
+        let b = text.as_bytes();
+        let sc = &*SCANNER;
+        let mut r = sc.redactor();
+        let mut out = Vec::new();
+        let (mut at, mut k) = (0, 0);
+        while at < b.len() {
+            let n = cuts[k % cuts.len()].min(b.len() - at);
+            out.extend(r.push(&b[at..at + n]));
+            at += n;
+            k += 1;
+            prop_assert!(r.held() <= 12 * 1024 + 2048, "held {}", r.held());
+        }
+        out.extend(r.finish());
+        let whole = sc.redact(b);
+        prop_assert_eq!(String::from_utf8_lossy(&out), String::from_utf8_lossy(&whole));
+        let want: Vec<(String, u64, u64)> = sc
+            .scan(b)
+            .into_iter()
+            .map(|m| (m.rule, m.start as u64, (m.end - m.start) as u64))
+            .collect();
+        let got: Vec<(String, u64, u64)> = r
+            .findings()
+            .iter()
+            .map(|f| (f.rule.clone(), f.offset, f.len))
+            .collect();
+        prop_assert_eq!(got, want);
+        prop_assert_eq!(r.redacted(), !r.findings().is_empty());
+    }
+}
+
+/// Bytes the scanner's tokenizers care about: digits and their separators, capitals
+/// (IBAN, keys), `@` and e-mail characters, key prefixes, whitespace.
+const STREAM_BYTES: &[&str] = &[
+    "0",
+    "1",
+    "3",
+    "4",
+    "8",
+    "9",
+    " ",
+    "-",
+    ".",
+    "+",
+    "@",
+    "A",
+    "G",
+    "B",
+    "X",
+    "a",
+    "x",
+    "\n",
+    "\t",
+    "_",
+    "/",
+    ":",
+    "=",
+    "\"",
+    "AKIA",
+    "ghp_",
+    "eyJ",
+    "sk-",
+    "passw",
+    "ord",
+    "https://",
+    "hooks.slack.com",
+    "-----BEGIN ",
+    "PRIVATE KEY-----",
+    "-----END ",
+    "postgres://",
+    "example.com",
+    "4111111111111111",
+    "13800138000",
+];
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, .. ProptestConfig::default() })]
+
+    #[test]
+    fn streaming_redaction_equals_whole_redaction_on_dense_text(
+        parts in prop::collection::vec(prop::sample::select(STREAM_BYTES), 0..1500),
+        cuts in prop::collection::vec(1usize..90, 1..30),
+    ) {
+        let text: String = parts.concat();
+        let b = text.as_bytes();
+        let sc = &*SCANNER;
+        let mut r = sc.redactor();
+        let mut out = Vec::new();
+        let (mut at, mut k) = (0, 0);
+        while at < b.len() {
+            let n = cuts[k % cuts.len()].min(b.len() - at);
+            out.extend(r.push(&b[at..at + n]));
+            at += n;
+            k += 1;
+        }
+        out.extend(r.finish());
+        let whole = sc.redact(b);
+        prop_assert_eq!(String::from_utf8_lossy(&out), String::from_utf8_lossy(&whole));
+    }
+}
+
+#[test]
+fn a_secret_split_across_chunks_is_redacted_and_clean_text_is_not_held() {
+    let sc = Scanner::new(&Policy::default());
+    let mut r = sc.redactor();
+    let mut out = r.push(b"line one\nkey AKIAQWERTY");
+    // What comes before the unfinished key is released at once.
+    assert!(out.starts_with(b"line one\nkey"), "{out:?}");
+    out.extend(r.push(b"UIOPASDFGH done\n"));
+    out.extend(r.finish());
+    assert_eq!(
+        String::from_utf8(out).unwrap(),
+        "line one\nkey [REDACTED:aws_access_key] done\n"
+    );
+    let f = &r.findings()[0];
+    assert_eq!(
+        (f.rule.as_str(), f.offset, f.len),
+        ("aws_access_key", 13, 20)
+    );
+    // Clean lines go straight through.
+    let mut r = sc.redactor();
+    assert_eq!(r.push(b"step 1 of 3 done\n"), b"step 1 of 3 done\n");
+    assert_eq!(r.held(), 0);
+    assert!(!r.redacted());
 }
 
 #[test]
@@ -297,4 +559,74 @@ fn argv_checks_paths_and_wrappers() {
         check_argv(&p, None, &argv(&["rm", "-rf", "./build"])).decision,
         Decision::Allow
     );
+}
+
+#[test]
+fn exec_is_judged_as_the_program_it_is() {
+    use tessera_guard::{check_exec, exec_argv, followed_program};
+    let p = Policy::default();
+    let argv = |s: &str| s.split(' ').map(str::to_string).collect::<Vec<_>>();
+    // A copy of rm under another name: judged as rm.
+    let del = argv("/tmp/del -rf --no-preserve-root /");
+    assert_eq!(check_argv(&p, None, &del).decision, Decision::Allow);
+    assert_eq!(
+        check_exec(&p, None, &del, Some("rm")).decision,
+        Decision::Block
+    );
+    assert_eq!(exec_argv(&del, Some("rm"))[0], "rm");
+    // A copy of ls named rm is ls.
+    let ls = argv("/tmp/rm -rf /");
+    assert_eq!(
+        check_exec(&p, None, &ls, Some("ls")).decision,
+        Decision::Allow
+    );
+    // No identity, or the name it has: unchanged.
+    assert_eq!(exec_argv(&del, None), del);
+    assert_eq!(
+        exec_argv(&argv("/usr/bin/rm -rf /x"), Some("rm")),
+        argv("/usr/bin/rm -rf /x")
+    );
+    // busybox runs the applet it is called as.
+    assert_eq!(
+        exec_argv(&argv("/bin/rm -rf /"), Some("busybox")),
+        argv("busybox rm -rf /")
+    );
+    assert_eq!(
+        exec_argv(&argv("/bin/busybox rm -rf /"), Some("busybox")),
+        argv("/bin/busybox rm -rf /")
+    );
+    assert_eq!(
+        check_exec(&p, None, &argv("/bin/rm -rf /"), Some("busybox")).decision,
+        Decision::Block
+    );
+    // A shell copy with a reverse-shell redirect is caught as a shell (by argv here).
+    let py = vec![
+        "/tmp/p".to_string(),
+        "-c".into(),
+        "import shutil; shutil.rmtree('/')".into(),
+    ];
+    assert_eq!(
+        check_exec(&p, None, &py, Some("python3.11")).decision,
+        Decision::Block
+    );
+    for n in [
+        "rm",
+        "dd",
+        "mkfs.ext4",
+        "shred",
+        "wipefs",
+        "truncate",
+        "bash",
+        "dash",
+        "python3.12",
+        "perl",
+        "busybox",
+        "curl",
+        "nc",
+    ] {
+        assert!(followed_program(n), "{n}");
+    }
+    for n in ["ls", "cat", "true", "grep"] {
+        assert!(!followed_program(n), "{n}");
+    }
 }

@@ -3,12 +3,19 @@
 //! runner, which reads the path and argv from the caller's memory, asks the supervisor
 //! (the guard) over a socket, and lets the call continue or fails it with EPERM.
 //!
+//! The check follows the binary, not its name: the runner opens the file the caller
+//! names inside the sandbox's root and sends its device, inode and size (and, when the
+//! supervisor asks, its content hash), so a copy of or a link to `rm` is judged as `rm`
+//! (see `identity.rs`).
+//!
 //! Limits (see THREAT_MODEL.md): the arguments are read from memory that another thread
-//! of the caller can change after the check (TOCTOU), so a verdict can deny but never
-//! vouch; programs run without `execve` (interpreters reading scripts, `memfd` tricks
-//! through `execveat` are still seen, but an interpreter loop is not) are not checked.
+//! of the caller can change after the check, and the file can be replaced after it was
+//! probed (TOCTOU), so a verdict can deny but never vouch; programs run without `execve`
+//! (interpreters reading scripts, `memfd` tricks through `execveat` are still seen, but
+//! an interpreter loop is not) are not checked.
 
 use crate::error::StepError;
+use crate::identity::{self, ExecTarget, FileId};
 use crate::proto::{self, ExecCheck, ExecVerdict};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;
@@ -100,7 +107,7 @@ fn read_cstr(mem: &std::fs::File, mut addr: u64) -> Option<String> {
 
 fn read_args(pid: u32, data: &libc::seccomp_data) -> Option<(String, Vec<String>)> {
     let mem = std::fs::File::open(format!("/proc/{pid}/mem")).ok()?;
-    let (path_at, argv_at) = if data.nr == libc::SYS_execveat as i32 {
+    let (path_at, argv_at) = if is_execveat(data) {
         (data.args[1], data.args[2])
     } else {
         (data.args[0], data.args[1])
@@ -123,8 +130,32 @@ fn read_args(pid: u32, data: &libc::seccomp_data) -> Option<(String, Vec<String>
     Some((path, argv))
 }
 
+fn is_execveat(data: &libc::seccomp_data) -> bool {
+    data.nr == libc::SYS_execveat as i32
+}
+
+/// The file the call would execute, identified inside the caller's root.
+fn probe(pid: u32, data: &libc::seccomp_data, path: &str) -> Option<(FileId, OwnedFd)> {
+    let (dirfd, empty_path) = if is_execveat(data) {
+        let d = data.args[0] as i32;
+        (
+            (d != libc::AT_FDCWD).then_some(d),
+            data.args[4] & libc::AT_EMPTY_PATH as u64 != 0,
+        )
+    } else {
+        (None, false)
+    };
+    identity::probe(&ExecTarget {
+        pid,
+        path,
+        dirfd,
+        empty_path,
+    })
+}
+
 /// Answers one pending notification. The job process's own first `execve` (its
-/// command, already checked before it was sent) is let through without asking.
+/// command, already checked before it was sent) is asked about as `first`: the
+/// supervisor judges it again only when the file is another program than its name.
 pub(crate) fn handle(
     listener: &OwnedFd,
     supervisor: &OwnedFd,
@@ -144,12 +175,12 @@ pub(crate) fn handle(
     if r < 0 {
         return; // the caller died meanwhile
     }
-    let allow = if !*first_seen && req.pid as i32 == job_pid {
-        *first_seen = true;
-        true
-    } else {
+    let first = !*first_seen && req.pid as i32 == job_pid;
+    *first_seen |= first;
+    let allow = {
         match read_args(req.pid, &req.data) {
-            None => false,
+            // The first exec was checked as the command; unreadable later ones are not.
+            None => first,
             Some((path, argv)) => {
                 let mut id = req.id;
                 // SAFETY: ID_VALID reads a u64 id; the pid's memory we read belonged
@@ -161,7 +192,8 @@ pub(crate) fn handle(
                         &mut id,
                     )
                 } == 0;
-                valid && ask(supervisor, path, argv)
+                let file = probe(req.pid, &req.data, &path);
+                valid && ask(supervisor, path, argv, first, file)
             }
         }
     };
@@ -181,12 +213,34 @@ pub(crate) fn handle(
     }
 }
 
-fn ask(supervisor: &OwnedFd, path: String, argv: Vec<String>) -> bool {
-    if proto::send(supervisor.as_fd(), &ExecCheck { path, argv }, &[]).is_err() {
-        return false;
+fn ask(
+    supervisor: &OwnedFd,
+    path: String,
+    argv: Vec<String>,
+    first: bool,
+    file: Option<(FileId, OwnedFd)>,
+) -> bool {
+    let mut check = ExecCheck {
+        path,
+        argv,
+        first,
+        file: file.as_ref().map(|(id, _)| *id),
+        sha256: None,
+    };
+    loop {
+        if proto::send(supervisor.as_fd(), &check, &[]).is_err() {
+            return false;
+        }
+        match proto::recv::<ExecVerdict>(supervisor.as_fd()) {
+            Ok(Some((v, _))) if v.want_hash && check.sha256.is_none() => {
+                // Same size as a known program: send its content hash.
+                let h = file
+                    .as_ref()
+                    .and_then(|(id, fd)| identity::hash_probed(fd, id.size));
+                check.sha256 = Some(h.map(|h| identity::hex(&h)).unwrap_or_default());
+            }
+            Ok(Some((v, _))) => return v.allow && !v.want_hash,
+            _ => return false,
+        }
     }
-    matches!(
-        proto::recv::<ExecVerdict>(supervisor.as_fd()),
-        Ok(Some((ExecVerdict { allow: true }, _)))
-    )
 }

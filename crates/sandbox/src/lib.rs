@@ -22,11 +22,13 @@ pub mod cgroup;
 pub mod error;
 mod execcheck;
 pub mod guard;
+pub mod identity;
 pub mod init;
 pub mod netns;
 pub mod pool;
 mod proto;
 pub mod proxy;
+pub mod registry;
 pub mod sandbox;
 pub mod seccomp;
 pub mod spec;
@@ -35,9 +37,13 @@ pub mod template;
 
 pub use cgroup::{CgroupManager, SandboxCgroup};
 pub use error::{CgroupError, ExecError, FileError, SpawnError, StepError};
-pub use guard::{AllowAll, CheckDecision, CommandCheck, FileAccess};
+pub use guard::{
+    AllowAll, CheckDecision, CommandCheck, FileAccess, PolicyGuard, RedactionEvent,
+    RedactionObserver, StreamRedactor, landlock_grants, redact_json,
+};
 pub use netns::NetnsStats;
 pub use pool::{PoolConfig, PoolStats, WarmPool};
+pub use registry::{RegistryError, TemplateRecord, TemplateRegistry};
 pub use sandbox::{InitProgram, Runtime, RuntimeConfig, Sandbox, SandboxBuilder, Stream};
 pub use spec::{
     Command, DirEntry, EgressPolicy, ExecOutput, ExecRequest, ExitStatus, FileKind, Limits,

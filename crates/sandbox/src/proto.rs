@@ -46,12 +46,27 @@ pub struct Job {
 pub struct ExecCheck {
     pub path: String,
     pub argv: Vec<String>,
+    /// The job's own first `execve` (its command, checked before it was sent): judged
+    /// again only when the file is a different program than its name says.
+    #[serde(default)]
+    pub first: bool,
+    /// The file it would run, as found inside the sandbox (`None`: not found, not a
+    /// regular file).
+    #[serde(default)]
+    pub file: Option<crate::identity::FileId>,
+    /// The file's SHA-256 (hex), sent when the supervisor asked for it; `Some("")` when
+    /// it could not be read.
+    #[serde(default)]
+    pub sha256: Option<String>,
 }
 
 /// Supervisor -> runner.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ExecVerdict {
     pub allow: bool,
+    /// No verdict yet: send the same check again with the file's content hash.
+    #[serde(default)]
+    pub want_hash: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -3,7 +3,7 @@
 
 use crate::cgroup::{self, CgroupManager, SandboxCgroup};
 use crate::error::{ExecError, FileError, SpawnError, StepError};
-use crate::guard::{CheckDecision, CommandCheck, FileAccess};
+use crate::guard::{CheckDecision, CommandCheck, FileAccess, PolicyGuard};
 use crate::proto::{self, Job, JobKind, JobStatus, Reply, Request};
 use crate::spec::{DirEntry, ExecOutput, ExecRequest, ExitStatus, Network, SandboxSpec};
 use crate::tarball::{TarLimits, TarSummary};
@@ -58,14 +58,16 @@ impl InitProgram {
 }
 
 /// How a [`Runtime`] is set up.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct RuntimeConfig {
     /// `None`: [`InitProgram::locate`].
     pub init: Option<InitProgram>,
     /// Use cgroups (detected v1 or v2). Without them limits are not enforced.
     pub cgroups: bool,
-    /// Checks every command; `None` allows all.
-    pub guard: Option<Arc<dyn CommandCheck>>,
+    /// Checks every command, file operation and `execve`, and redacts output. There is
+    /// no "none": the default is [`PolicyGuard`] over the shipped policy, and a runtime
+    /// that must run anything unchecked says so with [`crate::AllowAll`].
+    pub guard: Arc<dyn CommandCheck>,
     /// Tenant passed to the guard.
     pub tenant: Option<String>,
     /// Use this cgroup backend instead of the detected one (with `cgroups`), for
@@ -79,13 +81,25 @@ impl std::fmt::Debug for RuntimeConfig {
         f.debug_struct("RuntimeConfig")
             .field("init", &self.init)
             .field("cgroups", &self.cgroups)
-            .field("guard", &self.guard.is_some())
+            .field("guard_checks_exec", &self.guard.checks_exec())
             .field("tenant", &self.tenant)
             .field(
                 "cgroup_backend",
                 &self.cgroup_backend.as_ref().map(|c| c.version()),
             )
             .finish()
+    }
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            init: None,
+            cgroups: false,
+            guard: Arc::new(PolicyGuard::default()),
+            tenant: None,
+            cgroup_backend: None,
+        }
     }
 }
 
@@ -97,7 +111,7 @@ pub struct Runtime {
     argv: Vec<CString>,
     devnull: OwnedFd,
     cgroups: Option<Arc<dyn CgroupManager>>,
-    guard: Option<Arc<dyn CommandCheck>>,
+    guard: Arc<dyn CommandCheck>,
     tenant: Option<String>,
     /// uid/gid the sandbox's commands run as (inside), and the id maps.
     inner_uid: u32,
@@ -279,7 +293,11 @@ impl Runtime {
             Some(m) => Some(m.create(&id, &spec.limits)?),
             None => None,
         };
-        match self.spawn_in(spec, &id, cg.as_deref()) {
+        // The guard's Landlock grants go into every sandbox, whoever built the spec.
+        let mut eff = spec.clone();
+        eff.extra_rules
+            .extend(self.guard.landlock_rules(self.tenant.as_deref()));
+        match self.spawn_in(&eff, &id, cg.as_deref()) {
             Ok((pid, ctrl, proxy)) => Ok(Sandbox {
                 id,
                 pid,
@@ -826,20 +844,46 @@ impl Sandbox {
         self.exec_inner(req, None)
     }
 
-    /// Like [`Sandbox::exec`], and calls `on_output` with each chunk of stdout and
-    /// stderr as it arrives (redacted chunk by chunk when the guard redacts; a secret
-    /// split across two chunks can slip through the stream, not the final output).
+    /// Like [`Sandbox::exec`], and calls `on_output` with stdout and stderr as they
+    /// arrive, redacted by the guard's stream redactor: a secret split across chunks is
+    /// held back until it is whole, so the stream says what the final output says, and
+    /// `redacted` is true when either redacted anything.
     pub fn exec_streaming(
         &self,
         req: &ExecRequest,
         mut on_output: impl FnMut(Stream, &[u8]),
     ) -> Result<ExecOutput, ExecError> {
-        let guard = self.rt.guard.clone();
-        let mut f = |st: Stream, data: &[u8]| match guard.as_ref().and_then(|g| g.redact(data)) {
-            Some(r) => on_output(st, &r),
-            None => on_output(st, data),
+        let guard = &self.rt.guard;
+        let tenant = self.tenant();
+        let (out_at, err_at) = (
+            format!("sandbox {} stdout", self.id),
+            format!("sandbox {} stderr", self.id),
+        );
+        // One redactor per stream, holding back a secret split across chunks until it
+        // is whole: what the caller sees is what the final output says.
+        let mut rs = [
+            guard.stream_redactor(tenant, &out_at),
+            guard.stream_redactor(tenant, &err_at),
+        ];
+        let idx = |st: Stream| usize::from(st == Stream::Stderr);
+        let mut f = |st: Stream, data: &[u8]| {
+            let r = rs[idx(st)].push(data);
+            if !r.is_empty() {
+                on_output(st, &r);
+            }
         };
-        self.exec_inner(req, Some(&mut f))
+        let res = self.exec_inner(req, Some(&mut f));
+        for st in [Stream::Stdout, Stream::Stderr] {
+            let r = rs[idx(st)].finish();
+            if !r.is_empty() {
+                on_output(st, &r);
+            }
+        }
+        let streamed_redacted = rs.iter().any(|r| r.redacted());
+        res.map(|mut out| {
+            out.redacted |= streamed_redacted;
+            out
+        })
     }
 
     fn exec_inner(
@@ -853,12 +897,10 @@ impl Sandbox {
             return Err(ExecError::EmptyCommand);
         }
         let mut alerts = Vec::new();
-        if let Some(g) = &self.rt.guard {
-            match g.check(self.tenant(), &req.command) {
-                CheckDecision::Allow => {}
-                CheckDecision::Alert(a) => alerts = a,
-                CheckDecision::Block(r) => return Err(ExecError::Blocked(r.join("; "))),
-            }
+        match self.rt.guard.check(self.tenant(), &req.command) {
+            CheckDecision::Allow => {}
+            CheckDecision::Alert(a) => alerts = a,
+            CheckDecision::Block(r) => return Err(ExecError::Blocked(r.join("; "))),
         }
         let mut env = self.base_env();
         env.extend(req.env.iter().cloned());
@@ -866,15 +908,23 @@ impl Sandbox {
             kind: JobKind::Exec { argv },
             env,
             cwd: req.cwd.clone().unwrap_or_else(|| "/workspace".into()),
-            check_exec: self.rt.guard.is_some(),
+            check_exec: self.rt.guard.checks_exec(),
         };
-        let r = self.run_job(
+        let r = match self.run_job(
             job,
             req.stdin.as_deref(),
             req.timeout,
             req.max_output,
             on_chunk,
-        )?;
+        ) {
+            Ok(r) => r,
+            // Destroyed under the command (killed, timed out, deleted): say so, not
+            // whatever the broken pipe looked like.
+            Err(_) if self.destroyed.load(Ordering::Acquire) => {
+                return Err(ExecError::Destroyed(self.id.clone()));
+            }
+            Err(e) => return Err(e),
+        };
         let mut out = ExecOutput {
             status: r.status,
             stdout: r.stdout,
@@ -890,15 +940,15 @@ impl Sandbox {
             },
             redacted: false,
         };
-        if let Some(g) = &self.rt.guard {
-            if let Some(s) = g.redact(&out.stdout) {
-                out.stdout = s;
-                out.redacted = true;
-            }
-            if let Some(s) = g.redact(&out.stderr) {
-                out.stderr = s;
-                out.redacted = true;
-            }
+        let g = &self.rt.guard;
+        let at = |s: &str| format!("sandbox {} {s}", self.id);
+        if let Some(s) = g.redact(self.tenant(), &at("stdout"), &out.stdout) {
+            out.stdout = s;
+            out.redacted = true;
+        }
+        if let Some(s) = g.redact(self.tenant(), &at("stderr"), &out.stderr) {
+            out.stderr = s;
+            out.redacted = true;
         }
         Ok(out)
     }
@@ -1093,42 +1143,90 @@ impl Sandbox {
         })
     }
 
-    /// Answers one exec check from a job's runner with the guard's verdict. Returns
-    /// false when the runner's socket is closed.
+    /// Answers one exec check from a job's runner with the guard's verdict, judging
+    /// the file as the program it is (a copy of or a link to a program of the template
+    /// is judged as that program; see `identity.rs`). Returns false when the runner's
+    /// socket is closed.
     fn answer_exec_check(&self, sock: &OwnedFd, alerts: &mut Vec<String>) -> bool {
-        let Ok(Some((check, _))) = proto::recv::<proto::ExecCheck>(sock.as_fd()) else {
+        use crate::identity::{self, Identity};
+        let Ok(Some((mut check, _))) = proto::recv::<proto::ExecCheck>(sock.as_fd()) else {
             return false;
         };
+        let table = identity::table_for(&identity::template_root(&self.spec.template));
+        let mut ident = match &check.file {
+            Some(f) => table.identify(f, None),
+            None => Identity::Unknown,
+        };
+        if ident == Identity::NeedHash {
+            // Same size as a program of the template: its content decides.
+            let ask = proto::ExecVerdict {
+                allow: false,
+                want_hash: true,
+            };
+            if proto::send(sock.as_fd(), &ask, &[]).is_err() {
+                return false;
+            }
+            match recv_timeout::<proto::ExecCheck>(sock, Duration::from_secs(30)) {
+                Ok(c) => check = c,
+                Err(_) => return false,
+            }
+            let hash = check.sha256.as_deref().and_then(identity::unhex);
+            ident = match (&check.file, hash) {
+                (Some(f), Some(h)) => table.identify(f, Some(&h)),
+                _ => Identity::Unknown,
+            };
+        }
         let mut argv = check.argv.clone();
         if argv.is_empty() {
             argv.push(check.path.clone());
         }
-        let cmd = crate::Command::Argv(argv);
+        let called = argv[0].rsplit('/').next().unwrap_or("").to_string();
+        // Judged as the program it is, when that is not the name it was called by.
+        let program = match ident {
+            Identity::Known { program, names } if !names.contains(&called) => Some(program),
+            _ => None,
+        };
+        if check.first && program.is_none() {
+            // The job's command itself, checked before it was sent.
+            let v = proto::ExecVerdict {
+                allow: true,
+                want_hash: false,
+            };
+            return proto::send(sock.as_fd(), &v, &[]).is_ok();
+        }
+        let shown = match &program {
+            Some(p) => format!(
+                "{}` (the file is `{p}`)",
+                crate::Command::Argv(argv.clone()).display()
+            ),
+            None => format!("{}`", crate::Command::Argv(argv.clone()).display()),
+        };
         let mut note = |msg: String| {
             // A PATH search tries the same argv in several directories: report it once.
             if !alerts.contains(&msg) {
                 alerts.push(msg);
             }
         };
-        let allow = match &self.rt.guard {
-            None => true,
-            Some(g) => match g.check(self.tenant(), &cmd) {
-                CheckDecision::Allow => true,
-                CheckDecision::Alert(r) => {
-                    note(format!("execve `{}`: {}", cmd.display(), r.join("; ")));
-                    true
-                }
-                CheckDecision::Block(r) => {
-                    note(format!(
-                        "execve `{}` blocked: {}",
-                        cmd.display(),
-                        r.join("; ")
-                    ));
-                    false
-                }
-            },
+        let allow = match self
+            .rt
+            .guard
+            .check_exec(self.tenant(), &argv, program.as_deref())
+        {
+            CheckDecision::Allow => true,
+            CheckDecision::Alert(r) => {
+                note(format!("execve `{shown}: {}", r.join("; ")));
+                true
+            }
+            CheckDecision::Block(r) => {
+                note(format!("execve `{shown} blocked: {}", r.join("; ")));
+                false
+            }
         };
-        proto::send(sock.as_fd(), &proto::ExecVerdict { allow }, &[]).is_ok()
+        let v = proto::ExecVerdict {
+            allow,
+            want_hash: false,
+        };
+        proto::send(sock.as_fd(), &v, &[]).is_ok()
     }
 
     fn file_job(
@@ -1141,20 +1239,18 @@ impl Sandbox {
             return Err(FileError::BadPath(path.to_string()));
         }
         self.check_alive()?;
-        if let Some(g) = &self.rt.guard {
-            let op = match &kind {
-                JobKind::ReadFile { .. }
-                | JobKind::List { .. }
-                | JobKind::Exec { .. }
-                | JobKind::Pack { .. } => FileAccess::Read,
-                JobKind::WriteFile { .. } | JobKind::Mkdir { .. } | JobKind::Unpack { .. } => {
-                    FileAccess::Write
-                }
-                JobKind::Remove { .. } => FileAccess::Delete,
-            };
-            if let CheckDecision::Block(r) = g.check_file(self.tenant(), op, path) {
-                return Err(FileError::Exec(ExecError::Blocked(r.join("; "))));
+        let op = match &kind {
+            JobKind::ReadFile { .. }
+            | JobKind::List { .. }
+            | JobKind::Exec { .. }
+            | JobKind::Pack { .. } => FileAccess::Read,
+            JobKind::WriteFile { .. } | JobKind::Mkdir { .. } | JobKind::Unpack { .. } => {
+                FileAccess::Write
             }
+            JobKind::Remove { .. } => FileAccess::Delete,
+        };
+        if let CheckDecision::Block(r) = self.rt.guard.check_file(self.tenant(), op, path) {
+            return Err(FileError::Exec(ExecError::Blocked(r.join("; "))));
         }
         let job = Job {
             kind,
@@ -1182,9 +1278,15 @@ impl Sandbox {
         }
     }
 
-    /// Reads a whole file.
+    /// Reads a whole file, redacted by the guard like any output leaving the sandbox.
     pub fn read_file(&self, path: &str) -> Result<Vec<u8>, FileError> {
-        self.file_job(JobKind::ReadFile { path: path.into() }, path, None)
+        let data = self.file_job(JobKind::ReadFile { path: path.into() }, path, None)?;
+        let at = format!("sandbox {} file {path}", self.id);
+        Ok(self
+            .rt
+            .guard
+            .redact(self.tenant(), &at, &data)
+            .unwrap_or(data))
     }
     /// Writes a file (mode 0644), creating parent directories.
     pub fn write_file(&self, path: &str, data: &[u8]) -> Result<(), FileError> {
@@ -1249,15 +1351,15 @@ impl Sandbox {
             path: dir.to_string(),
             source,
         })?;
-        if let Some(g) = &self.rt.guard {
-            for p in &sum.paths {
-                let full = Path::new(dir).join(p);
-                let full = full.to_string_lossy();
-                if let CheckDecision::Block(r) =
-                    g.check_file(self.tenant(), FileAccess::Write, &full)
-                {
-                    return Err(FileError::Exec(ExecError::Blocked(r.join("; "))));
-                }
+        for p in &sum.paths {
+            let full = Path::new(dir).join(p);
+            let full = full.to_string_lossy();
+            if let CheckDecision::Block(r) =
+                self.rt
+                    .guard
+                    .check_file(self.tenant(), FileAccess::Write, &full)
+            {
+                return Err(FileError::Exec(ExecError::Blocked(r.join("; "))));
             }
         }
         self.file_job(
@@ -1282,14 +1384,30 @@ impl Sandbox {
     /// hostile as anything else from inside: unpack it with [`crate::tarball::unpack`],
     /// which refuses links that leave the destination.
     pub fn download_tar_with(&self, dir: &str, limits: &TarLimits) -> Result<Vec<u8>, FileError> {
-        self.file_job(
+        let archive = self.file_job(
             JobKind::Pack {
                 path: dir.into(),
                 limits: *limits,
             },
             dir,
             None,
-        )
+        )?;
+        // Every file in it is output leaving the sandbox: redacted like any other.
+        let tenant = self.tenant();
+        let guard = &self.rt.guard;
+        let redacted = crate::tarball::redact_files(&archive, |p, data| {
+            let at = format!(
+                "sandbox {} file {}",
+                self.id,
+                Path::new(dir).join(p).display()
+            );
+            guard.redact(tenant, &at, data)
+        })
+        .map_err(|source| FileError::Archive {
+            path: dir.to_string(),
+            source,
+        })?;
+        Ok(redacted.unwrap_or(archive))
     }
 
     /// Freezes every process of the sandbox (cgroup freezer).

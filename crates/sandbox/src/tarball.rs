@@ -409,6 +409,39 @@ pub fn pack<W: Write>(src: &Path, out: W, limits: &TarLimits) -> Result<(), TarE
 }
 
 /// Reads at most `limit` bytes (plus one, to tell that there was more) from `r`.
+/// The archive with each regular file's contents passed through `redact` (which gets
+/// the entry's path and contents and returns the new contents, or `None` to keep
+/// them); headers are rewritten for the new sizes, everything else kept as it was.
+/// Returns the archive unchanged (`None`) when nothing was redacted.
+pub fn redact_files(
+    archive: &[u8],
+    mut redact: impl FnMut(&str, &[u8]) -> Option<Vec<u8>>,
+) -> Result<Option<Vec<u8>>, TarError> {
+    let mut changed = false;
+    let mut out = tar::Builder::new(Vec::with_capacity(archive.len()));
+    let mut ar = tar::Archive::new(archive);
+    for e in ar.entries().map_err(malformed)? {
+        let mut e = e.map_err(malformed)?;
+        let mut header = e.header().clone();
+        let path = e.path().map_err(malformed)?.to_string_lossy().into_owned();
+        let mut data = Vec::new();
+        e.read_to_end(&mut data).map_err(malformed)?;
+        if header.entry_type().is_file()
+            && let Some(new) = redact(&path, &data)
+        {
+            data = new;
+            header.set_size(data.len() as u64);
+            header.set_cksum();
+            changed = true;
+        }
+        out.append(&header, data.as_slice()).map_err(malformed)?;
+    }
+    if !changed {
+        return Ok(None);
+    }
+    out.into_inner().map(Some).map_err(malformed)
+}
+
 pub fn read_capped(r: impl Read, limit: u64) -> Result<Vec<u8>, TarError> {
     let mut v = Vec::new();
     r.take(limit.saturating_add(1))

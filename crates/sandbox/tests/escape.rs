@@ -519,3 +519,265 @@ print("env", os.environ.get("https_proxy"))
     let s = text(&py(&sb, &script).stdout);
     assert!(s.contains("allowed 403"), "{s}");
 }
+
+// ------------------------------------------------------------ issue 16: the execve
+// check follows the binary, not its name
+
+/// Root, or a clear skip; with `CI` set a missing root is a failure, not a skip.
+fn root_or_skip_ci(test: &str) -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{test} needs root (user namespaces, cgroups) and CI is set: run the tests as root"
+    );
+    root_or_skip(test)
+}
+
+/// Writes `script` to `path` inside the sandbox through the files API, so the command
+/// line that runs it (`sh PATH`) shows nothing of what it does: only the per-`execve`
+/// check sees the programs inside.
+fn put_script(sb: &tessera_sandbox::Sandbox, path: &str, script: &str) {
+    sb.write_file(path, script.as_bytes())
+        .expect("write script");
+}
+
+fn guarded() -> tessera_sandbox::Sandbox {
+    common::guarded_runtime()
+        .spawn(&SandboxSpec::default())
+        .expect("spawn guarded sandbox")
+}
+
+fn canary_alive(sb: &tessera_sandbox::Sandbox) -> bool {
+    text(&sh(sb, "cat /workspace/canary 2>&1").stdout).contains("still here")
+}
+
+#[test]
+fn a_linked_or_copied_rm_is_judged_as_rm() {
+    if !root_or_skip_ci("a_linked_or_copied_rm_is_judged_as_rm") {
+        return;
+    }
+    let sb = guarded();
+    assert!(
+        sh(&sb, "echo still here > /workspace/canary")
+            .status
+            .success()
+    );
+    // Made in one command, used in another: the line check of the second cannot know.
+    let out = sh(
+        &sb,
+        "ln -s /bin/rm /tmp/r && cp /bin/rm /tmp/del && echo made",
+    );
+    assert_eq!(text(&out.stdout), "made\n", "{}", text(&out.stderr));
+    for prog in ["/tmp/r", "/tmp/del"] {
+        // The command itself (the job's first execve).
+        let r = sb.exec(&ExecRequest::argv([prog, "-rf", "--no-preserve-root", "/"]).timeout(T));
+        assert!(
+            !matches!(&r, Ok(o) if o.status.success()),
+            "{prog} -rf / ran: {r:?}"
+        );
+        assert!(canary_alive(&sb), "{prog} deleted the canary");
+        // Inside a script: a later execve of the job's tree.
+        put_script(
+            &sb,
+            "/tmp/s.sh",
+            &format!("{prog} -rf --no-preserve-root /; echo rc=$?\n"),
+        );
+        let out = sh(&sb, "sh /tmp/s.sh 2>&1");
+        let s = text(&out.stdout);
+        assert!(s.contains("rc=126"), "{prog}: {s}");
+        assert!(canary_alive(&sb), "{prog} deleted the canary: {s}");
+        assert!(
+            out.alerts.iter().any(|a| a.contains("blocked")
+                && a.contains("the file is `rm`")
+                && a.contains("cmd.delete_root")),
+            "{prog}: {:?}",
+            out.alerts
+        );
+    }
+    // The same programs on harmless paths still run.
+    put_script(
+        &sb,
+        "/tmp/ok.sh",
+        "touch /tmp/junk; /tmp/del -f /tmp/junk; echo rc=$?\n",
+    );
+    let s = text(&sh(&sb, "sh /tmp/ok.sh 2>&1").stdout);
+    assert!(s.contains("rc=0"), "{s}");
+    let _ = sb.destroy();
+}
+
+#[test]
+fn copies_of_disk_tools_shells_and_interpreters_are_judged_as_the_original() {
+    if !root_or_skip_ci("copies_of_disk_tools_shells_and_interpreters_are_judged_as_the_original") {
+        return;
+    }
+    let sb = guarded();
+    assert!(
+        sh(&sb, "echo still here > /workspace/canary")
+            .status
+            .success()
+    );
+    let out = sh(
+        &sb,
+        "cp /bin/dd /tmp/copy && cp /bin/bash /tmp/b2 && cp \"$(readlink -f /usr/bin/python3)\" /tmp/p && echo made",
+    );
+    assert_eq!(text(&out.stdout), "made\n", "{}", text(&out.stderr));
+    put_script(
+        &sb,
+        "/tmp/s.sh",
+        concat!(
+            "/tmp/copy if=/dev/zero of=/dev/sda bs=1M count=1; echo dd=$?\n",
+            "/tmp/b2 -c 'rm -rf --no-preserve-root /'; echo bash=$?\n",
+            "/tmp/p -c 'import shutil; shutil.rmtree(\"/\")'; echo py=$?\n",
+        ),
+    );
+    let out = sh(&sb, "sh /tmp/s.sh 2>&1");
+    let s = text(&out.stdout);
+    for want in ["dd=126", "bash=126", "py=126"] {
+        assert!(s.contains(want), "{want}: {s}\n{:?}", out.alerts);
+    }
+    assert!(canary_alive(&sb), "{s}");
+    for (prog, rule) in [
+        ("dd", "cmd.disk_destroy"),
+        ("bash", "cmd.delete_root"),
+        ("python3", "cmd.delete_root"),
+    ] {
+        assert!(
+            out.alerts
+                .iter()
+                .any(|a| a.contains(&format!("the file is `{prog}")) && a.contains(rule)),
+            "{prog}: {:?}",
+            out.alerts
+        );
+    }
+    let _ = sb.destroy();
+}
+
+#[test]
+fn an_rm_executed_from_memory_is_judged_as_rm() {
+    if !root_or_skip_ci("an_rm_executed_from_memory_is_judged_as_rm") {
+        return;
+    }
+    let sb = guarded();
+    assert!(
+        sh(&sb, "echo still here > /workspace/canary")
+            .status
+            .success()
+    );
+    put_script(
+        &sb,
+        "/tmp/m.py",
+        concat!(
+            "import os\n",
+            "fd = os.memfd_create('x')\n",
+            "os.write(fd, open('/bin/rm', 'rb').read())\n",
+            "try:\n",
+            "    os.execv(f'/proc/self/fd/{fd}', ['x', '-rf', '--no-preserve-root', '/'])\n",
+            "except PermissionError:\n",
+            "    print('refused')\n",
+        ),
+    );
+    let out = sh(&sb, "python3 /tmp/m.py 2>&1");
+    let s = text(&out.stdout);
+    assert!(s.contains("refused"), "{s} {:?}", out.alerts);
+    assert!(canary_alive(&sb), "{s}");
+    let _ = sb.destroy();
+}
+
+#[test]
+fn harmless_look_alikes_still_run() {
+    if !root_or_skip_ci("harmless_look_alikes_still_run") {
+        return;
+    }
+    let sb = guarded();
+    assert!(
+        sh(&sb, "echo still here > /workspace/canary")
+            .status
+            .success()
+    );
+    let out = sh(&sb, "cp /bin/ls /tmp/rm && cp /bin/cat /tmp/x && echo made");
+    assert_eq!(text(&out.stdout), "made\n", "{}", text(&out.stderr));
+    // A copy of ls named rm is ls, whatever its arguments look like to rm.
+    put_script(
+        &sb,
+        "/tmp/s.sh",
+        "/tmp/rm -rf / >/dev/null; echo ls=$?; /tmp/rm /workspace; /tmp/x /workspace/canary; echo cat=$?\n",
+    );
+    let out = sh(&sb, "sh /tmp/s.sh 2>&1");
+    let s = text(&out.stdout);
+    assert!(
+        s.contains("canary") && s.contains("ls=0"),
+        "{s} {:?}",
+        out.alerts
+    );
+    assert!(s.contains("still here") && s.contains("cat=0"), "{s}");
+    assert!(
+        !out.alerts.iter().any(|a| a.contains("blocked")),
+        "{:?}",
+        out.alerts
+    );
+    assert!(canary_alive(&sb));
+    // And the job's own command, by argv.
+    let out = sb
+        .exec(&ExecRequest::argv(["/tmp/x", "/workspace/canary"]).timeout(T))
+        .expect("exec");
+    assert_eq!(text(&out.stdout), "still here\n");
+    let _ = sb.destroy();
+}
+
+// ------------------------------------------------------------ issue 16: streaming
+// redaction holds across chunks
+
+#[test]
+fn a_secret_split_across_stream_chunks_never_leaves_the_sandbox() {
+    if !root_or_skip_ci("a_secret_split_across_stream_chunks_never_leaves_the_sandbox") {
+        return;
+    }
+    let sb = guarded();
+    // Two writes a third of a second apart: two chunks, the key split between them.
+    let cmd = "printf 'start\\nkey AKIAQWERTY'; sleep 0.3; printf 'UIOPASDFGH end\\n'; \
+               printf 'mail bob@exam' >&2; sleep 0.3; printf 'ple.com\\n' >&2";
+    let mut chunks: Vec<(tessera_sandbox::Stream, Vec<u8>)> = Vec::new();
+    let out = sb
+        .exec_streaming(&ExecRequest::shell(cmd).timeout(T), |st, d| {
+            chunks.push((st, d.to_vec()))
+        })
+        .expect("exec");
+    let streamed = |want: tessera_sandbox::Stream| -> String {
+        chunks
+            .iter()
+            .filter(|(st, _)| *st == want)
+            .map(|(_, d)| text(d))
+            .collect()
+    };
+    let so = streamed(tessera_sandbox::Stream::Stdout);
+    let se = streamed(tessera_sandbox::Stream::Stderr);
+    assert!(chunks.len() >= 2, "{chunks:?}");
+    for piece in ["AKIA", "UIOPASDFGH", "bob@", "exam"] {
+        assert!(
+            !so.contains(piece) && !se.contains(piece),
+            "{piece} leaked: {so:?} {se:?}"
+        );
+    }
+    assert_eq!(so, "start\nkey [REDACTED:aws_access_key] end\n");
+    assert_eq!(se, "mail [REDACTED:email]\n");
+    // The stream says what the final output says, and `redacted` is true.
+    assert_eq!(text(&out.stdout), so);
+    assert_eq!(text(&out.stderr), se);
+    assert!(out.redacted);
+    // Clean output streams as it comes, and is not marked redacted.
+    let mut n = 0;
+    let out = sb
+        .exec_streaming(
+            &ExecRequest::shell("echo one; sleep 0.3; echo two").timeout(T),
+            |_, d| {
+                n += 1;
+                assert!(!d.is_empty());
+            },
+        )
+        .expect("exec");
+    assert!(n >= 2, "clean lines were held back");
+    assert!(!out.redacted);
+    let _ = sb.destroy();
+}

@@ -154,7 +154,7 @@ impl CommandCheck for TestGuard {
             CheckDecision::Allow
         }
     }
-    fn redact(&self, output: &[u8]) -> Option<Vec<u8>> {
+    fn redact(&self, _tenant: Option<&str>, _at: &str, output: &[u8]) -> Option<Vec<u8>> {
         let s = String::from_utf8_lossy(output);
         s.contains("AKIA")
             .then(|| s.replace("AKIAEXAMPLE", "[REDACTED]").into_bytes())
@@ -172,7 +172,7 @@ fn guard_checks_every_command_and_redacts_output() {
             args: vec![],
         }),
         cgroups: true,
-        guard: Some(Arc::new(TestGuard)),
+        guard: Arc::new(TestGuard),
         tenant: Some("t1".into()),
         cgroup_backend: None,
     })
@@ -405,7 +405,7 @@ fn guard_checks_file_operations() {
             args: vec![],
         }),
         cgroups: false,
-        guard: Some(Arc::new(NoEtc)),
+        guard: Arc::new(NoEtc),
         tenant: None,
         cgroup_backend: None,
     })

@@ -29,7 +29,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::StartError;
-use crate::api::{App, Body, Q};
+use crate::api::{App, Body, Q, SessionCaller};
 use crate::auth::Role;
 use crate::plane::{Caller, ControlPlane, now_ms};
 use crate::problem::{ApiError, Code};
@@ -89,6 +89,9 @@ impl AgentsState {
         // left starting or active were orphaned by a restart. On PostgreSQL,
         // replicas share sessions and take over only after an owner's lease.
         host_cfg.exclusive = plane.store().backend() == "sqlite";
+        // Session sandboxes answer to the same guard as every other workload.
+        host_cfg.guard = plane.guard().clone();
+        host_cfg.templates = plane.templates().cloned();
         let host = Host::new(plane.store().clone(), host_cfg, Some(minter));
         host.recover().await.map_err(|e| StartError::Component {
             what: "agents",
@@ -150,6 +153,28 @@ fn own_session(c: &Caller, id: &str) -> Result<(), ApiError> {
     }
 }
 
+/// A session as a tenant sees it: no host pid (it says nothing to a tenant and
+/// something to an attacker); the store keeps it for crash recovery.
+fn session_view(s: &sessions::Session) -> Result<Value, ApiError> {
+    let mut v = to_v(s)?;
+    if let Some(m) = v.as_object_mut() {
+        m.remove("sandbox_pid");
+    }
+    Ok(v)
+}
+
+/// Writes into a session (memory, history, checkpoints, spans) need the session to
+/// exist: a write for a session nobody started is a 404, not a stray record.
+async fn session_exists(a: &App, tenant: &str, id: &str) -> Result<(), ApiError> {
+    match sessions::get(a.plane.store(), tenant, id).await? {
+        Some(_) => Ok(()),
+        None => Err(ApiError::not_found(format!(
+            "session {}",
+            crate::problem::quote(id)
+        ))),
+    }
+}
+
 // ---- runtimes ----
 
 fn parse_spec(v: Value) -> Result<RuntimeSpec, ApiError> {
@@ -173,6 +198,7 @@ async fn create_runtime(State(a): State<App>, c: Caller, Body(mut b): Body<Value
         }
     };
     let spec = parse_spec(b)?;
+    h.check(&spec)?;
     let v = runtimes::create(
         a.plane.store(),
         &c.tenant,
@@ -182,7 +208,7 @@ async fn create_runtime(State(a): State<App>, c: Caller, Body(mut b): Body<Value
         now_ms(),
     )
     .await?;
-    h.prime(&v.spec);
+    h.prime(&c.tenant, &v.spec)?;
     created(to_v(&v)?)
 }
 async fn list_runtimes(State(a): State<App>, c: Caller) -> R {
@@ -202,6 +228,7 @@ async fn update_runtime(
     c.require(Role::Developer)?;
     let h = a.agents.host()?;
     let spec = parse_spec(b)?;
+    h.check(&spec)?;
     let v = runtimes::update(
         a.plane.store(),
         &c.tenant,
@@ -211,7 +238,7 @@ async fn update_runtime(
         now_ms(),
     )
     .await?;
-    h.prime(&v.spec);
+    h.prime(&c.tenant, &v.spec)?;
     ok(to_v(&v)?)
 }
 async fn delete_runtime(State(a): State<App>, c: Caller, Path(n): Path<String>) -> R {
@@ -343,15 +370,19 @@ async fn list_sessions(State(a): State<App>, c: Caller, Q(q): Q<SessionQuery>) -
         }
     }
     let l = sessions::list(a.plane.store(), &c.tenant, &states, q.runtime.as_deref()).await?;
-    items(l.iter().map(to_v).collect::<Result<_, _>>()?)
+    items(l.iter().map(session_view).collect::<Result<_, _>>()?)
 }
-async fn get_session(State(a): State<App>, c: Caller, Path(id): Path<String>) -> R {
+async fn get_session(
+    State(a): State<App>,
+    SessionCaller(c): SessionCaller,
+    Path(id): Path<String>,
+) -> R {
     c.require(Role::Viewer)?;
     own_session(&c, &id)?;
     let s = sessions::get(a.plane.store(), &c.tenant, &id)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("session {id:?}")))?;
-    let mut v = to_v(&s)?;
+    let mut v = session_view(&s)?;
     v["usage"] = to_v(&meter::session_totals(a.plane.store(), &c.tenant, &id).await?)?;
     v["live"] = a.agents.host()?.live_info(&c.tenant, &id).await;
     ok(v)
@@ -362,7 +393,12 @@ struct KillSpec {
     #[serde(default)]
     reason: Option<String>,
 }
-async fn kill_session(State(a): State<App>, c: Caller, Path(id): Path<String>, body: Bytes) -> R {
+async fn kill_session(
+    State(a): State<App>,
+    SessionCaller(c): SessionCaller,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> R {
     c.require(Role::Developer)?;
     own_session(&c, &id)?;
     let spec: KillSpec = if body.is_empty() {
@@ -374,18 +410,28 @@ async fn kill_session(State(a): State<App>, c: Caller, Path(id): Path<String>, b
         .reason
         .unwrap_or_else(|| format!("killed by {}", c.subject));
     let s = a.agents.host()?.kill(&c.tenant, &id, &why).await?;
-    ok(to_v(&s)?)
+    ok(session_view(&s)?)
 }
 
-async fn memory_keys(State(a): State<App>, c: Caller, Path(id): Path<String>) -> R {
+async fn memory_keys(
+    State(a): State<App>,
+    SessionCaller(c): SessionCaller,
+    Path(id): Path<String>,
+) -> R {
     c.require(Role::Viewer)?;
     own_session(&c, &id)?;
     ok(json!({"keys": sessions::memory_keys(a.plane.store(), &c.tenant, &id).await?}))
 }
-async fn memory_get(State(a): State<App>, c: Caller, Path((id, k)): Path<(String, String)>) -> R {
+async fn memory_get(
+    State(a): State<App>,
+    SessionCaller(c): SessionCaller,
+    Path((id, k)): Path<(String, String)>,
+) -> R {
     c.require(Role::Viewer)?;
     own_session(&c, &id)?;
-    ok(json!({"key": k, "value": sessions::memory_get(a.plane.store(), &c.tenant, &id, &k).await?}))
+    let v = sessions::memory_get(a.plane.store(), &c.tenant, &id, &k).await?;
+    let at = format!("session {id} memory {k}");
+    ok(json!({"key": k, "value": a.plane.redact_value(&c.tenant, &at, v)}))
 }
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -394,22 +440,24 @@ struct MemoryValue {
 }
 async fn memory_put(
     State(a): State<App>,
-    c: Caller,
+    SessionCaller(c): SessionCaller,
     Path((id, k)): Path<(String, String)>,
     Body(b): Body<MemoryValue>,
 ) -> R {
     c.require(Role::Developer)?;
     own_session(&c, &id)?;
+    session_exists(&a, &c.tenant, &id).await?;
     sessions::memory_put(a.plane.store(), &c.tenant, &id, &k, b.value.clone()).await?;
     ok(json!({"key": k, "value": b.value}))
 }
 async fn memory_delete(
     State(a): State<App>,
-    c: Caller,
+    SessionCaller(c): SessionCaller,
     Path((id, k)): Path<(String, String)>,
 ) -> R {
     c.require(Role::Developer)?;
     own_session(&c, &id)?;
+    session_exists(&a, &c.tenant, &id).await?;
     sessions::memory_delete(a.plane.store(), &c.tenant, &id, &k).await?;
     ok(json!({"deleted": k}))
 }
@@ -423,7 +471,7 @@ struct AfterQuery {
 }
 async fn history_read(
     State(a): State<App>,
-    c: Caller,
+    SessionCaller(c): SessionCaller,
     Path(id): Path<String>,
     Q(q): Q<AfterQuery>,
 ) -> R {
@@ -437,16 +485,22 @@ async fn history_read(
         q.limit.unwrap_or(100),
     )
     .await?;
-    items(h.iter().map(to_v).collect::<Result<_, _>>()?)
+    let at = format!("session {id} history");
+    items(
+        h.iter()
+            .map(|x| Ok(a.plane.redact_value(&c.tenant, &at, to_v(x)?)))
+            .collect::<Result<_, ApiError>>()?,
+    )
 }
 async fn history_append(
     State(a): State<App>,
-    c: Caller,
+    SessionCaller(c): SessionCaller,
     Path(id): Path<String>,
     Body(b): Body<Value>,
 ) -> R {
     c.require(Role::Developer)?;
     own_session(&c, &id)?;
+    session_exists(&a, &c.tenant, &id).await?;
     let seq = sessions::history_append(a.plane.store(), &c.tenant, &id, b, now_ms()).await?;
     created(json!({"seq": seq}))
 }
@@ -474,7 +528,7 @@ struct CheckpointBody {
 }
 async fn checkpoint_list(
     State(a): State<App>,
-    c: Caller,
+    SessionCaller(c): SessionCaller,
     Path(id): Path<String>,
     Q(q): Q<CheckpointQuery>,
 ) -> R {
@@ -489,16 +543,22 @@ async fn checkpoint_list(
         q.limit.unwrap_or(20).min(1000),
     )
     .await?;
-    items(l.iter().map(to_v).collect::<Result<_, _>>()?)
+    let at = format!("session {id} checkpoints");
+    items(
+        l.iter()
+            .map(|x| Ok(a.plane.redact_value(&c.tenant, &at, to_v(x)?)))
+            .collect::<Result<_, ApiError>>()?,
+    )
 }
 async fn checkpoint_put(
     State(a): State<App>,
-    c: Caller,
+    SessionCaller(c): SessionCaller,
     Path((id, cid)): Path<(String, String)>,
     Body(b): Body<CheckpointBody>,
 ) -> R {
     c.require(Role::Developer)?;
     own_session(&c, &id)?;
+    session_exists(&a, &c.tenant, &id).await?;
     let cp = Checkpoint {
         ns: b.ns,
         id: cid,
@@ -514,7 +574,7 @@ async fn checkpoint_put(
 }
 async fn checkpoint_get(
     State(a): State<App>,
-    c: Caller,
+    SessionCaller(c): SessionCaller,
     Path((id, cid)): Path<(String, String)>,
     Q(q): Q<CheckpointQuery>,
 ) -> R {
@@ -535,7 +595,8 @@ async fn checkpoint_get(
     let mut v = to_v(&cp)?;
     v["pending_writes"] =
         Value::Array(sessions::checkpoint_writes(st, &c.tenant, &id, ns, &cp.id).await?);
-    ok(v)
+    ok(a.plane
+        .redact_value(&c.tenant, &format!("session {id} checkpoint {cid}"), v))
 }
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -546,32 +607,44 @@ struct WritesBody {
 }
 async fn checkpoint_writes(
     State(a): State<App>,
-    c: Caller,
+    SessionCaller(c): SessionCaller,
     Path((id, cid)): Path<(String, String)>,
     Body(b): Body<WritesBody>,
 ) -> R {
     c.require(Role::Developer)?;
     own_session(&c, &id)?;
+    session_exists(&a, &c.tenant, &id).await?;
     sessions::checkpoint_put_writes(a.plane.store(), &c.tenant, &id, &b.ns, &cid, b.writes).await?;
     ok(json!({"ok": true}))
 }
 
-async fn session_trace(State(a): State<App>, c: Caller, Path(id): Path<String>) -> R {
+async fn session_trace(
+    State(a): State<App>,
+    SessionCaller(c): SessionCaller,
+    Path(id): Path<String>,
+) -> R {
     c.require(Role::Viewer)?;
     own_session(&c, &id)?;
     let spans = trace::spans(a.plane.store(), &c.tenant, &id).await?;
     let tree = trace::tree(&spans);
-    ok(json!({"session": id, "spans": spans, "tree": tree, "text": trace::render(&id, &tree)}))
+    let v = json!({"session": id, "spans": spans, "tree": tree, "text": trace::render(&id, &tree)});
+    ok(a.plane
+        .redact_value(&c.tenant, &format!("session {id} trace"), v))
 }
 async fn record_span(
     State(a): State<App>,
-    c: Caller,
+    SessionCaller(c): SessionCaller,
     Path(id): Path<String>,
     Body(mut b): Body<trace::Span>,
 ) -> R {
     c.require(Role::Developer)?;
     own_session(&c, &id)?;
+    session_exists(&a, &c.tenant, &id).await?;
     b.session = id;
+    // Attributes are what the agent reports: redacted before they are stored or exported.
+    let at = format!("session {} span", b.session);
+    let b: trace::Span = serde_json::from_value(a.plane.redact_value(&c.tenant, &at, to_v(&b)?))
+        .map_err(ApiError::internal)?;
     let seq = trace::record_span(a.plane.store(), &c.tenant, b).await?;
     created(json!({"seq": seq}))
 }
@@ -625,8 +698,9 @@ async fn read_events(
         // Validate the name before streaming.
         events::last_offset(&st, &c.tenant, &t).await?;
         let tenant = c.tenant.clone();
+        let plane = a.plane.clone();
         let s = stream::unfold((st, after), move |(st, after)| {
-            let (tenant, t) = (tenant.clone(), t.clone());
+            let (tenant, t, plane) = (tenant.clone(), t.clone(), plane.clone());
             async move {
                 loop {
                     match events::read_wait(
@@ -645,10 +719,15 @@ async fn read_events(
                             let out: Vec<Result<Event, Infallible>> = evs
                                 .iter()
                                 .map(|e| {
+                                    let v = plane.redact_value(
+                                        &tenant,
+                                        &format!("topic {t} event {}", e.offset),
+                                        serde_json::to_value(e).unwrap_or_default(),
+                                    );
                                     Ok(Event::default()
                                         .event("event")
                                         .id(e.offset.to_string())
-                                        .data(serde_json::to_string(e).unwrap_or_default()))
+                                        .data(v.to_string()))
                                 })
                                 .collect();
                             return Some((stream::iter(out), (st, next)));
@@ -665,7 +744,12 @@ async fn read_events(
     }
     let wait = std::time::Duration::from_millis(q.wait_ms.unwrap_or(0).min(60_000));
     let evs = events::read_wait(&st, &c.tenant, &t, after, limit, wait).await?;
-    items(evs.iter().map(to_v).collect::<Result<_, _>>()?)
+    let at = format!("topic {t} events");
+    items(
+        evs.iter()
+            .map(|x| Ok(a.plane.redact_value(&c.tenant, &at, to_v(x)?)))
+            .collect::<Result<_, ApiError>>()?,
+    )
 }
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -701,7 +785,11 @@ struct NewUsage {
     #[serde(default)]
     at_ms: Option<u64>,
 }
-async fn record_usage(State(a): State<App>, c: Caller, Body(b): Body<NewUsage>) -> R {
+async fn record_usage(
+    State(a): State<App>,
+    SessionCaller(c): SessionCaller,
+    Body(b): Body<NewUsage>,
+) -> R {
     c.require(Role::Developer)?;
     own_session(&c, &b.session)?;
     let r = meter::record(
@@ -735,7 +823,7 @@ struct UsageQuery {
     #[serde(default)]
     records: Option<bool>,
 }
-async fn usage(State(a): State<App>, c: Caller, Q(q): Q<UsageQuery>) -> R {
+async fn usage(State(a): State<App>, SessionCaller(c): SessionCaller, Q(q): Q<UsageQuery>) -> R {
     c.require(Role::Viewer)?;
     if let Some(s) = &q.session {
         own_session(&c, s)?;
@@ -785,9 +873,9 @@ async fn pool_stats(State(a): State<App>, c: Caller) -> R {
     let v: Vec<Value> = a
         .agents
         .host()?
-        .pool_stats()
+        .pool_stats(&c.tenant)
         .iter()
-        .map(|p| json!({"ready": p.ready, "creating": p.creating, "target": p.target, "claims": p.claims, "misses": p.misses}))
+        .map(|(d, p)| json!({"template_digest": d, "ready": p.ready, "creating": p.creating, "target": p.target, "claims": p.claims, "misses": p.misses}))
         .collect();
     items(v)
 }

@@ -36,14 +36,43 @@ pub struct App {
     pub gateway: crate::gateway::GatewayState,
 }
 
+/// A tenant-wide caller: a user's, service account's or OIDC key. Session-scoped keys
+/// (the key code inside a session's sandbox holds) are refused here, so every route
+/// that takes a `Caller` is closed to them by construction; the routes a session's
+/// agent needs take [`SessionCaller`] instead.
 impl FromRequestParts<App> for Caller {
     type Rejection = ApiError;
     async fn from_request_parts(parts: &mut Parts, app: &App) -> Result<Self, ApiError> {
-        let h = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok());
-        app.plane.authenticate(h).await
+        let c = authenticate(parts, app).await?;
+        if let Some(s) = c.session() {
+            return Err(ApiError::forbidden(format!(
+                "this is the key of session {s:?}: it acts only on that session (its memory, \
+                 history, checkpoints, spans and usage, the tools granted to it, the models \
+                 of the gateway), not on the tenant's other objects"
+            )));
+        }
+        Ok(c)
+    }
+}
+
+async fn authenticate(parts: &Parts, app: &App) -> Result<Caller, ApiError> {
+    let h = parts
+        .headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    app.plane.authenticate(h).await
+}
+
+/// A caller that may also be a session-scoped key: for the few routes the agent inside
+/// a session's sandbox uses (its own session's memory, history, checkpoints, spans and
+/// usage; tool calls and MCP; the gateway's models). Each such handler checks that a
+/// session key names its own session ([`Caller::session`]).
+pub struct SessionCaller(pub Caller);
+
+impl FromRequestParts<App> for SessionCaller {
+    type Rejection = ApiError;
+    async fn from_request_parts(parts: &mut Parts, app: &App) -> Result<Self, ApiError> {
+        authenticate(parts, app).await.map(SessionCaller)
     }
 }
 
@@ -133,7 +162,7 @@ pub(crate) fn items(v: Vec<Value>) -> R {
     Ok(Json(json!({ "items": v })).into_response())
 }
 
-async fn whoami(State(a): State<App>, c: Caller) -> R {
+async fn whoami(State(a): State<App>, SessionCaller(c): SessionCaller) -> R {
     ok(a.plane.whoami(&c))
 }
 async fn create_tenant(State(a): State<App>, c: Caller, Body(b): Body<NewTenant>) -> R {
@@ -224,6 +253,9 @@ struct LogsQuery {
 async fn job_logs(State(a): State<App>, c: Caller, Path(n): Path<String>, Q(q): Q<LogsQuery>) -> R {
     let text = a.plane.job_logs(&c, &n, q.task.as_deref()).await?;
     Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response())
+}
+async fn list_templates(State(a): State<App>, c: Caller) -> R {
+    items(a.plane.list_templates(&c)?)
 }
 async fn list_events(State(a): State<App>, c: Caller) -> R {
     items(a.plane.list_events(&c).await?)
@@ -348,6 +380,7 @@ pub const ROUTE_TABLES: &[&[RouteDoc]] = &[
     crate::agents::ROUTES,
     crate::tools::ROUTES,
     crate::gateway::ROUTES,
+    crate::guardpol::ROUTES,
 ];
 
 routes! {
@@ -377,6 +410,7 @@ routes! {
     get "/v1/jobs/{name}/logs" job_logs "Output of the job's tasks on this machine (?task=NAME for one)" None, 200;
     get "/v1/events" list_events "List events" None, 200;
     get "/v1/audit" list_audit "The audit log: who changed what (admins)" None, 200;
+    get "/v1/templates" list_templates "Templates an operator registered (name, digest): what sandboxes, runtimes and jobs may name" None, 200;
     get "/v1/watch" watch "Watch changes as server-sent events (?kind=job|queue|event&after=REVISION); 410 (code compacted) when REVISION left the change log: list again" None, 200;
 }
 
@@ -389,6 +423,7 @@ pub fn router(app: App) -> Router {
         .merge(crate::agents::routes())
         .merge(crate::tools::routes())
         .merge(crate::gateway::routes())
+        .merge(crate::guardpol::routes())
         .route("/v1/openapi.json", get(openapi))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
@@ -493,6 +528,7 @@ pub fn openapi_document() -> Value {
         .chain(crate::agents::schemas())
         .chain(crate::tools::schemas())
         .chain(crate::gateway::schemas())
+        .chain(crate::guardpol::schemas())
     {
         schemas[name] = schema;
     }

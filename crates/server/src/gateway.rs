@@ -28,7 +28,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::StartError;
-use crate::api::{App, Body};
+use crate::api::{App, Body, SessionCaller};
 use crate::auth::Role;
 use crate::plane::{Caller, ControlPlane, SYSTEM_TENANT, now_ms};
 use crate::problem::{ApiError, Code};
@@ -249,7 +249,12 @@ fn bad_request(msg: String) -> Response {
     )
 }
 
-async fn chat(State(a): State<App>, c: Caller, h: HeaderMap, body: Bytes) -> Response {
+async fn chat(
+    State(a): State<App>,
+    SessionCaller(c): SessionCaller,
+    h: HeaderMap,
+    body: Bytes,
+) -> Response {
     if let Err(e) = c.require(Role::Developer) {
         return e.into_response();
     }
@@ -257,13 +262,21 @@ async fn chat(State(a): State<App>, c: Caller, h: HeaderMap, body: Bytes) -> Res
         Ok(w) => w,
         Err(m) => return bad_request(m),
     };
-    a.gateway
+    let mode = a.gateway.gateway.redact_mode(&model_of(&body));
+    let r = a
+        .gateway
         .gateway
         .forward(w, "/v1/chat/completions", body)
-        .await
+        .await;
+    redact_completion(&a, &c.tenant, mode, r).await
 }
 
-async fn completions(State(a): State<App>, c: Caller, h: HeaderMap, body: Bytes) -> Response {
+async fn completions(
+    State(a): State<App>,
+    SessionCaller(c): SessionCaller,
+    h: HeaderMap,
+    body: Bytes,
+) -> Response {
     if let Err(e) = c.require(Role::Developer) {
         return e.into_response();
     }
@@ -271,10 +284,113 @@ async fn completions(State(a): State<App>, c: Caller, h: HeaderMap, body: Bytes)
         Ok(w) => w,
         Err(m) => return bad_request(m),
     };
-    a.gateway.gateway.forward(w, "/v1/completions", body).await
+    let mode = a.gateway.gateway.redact_mode(&model_of(&body));
+    let r = a.gateway.gateway.forward(w, "/v1/completions", body).await;
+    redact_completion(&a, &c.tenant, mode, r).await
 }
 
-async fn models(State(a): State<App>, c: Caller) -> Response {
+/// The `model` a request body names (empty when it names none: the gateway refuses it).
+fn model_of(body: &[u8]) -> String {
+    #[derive(serde::Deserialize)]
+    struct M {
+        #[serde(default)]
+        model: String,
+    }
+    serde_json::from_slice::<M>(body)
+        .map(|m| m.model)
+        .unwrap_or_default()
+}
+
+/// Largest non-streamed completion redacted in one piece (larger ones pass through
+/// in chunks, each redacted).
+const MAX_BUFFERED: usize = 16 << 20;
+
+/// An engine's answer with what the pool's `redact` setting covers replaced by
+/// `[REDACTED:<rule>]`: a JSON answer string by string, a stream event by event
+/// (server-sent events end with a blank line; an event is redacted whole). A secret
+/// the engine spreads over several streamed tokens is not seen: each event carries
+/// its own delta (docs/gateway.md says so).
+async fn redact_completion(a: &App, tenant: &str, mode: gw::Redact, r: Response) -> Response {
+    if mode == gw::Redact::Off {
+        return r;
+    }
+    let guard = a.plane.guard().clone();
+    let tenant = tenant.to_string();
+    let redact = move |at: &str, b: &[u8]| match mode {
+        gw::Redact::All => guard.redact_at(Some(&tenant), at, b),
+        _ => guard.redact_secrets(Some(&tenant), at, b),
+    };
+    let sse = r
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let (mut parts, body) = r.into_parts();
+    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    if sse {
+        use futures_util::StreamExt;
+        let src = body.into_data_stream();
+        // (source, bytes held back, source ended)
+        let stream = futures_util::stream::unfold(
+            (src, Vec::<u8>::new(), false, redact),
+            |(mut src, mut buf, ended, redact)| async move {
+                if ended {
+                    return None;
+                }
+                loop {
+                    match src.next().await {
+                        Some(Ok(chunk)) => {
+                            buf.extend_from_slice(&chunk);
+                            // Release every complete event; hold back the one arriving.
+                            if let Some(end) = buf.windows(2).rposition(|w| w == b"\n\n") {
+                                let rest = buf.split_off(end + 2);
+                                let done = std::mem::replace(&mut buf, rest);
+                                let out = redact("completion stream", &done).unwrap_or(done);
+                                return Some((
+                                    Ok::<_, std::io::Error>(Bytes::from(out)),
+                                    (src, buf, false, redact),
+                                ));
+                            }
+                        }
+                        Some(Err(e)) => {
+                            return Some((
+                                Err(std::io::Error::other(e.to_string())),
+                                (src, buf, true, redact),
+                            ));
+                        }
+                        None => {
+                            let out = redact("completion stream", &buf).unwrap_or(buf);
+                            return Some((Ok(Bytes::from(out)), (src, Vec::new(), true, redact)));
+                        }
+                    }
+                }
+            },
+        );
+        return Response::from_parts(parts, axum::body::Body::from_stream(stream));
+    }
+    let bytes = match axum::body::to_bytes(body, MAX_BUFFERED).await {
+        Ok(b) => b,
+        Err(e) => {
+            return gw::openai_error(
+                axum::http::StatusCode::BAD_GATEWAY,
+                "api_error",
+                format!("reading the engine's answer: {e}"),
+            );
+        }
+    };
+    let out = match serde_json::from_slice::<Value>(&bytes) {
+        Ok(mut v) => {
+            crate::redact::redact_strings(&mut v, &mut |s: &str| {
+                redact("completion", s.as_bytes()).map(|b| String::from_utf8_lossy(&b).into_owned())
+            });
+            v.to_string().into_bytes()
+        }
+        Err(_) => redact("completion", &bytes).unwrap_or_else(|| bytes.to_vec()),
+    };
+    Response::from_parts(parts, axum::body::Body::from(out))
+}
+
+async fn models(State(a): State<App>, SessionCaller(c): SessionCaller) -> Response {
     if let Err(e) = c.require(Role::Viewer) {
         return e.into_response();
     }

@@ -13,6 +13,7 @@ pub mod auth;
 pub mod exec;
 pub mod gateway;
 pub mod gpu;
+pub mod guardpol;
 pub mod identity;
 pub mod mcp;
 pub mod metrics;
@@ -21,6 +22,7 @@ pub mod oidc;
 pub mod otlp;
 pub mod plane;
 pub mod problem;
+pub mod redact;
 pub mod sandboxes;
 pub mod scheduler;
 pub mod tools;
@@ -32,6 +34,41 @@ use std::time::Duration;
 pub use plane::{Caller, ControlPlane, SYSTEM_TENANT};
 pub use problem::{ApiError, Code};
 pub use tessera_store::{AnyStore, PgStore, SqliteStore};
+
+/// Makes the data folder the server's alone (0700): the store, task logs and templates
+/// live there and no workload may read it. A folder it creates is private from the
+/// start; an existing one readable by others is tightened when it is empty or already
+/// holds a Tessera store, else left as it is with a warning (returned) — it may be a
+/// folder the operator shares on purpose.
+pub fn prepare_data_dir(dir: &std::path::Path) -> Result<Option<String>, String> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    match std::fs::metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map(|()| None)
+            .map_err(|e| format!("creating the data folder {}: {e}", dir.display())),
+        Err(e) => Err(format!("the data folder {}: {e}", dir.display())),
+        Ok(m) if !m.is_dir() => Err(format!("the data folder {} is not a folder", dir.display())),
+        Ok(m) if m.permissions().mode() & 0o077 == 0 => Ok(None),
+        Ok(_) => {
+            let ours = dir.join("tessera.db").exists()
+                || std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_none());
+            if ours {
+                std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+                    .map(|()| None)
+                    .map_err(|e| format!("making the data folder {} private: {e}", dir.display()))
+            } else {
+                Ok(Some(format!(
+                    "the data folder {} can be read by other users; Tessera keeps its store, \
+                     task logs and templates there: use a folder of its own (--data DIR)",
+                    dir.display()
+                )))
+            }
+        }
+    }
+}
 
 /// How to run the server.
 #[derive(Clone)]
@@ -59,6 +96,13 @@ pub struct ServerConfig {
     pub agents: agents::AgentsConfig,
     pub tools: tools::ToolsConfig,
     pub gateway: gateway::GatewayConfig,
+    /// The runtime guard of every workload (sandboxes, sessions, built-in tools, job
+    /// tasks): the operator's policy as the floor; tenants add their own through
+    /// `PUT /v1/guard/policy`, which can only tighten it.
+    pub guard: std::sync::Arc<tessera_sandbox::PolicyGuard>,
+    /// The template registry's folder (`tessera template import` writes there);
+    /// `None`: only the built-in `host` template.
+    pub templates: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for ServerConfig {
@@ -89,6 +133,8 @@ impl Default for ServerConfig {
             agents: Default::default(),
             tools: Default::default(),
             gateway: Default::default(),
+            guard: Default::default(),
+            templates: None,
         }
     }
 }
@@ -186,8 +232,23 @@ pub enum StartError {
 pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartError> {
     let plane = ControlPlane::new(store.clone())
         .with_logs(cfg.executor_logs.clone())
-        .with_oidc(cfg.oidc.clone());
+        .with_oidc(cfg.oidc.clone())
+        .with_guard(cfg.guard.clone())
+        .with_templates(match &cfg.templates {
+            Some(dir) => Some(tessera_sandbox::TemplateRegistry::open(dir).map_err(|e| {
+                StartError::Component {
+                    what: "templates",
+                    message: e.to_string(),
+                }
+            })?),
+            None => None,
+        });
     let admin_key = plane.bootstrap().await.map_err(StartError::Bootstrap)?;
+    // Tenants' own guard policies, beside the operator's floor.
+    plane
+        .load_guard_policies()
+        .await
+        .map_err(StartError::Bootstrap)?;
     // GPU discovery (NVML) only when this machine is to be a node.
     let local = if cfg.register_local_node {
         let n = node::local_node();
@@ -207,8 +268,9 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
         source,
     })?;
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    // Every redaction anywhere (sandboxes, sessions, tools, jobs, the API) is audited.
+    let mut tasks = vec![redact::start_audit(&plane, stop_rx.clone())];
     let metrics = std::sync::Arc::new(metrics::Metrics::default());
-    let mut tasks = Vec::new();
     if let Some(f) = cfg.scheduler.clone() {
         tasks.push(tokio::spawn(scheduler::run_loop(
             store,
@@ -270,6 +332,8 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
     tasks.extend(t);
     let (tools, t) = tools::ToolsState::start(&plane, &cfg.tools, &stop_rx).await?;
     tasks.extend(t);
+    // Tool results and errors are redacted before the ledger, the agent and the caller.
+    tools.gateway.set_guard(plane.guard().clone());
     // The gateway's built-in tools (exec, files) run in sessions' sandboxes.
     if let Some(h) = agents.session_host() {
         tools.gateway.set_sandboxes(std::sync::Arc::new(h));

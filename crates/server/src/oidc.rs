@@ -69,6 +69,8 @@ impl OidcConfig {
         v.set_issuer(&[&self.issuer]);
         v.set_audience(&[&self.audience]);
         v.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
+        // A token not valid yet (`nbf` ahead) is refused, with the same leeway as `exp`.
+        v.validate_nbf = true;
         #[derive(Deserialize)]
         struct Claims {
             sub: String,

@@ -61,7 +61,18 @@ pub struct Caller {
     pub role: Role,
 }
 
+/// The subject prefix of session-scoped keys: the key the agent inside a session's
+/// sandbox holds (`session:<id>`).
+pub const SESSION_SUBJECT: &str = "session:";
+
 impl Caller {
+    /// The session this caller's key is scoped to, when it is a session key. Such a
+    /// key acts on its own session only: the [`Caller`] extractor refuses it on every
+    /// route, and the few routes a session's agent needs take [`crate::api::SessionCaller`].
+    pub fn session(&self) -> Option<&str> {
+        self.subject.strip_prefix(SESSION_SUBJECT)
+    }
+
     pub fn require(&self, role: Role) -> Result<(), ApiError> {
         if self.role >= role {
             Ok(())
@@ -110,7 +121,8 @@ pub fn check_name(field: &str, s: &str) -> Result<(), ApiError> {
         Err(ApiError::invalid(
             field,
             format!(
-                "{s:?} is not a valid name: use 1 to 63 of a-z, 0-9 and '-', starting and ending with a letter or digit"
+                "{} is not a valid name: use 1 to 63 of a-z, 0-9 and '-', starting and ending with a letter or digit",
+                crate::problem::quote(s)
             ),
         ))
     }
@@ -126,7 +138,10 @@ pub(crate) fn check_subject(field: &str, s: &str) -> Result<(), ApiError> {
     } else {
         Err(ApiError::invalid(
             field,
-            format!("{s:?} is not a valid subject: use 1 to 128 of A-Z, a-z, 0-9 and @ . _ : -"),
+            format!(
+                "{} is not a valid subject: use 1 to 128 of A-Z, a-z, 0-9 and @ . _ : -",
+                crate::problem::quote(s)
+            ),
         ))
     }
 }
@@ -193,6 +208,8 @@ pub struct ControlPlane {
     auth_cache: std::sync::Arc<AuthCache>,
     logs: Option<std::path::PathBuf>,
     oidc: Option<std::sync::Arc<crate::oidc::OidcConfig>>,
+    guard: std::sync::Arc<tessera_sandbox::PolicyGuard>,
+    templates: Option<tessera_sandbox::TemplateRegistry>,
 }
 
 impl ControlPlane {
@@ -202,7 +219,69 @@ impl ControlPlane {
             auth_cache: Default::default(),
             logs: None,
             oidc: None,
+            guard: Default::default(),
+            templates: None,
         }
+    }
+
+    /// The template registry (`None`: only the built-in `host` template).
+    pub fn with_templates(mut self, templates: Option<tessera_sandbox::TemplateRegistry>) -> Self {
+        self.templates = templates;
+        self
+    }
+
+    /// Resolves a tenant's template reference (`host`, `NAME`, `NAME@sha256:<hex>`) to
+    /// the sandbox template and its digest. A host path is refused: templates are
+    /// registered by an operator, never given as a path by a tenant.
+    pub fn resolve_template(
+        &self,
+        field: &str,
+        reference: &str,
+    ) -> Result<(tessera_sandbox::Template, String), ApiError> {
+        tessera_sandbox::registry::resolve_in(self.templates.as_ref(), reference)
+            .map_err(|e| ApiError::invalid(field, format!("{field}: {e}")))
+    }
+
+    /// The template registry, if this server has one.
+    pub fn templates(&self) -> Option<&tessera_sandbox::TemplateRegistry> {
+        self.templates.as_ref()
+    }
+
+    /// The templates a caller may name: the built-in `host` and the registered ones.
+    pub fn list_templates(&self, c: &Caller) -> Result<Vec<Value>, ApiError> {
+        c.require(Role::Viewer)?;
+        let mut v = vec![json!({
+            "name": tessera_sandbox::registry::HOST_TEMPLATE,
+            "digest": tessera_sandbox::registry::HOST_TEMPLATE,
+            "source": "built in: the host's /usr read-only with a generated /etc",
+        })];
+        let registered = match &self.templates {
+            Some(r) => r.list().map_err(ApiError::internal)?,
+            None => Vec::new(),
+        };
+        for r in registered {
+            v.push(json!({
+                "name": r.name,
+                "digest": r.digest,
+                "source": r.source,
+                "created_at_ms": r.created_at_ms,
+                "files": r.files,
+                "bytes": r.bytes,
+            }));
+        }
+        Ok(v)
+    }
+
+    /// The runtime guard every workload of this server answers to: the operator's
+    /// policy as the floor, and each tenant's own (tighten-only) policy.
+    pub fn with_guard(mut self, guard: std::sync::Arc<tessera_sandbox::PolicyGuard>) -> Self {
+        self.guard = guard;
+        self
+    }
+
+    /// The server's guard (see [`ControlPlane::with_guard`]).
+    pub fn guard(&self) -> &std::sync::Arc<tessera_sandbox::PolicyGuard> {
+        &self.guard
     }
 
     /// Accept OIDC bearer tokens validated against this configuration.
@@ -1034,6 +1113,9 @@ impl ControlPlane {
                 }
                 Err(_) => String::new(),
             };
+            // A task's output is redacted again on the way out (a log written before a
+            // tenant tightened its policy, or by an older version, is covered too).
+            let text = self.redact_text(&c.tenant, &format!("job {name}/{t} log"), text);
             if tasks.len() > 1 {
                 out.push_str(&format!("==> {t} <==\n"));
             }

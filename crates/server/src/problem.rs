@@ -37,6 +37,8 @@ pub enum Code {
     BudgetExceeded,
     /// 503: a dependency (a session's agent, the sandboxes) is not available now.
     Unavailable,
+    /// The object went away under the request (a sandbox killed during its command).
+    Gone,
 }
 
 impl Code {
@@ -54,6 +56,7 @@ impl Code {
             Code::QuotaExceeded => StatusCode::TOO_MANY_REQUESTS,
             Code::BudgetExceeded => StatusCode::PAYMENT_REQUIRED,
             Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Code::Gone => StatusCode::GONE,
         }
     }
 
@@ -72,6 +75,7 @@ impl Code {
             Code::QuotaExceeded => "quota_exceeded",
             Code::BudgetExceeded => "budget_exceeded",
             Code::Unavailable => "unavailable",
+            Code::Gone => "gone",
         }
     }
 
@@ -90,6 +94,7 @@ impl Code {
             Code::QuotaExceeded => "Quota exceeded",
             Code::BudgetExceeded => "Budget exceeded",
             Code::Unavailable => "Unavailable",
+            Code::Gone => "Gone",
         }
     }
 }
@@ -145,10 +150,38 @@ pub struct Problem<'a> {
     pub field: Option<&'a str>,
 }
 
+/// Longest `detail` a problem document carries, in bytes: an error never echoes a
+/// whole hostile value back (a 100 kB name in a 400), whatever the code that made it.
+pub const MAX_DETAIL: usize = 1024;
+
+/// A value quoted for an error message: at most 64 characters of it, with how many
+/// bytes were left out.
+pub fn quote(s: &str) -> String {
+    const KEEP: usize = 64;
+    match s.char_indices().nth(KEEP) {
+        None => format!("{s:?}"),
+        Some((cut, _)) => format!("{:?}… ({} bytes in all)", &s[..cut], s.len()),
+    }
+}
+
+/// `detail` cut to [`MAX_DETAIL`] bytes on a character boundary.
+fn bounded(detail: &str) -> std::borrow::Cow<'_, str> {
+    if detail.len() <= MAX_DETAIL {
+        return detail.into();
+    }
+    let mut cut = MAX_DETAIL;
+    while !detail.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}… ({} bytes in all)", &detail[..cut], detail.len()).into()
+}
+
 /// The problem document of an error, as JSON (also sent as a watch's last
 /// `event: error`).
 pub fn problem_json(e: &ApiError) -> serde_json::Value {
     let status = e.code.status();
+    let detail = bounded(&e.detail);
+    let field = e.field.as_deref().map(bounded);
     serde_json::to_value(Problem {
         type_: format!(
             "https://tessera.invalid/problems/{}",
@@ -156,9 +189,9 @@ pub fn problem_json(e: &ApiError) -> serde_json::Value {
         ),
         title: e.code.title(),
         status: status.as_u16(),
-        detail: &e.detail,
+        detail: &detail,
         code: e.code.as_str(),
-        field: e.field.as_deref(),
+        field: field.as_deref(),
     })
     .unwrap_or_default()
 }

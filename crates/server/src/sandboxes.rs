@@ -16,7 +16,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -30,9 +29,8 @@ use futures_util::stream;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tessera_sandbox::{
-    CommandCheck, EgressPolicy, ExecError, ExecOutput, ExecRequest, ExitStatus, FileError,
-    InitProgram, Network, PoolConfig, Runtime, RuntimeConfig, Sandbox, SandboxSpec, TarLimits,
-    Template, WarmPool,
+    EgressPolicy, ExecError, ExecOutput, ExecRequest, ExitStatus, FileError, InitProgram, Network,
+    PoolConfig, Runtime, RuntimeConfig, Sandbox, SandboxSpec, TarLimits, WarmPool,
 };
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -62,13 +60,8 @@ pub const MAX_ARCHIVE_BYTES: u64 = 256 << 20;
 pub struct SandboxesConfig {
     /// Serve `/v1/sandboxes` (off by default: see the module docs).
     pub enabled: bool,
-    /// Checks every command and file operation (the runtime guard); `None` allows all.
-    pub guard: Option<Arc<dyn CommandCheck>>,
     /// The sandboxes' init program; `None`: `tessera-sandbox-init` next to this program.
     pub init: Option<InitProgram>,
-    /// Folder of named templates: `template: "NAME"` is `DIR/NAME` (from `tessera
-    /// template build`). `None`: only the host template (`base`).
-    pub templates_dir: Option<PathBuf>,
     /// Sandboxes one tenant may hold; 0 means [`DEFAULT_MAX_PER_TENANT`].
     pub max_per_tenant: usize,
     /// Sandboxes of the base template kept ready (a warm pool); 0 for none.
@@ -79,9 +72,7 @@ impl std::fmt::Debug for SandboxesConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SandboxesConfig")
             .field("enabled", &self.enabled)
-            .field("guard", &self.guard.is_some())
             .field("init", &self.init)
-            .field("templates_dir", &self.templates_dir)
             .field("max_per_tenant", &self.max_per_tenant)
             .field("warm", &self.warm)
             .finish()
@@ -103,7 +94,8 @@ struct Inner {
     rt: Arc<Runtime>,
     pool: Option<WarmPool>,
     base: SandboxSpec,
-    templates_dir: Option<PathBuf>,
+    /// The server's template registry (`None`: only `host`).
+    templates: Option<tessera_sandbox::TemplateRegistry>,
     max_per_tenant: usize,
     all: Mutex<HashMap<String, Arc<Entry>>>,
 }
@@ -127,7 +119,7 @@ impl SandboxesState {
     /// Starts this module: its state and any background tasks, which end when
     /// `stop` turns true.
     pub(crate) async fn start(
-        _plane: &ControlPlane,
+        plane: &ControlPlane,
         cfg: &SandboxesConfig,
         stop: &watch::Receiver<bool>,
     ) -> Result<(Self, Vec<JoinHandle<()>>), StartError> {
@@ -141,7 +133,8 @@ impl SandboxesState {
         let rt = Runtime::new(RuntimeConfig {
             init: cfg.init.clone(),
             cgroups: true,
-            guard: cfg.guard.clone(),
+            // The server's guard: the operator's floor and each tenant's policy.
+            guard: plane.guard().clone(),
             tenant: None,
             cgroup_backend: None,
         })
@@ -169,7 +162,7 @@ impl SandboxesState {
             rt,
             pool,
             base,
-            templates_dir: cfg.templates_dir.clone(),
+            templates: plane.templates().cloned(),
             max_per_tenant: if cfg.max_per_tenant == 0 {
                 DEFAULT_MAX_PER_TENANT
             } else {
@@ -413,7 +406,11 @@ fn exec_error(id: &str, e: ExecError) -> ApiError {
             ApiError::new(Code::Forbidden, format!("blocked by the guard: {why}"))
         }
         ExecError::EmptyCommand => ApiError::invalid("cmd", "the command is empty"),
-        ExecError::Destroyed(_) => ApiError::not_found(format!("sandbox {id:?}")),
+        // Killed while the command ran (deleted, expired): the command ended with it.
+        ExecError::Destroyed(_) => ApiError::new(
+            Code::Gone,
+            format!("sandbox {id:?} was killed, and the command with it"),
+        ),
         ExecError::Start(s) => ApiError::invalid("argv", format!("the command did not start: {s}")),
         other if other.to_string().contains("paused") => ApiError::new(
             Code::Conflict,
@@ -451,36 +448,11 @@ const ENOENT: i32 = 2;
 fn spec_for(inner: &Inner, b: &NewSandbox) -> Result<(SandboxSpec, String), ApiError> {
     let mut spec = inner.base.clone();
     let name = b.template.clone().unwrap_or_else(|| "base".into());
-    if name != "base" && name != "host" {
-        let ok = !name.is_empty()
-            && name.len() <= 64
-            && name
-                .bytes()
-                .all(|c| c.is_ascii_alphanumeric() || b"-_.".contains(&c))
-            && !name.starts_with('.');
-        if !ok {
-            return Err(ApiError::invalid(
-                "template",
-                format!("{name:?}: a template name is letters, digits, `-`, `_`, `.`"),
-            ));
-        }
-        let Some(dir) = &inner.templates_dir else {
-            return Err(ApiError::invalid(
-                "template",
-                format!(
-                    "{name:?}: this server has only the `base` template (no --sandbox-templates DIR)"
-                ),
-            ));
-        };
-        let p = dir.join(&name);
-        if !p.is_dir() {
-            return Err(ApiError::invalid(
-                "template",
-                format!("no template {name:?}; build one with `tessera template build`"),
-            ));
-        }
-        spec.template = Template::Dir(p);
-    }
+    // A registered template by name (or name@digest), never a host path.
+    let (template, _digest) =
+        tessera_sandbox::registry::resolve_in(inner.templates.as_ref(), &name)
+            .map_err(|e| ApiError::invalid("template", format!("template: {e}")))?;
+    spec.template = template;
     if let Some(m) = b.memory_mb {
         if m == 0 || m > 1 << 20 {
             return Err(ApiError::invalid("memory_mb", "between 1 and 1048576"));

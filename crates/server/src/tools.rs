@@ -23,7 +23,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::StartError;
-use crate::api::{App, Body, Q};
+use crate::api::{App, Body, Q, SessionCaller};
 use crate::auth::Role;
 use crate::plane::{Caller, ControlPlane, kind, now_ms, render};
 use crate::problem::{ApiError, Code};
@@ -350,7 +350,7 @@ async fn remove_grant(
 
 async fn call(
     State(a): State<App>,
-    c: Caller,
+    SessionCaller(c): SessionCaller,
     Path(n): Path<String>,
     Body(req): Body<CallRequest>,
 ) -> R {
@@ -367,11 +367,17 @@ struct LedgerQuery {
     state: Option<gw::State>,
 }
 
-fn entry_view(e: &gw::Entry) -> Value {
-    serde_json::to_value(e).unwrap_or_default()
+/// A ledger entry as served: its arguments, result and error redacted (the stored
+/// entry keeps the arguments as sent, for the idempotency check).
+fn entry_view(a: &App, tenant: &str, e: &gw::Entry) -> Value {
+    a.plane.redact_value(
+        tenant,
+        &format!("ledger {}", e.id),
+        serde_json::to_value(e).unwrap_or_default(),
+    )
 }
 
-async fn ledger(State(a): State<App>, c: Caller, Q(q): Q<LedgerQuery>) -> R {
+async fn ledger(State(a): State<App>, SessionCaller(c): SessionCaller, Q(q): Q<LedgerQuery>) -> R {
     c.require(Role::Viewer)?;
     if let Some(s) = c.subject.strip_prefix("session:") {
         if q.session_id.as_deref() != Some(s) {
@@ -385,10 +391,14 @@ async fn ledger(State(a): State<App>, c: Caller, Q(q): Q<LedgerQuery>) -> R {
         .gateway
         .ledger(&c.tenant, q.session_id.as_deref(), q.state)
         .await?;
-    ok(json!({ "items": v.iter().map(entry_view).collect::<Vec<_>>() }))
+    ok(json!({ "items": v.iter().map(|e| entry_view(&a, &c.tenant, e)).collect::<Vec<_>>() }))
 }
 
-async fn ledger_entry(State(a): State<App>, c: Caller, Path(id): Path<String>) -> R {
+async fn ledger_entry(
+    State(a): State<App>,
+    SessionCaller(c): SessionCaller,
+    Path(id): Path<String>,
+) -> R {
     c.require(Role::Viewer)?;
     let e = a
         .tools
@@ -401,7 +411,7 @@ async fn ledger_entry(State(a): State<App>, c: Caller, Path(id): Path<String>) -
                 .is_none_or(|s| s == e.session_id)
         })
         .ok_or_else(|| ApiError::not_found(format!("ledger entry {id:?}")))?;
-    ok(entry_view(&e))
+    ok(entry_view(&a, &c.tenant, &e))
 }
 
 async fn resolve(
@@ -424,13 +434,13 @@ async fn resolve(
         format!("ledger/{id} as {:?}", r.outcome),
     )
     .await;
-    ok(entry_view(&e))
+    ok(entry_view(&a, &c.tenant, &e))
 }
 
 async fn approvals(State(a): State<App>, c: Caller) -> R {
     c.require(Role::Viewer)?;
     let v = a.tools.gateway.approvals(&c.tenant).await?;
-    ok(json!({ "items": v.iter().map(entry_view).collect::<Vec<_>>() }))
+    ok(json!({ "items": v.iter().map(|e| entry_view(&a, &c.tenant, e)).collect::<Vec<_>>() }))
 }
 
 #[derive(Debug, Deserialize)]
@@ -467,16 +477,20 @@ async fn decide(
         format!("ledger/{id}"),
     )
     .await;
-    ok(entry_view(&e))
+    ok(entry_view(&a, &c.tenant, &e))
 }
 
-async fn mcp_post(State(a): State<App>, c: Caller, req: Request) -> Response {
+async fn mcp_post(State(a): State<App>, SessionCaller(c): SessionCaller, req: Request) -> Response {
     crate::mcp::handle(&a, c, req).await
 }
-async fn mcp_get(State(a): State<App>, c: Caller, req: Request) -> Response {
+async fn mcp_get(State(a): State<App>, SessionCaller(c): SessionCaller, req: Request) -> Response {
     crate::mcp::handle(&a, c, req).await
 }
-async fn mcp_delete(State(a): State<App>, c: Caller, req: Request) -> Response {
+async fn mcp_delete(
+    State(a): State<App>,
+    SessionCaller(c): SessionCaller,
+    req: Request,
+) -> Response {
     crate::mcp::handle(&a, c, req).await
 }
 

@@ -139,12 +139,67 @@ async fn events_usage_and_session_keys() {
     let (_, v) = t.get("/v1/usage?session=s1&records=true").await;
     assert_eq!(v["session_totals"]["quantities"]["tokens_in"], 100.0);
     assert_eq!(v["records"].as_array().unwrap().len(), 1);
+    // Writes into a session nobody started are 404, not stray records.
+    let (st, v) = t.put("/v1/sessions/s1/memory/a", json!({"value": 1})).await;
+    assert_eq!(st, StatusCode::NOT_FOUND, "{v}");
+    let (st, v) = t.post("/v1/sessions/s1/history", json!({"x": 1})).await;
+    assert_eq!(st, StatusCode::NOT_FOUND, "{v}");
+    let (st, _) = t
+        .post("/v1/runtimes", json!({"name": "bot", "command": ["x"]}))
+        .await;
+    assert_eq!(st, StatusCode::CREATED);
+    let store = s.running.plane.store();
+    let rv = tessera_agent::runtimes::resolve(store, "alpha", "bot", None)
+        .await
+        .unwrap();
+    tessera_agent::sessions::get_or_create(store, "alpha", "s1", &rv, 1)
+        .await
+        .unwrap();
     // A session key reaches its own session only.
     let sk = t.with_role("session:s1", "developer").await;
     let (st, _) = sk
         .put("/v1/sessions/s1/memory/a", json!({"value": 1}))
         .await;
     assert_eq!(st, StatusCode::OK);
+    // ... and nothing of the tenant's beyond it: no jobs, sandboxes, runtimes, keys,
+    // listings or topics (each of these was open to it before).
+    for (m, path, body) in [
+        (
+            Method::POST,
+            "/v1/jobs",
+            Some(json!({"name": "j", "queue": "q", "tasks": []})),
+        ),
+        (Method::GET, "/v1/jobs", None),
+        (Method::POST, "/v1/sandboxes", Some(json!({}))),
+        (Method::GET, "/v1/runtimes", None),
+        (
+            Method::POST,
+            "/v1/runtimes",
+            Some(json!({"name": "evil", "command": ["x"]})),
+        ),
+        (
+            Method::POST,
+            "/v1/runtimes/bot/invocations",
+            Some(json!({})),
+        ),
+        (Method::GET, "/v1/sessions", None),
+        (Method::POST, "/v1/apikeys", Some(json!({"subject": "x"}))),
+        (Method::GET, "/v1/tools", None),
+        (Method::GET, "/v1/events", None),
+        (Method::POST, "/v1/topics/approvals/events", Some(json!({}))),
+        (Method::GET, "/v1/watch?kind=job", None),
+        (Method::GET, "/v1/agent-pools", None),
+        (Method::GET, "/v1/approvals", None),
+    ] {
+        let (st, v) = sk.call(m.clone(), path, body).await;
+        assert_eq!(st, StatusCode::FORBIDDEN, "{m} {path}: {v}");
+        assert!(
+            v["detail"].as_str().unwrap_or("").contains("session"),
+            "{m} {path}: {v}"
+        );
+    }
+    let (st, v) = sk.get("/v1/whoami").await;
+    assert_eq!(st, StatusCode::OK, "{v}");
     let (st, v) = sk
         .put("/v1/sessions/s2/memory/a", json!({"value": 1}))
         .await;

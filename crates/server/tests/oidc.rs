@@ -100,12 +100,18 @@ async fn bearer_tokens_from_the_issuer_are_accepted_and_nothing_else() {
     wrong_iss["iss"] = json!("https://evil.example");
     let mut expired = claims("alice", "alpha");
     expired["exp"] = json!(now() - 3600);
+    let mut not_yet = claims("alice", "alpha");
+    not_yet["nbf"] = json!(now() + 3600);
     let mut no_tenant = claims("alice", "alpha");
     no_tenant.as_object_mut().unwrap().remove("tessera_tenant");
     for (what, tok) in [
         ("wrong audience", token(ISSUER_KEY, wrong_aud)),
         ("wrong issuer", token(ISSUER_KEY, wrong_iss)),
         ("expired", token(ISSUER_KEY, expired)),
+        (
+            "not valid for another hour (nbf)",
+            token(ISSUER_KEY, not_yet),
+        ),
         ("no tenant claim", token(ISSUER_KEY, no_tenant)),
         ("unknown tenant", token(ISSUER_KEY, claims("alice", "nope"))),
         ("untrusted key", token(OTHER_KEY, claims("alice", "alpha"))),

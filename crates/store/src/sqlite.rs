@@ -74,6 +74,29 @@ fn read_u64(c: &Connection, sql: &str) -> Result<u64, StoreError> {
     Ok(c.query_row(sql, [], |r| r.get::<_, i64>(0)).map_err(be)? as u64)
 }
 
+/// The database file (and its `-wal`/`-shm`, which SQLite creates with the database's
+/// mode) readable and writable by the server's user alone.
+fn private_files(path: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let err = |e: std::io::Error| StoreError::Backend(format!("{}: {e}", path.display()));
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(err)?;
+    for p in [
+        path.to_path_buf(),
+        path.with_extension("db-wal"),
+        path.with_extension("db-shm"),
+    ] {
+        if p.exists() {
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
+        }
+    }
+    Ok(())
+}
+
 fn open_conn(path: &Path, write: bool) -> Result<Connection, StoreError> {
     let flags = if write {
         OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE
@@ -103,6 +126,7 @@ impl SqliteStore {
         std::fs::create_dir_all(dir)
             .map_err(|e| StoreError::Backend(format!("creating {}: {e}", dir.display())))?;
         let path = dir.join("tessera.db");
+        private_files(&path)?;
         let conn = open_conn(&path, true)?;
         conn.execute_batch(SCHEMA).map_err(be)?;
         let top = read_u64(&conn, REVISION)?;

@@ -261,6 +261,8 @@ struct Inner<S: Store> {
     /// This process's identity in `owner` fields.
     owner: String,
     dispatcher: dispatch::Dispatcher,
+    /// Redacts results and errors (see [`Gateway::set_guard`]).
+    guard: std::sync::RwLock<Arc<dyn tessera_sandbox::CommandCheck>>,
     /// Calls this process is sending now; followers wait for the outcome.
     inflight: Mutex<HashMap<FlightKey, watch::Receiver<Option<CallOutcome>>>>,
     /// Entries written in the background and not yet durable.
@@ -347,6 +349,7 @@ impl<S: Store> Gateway<S> {
                 cfg,
                 owner: format!("gw-{}", random_hex(6)),
                 dispatcher: dispatch::Dispatcher::new(sandboxes),
+                guard: std::sync::RwLock::new(Arc::new(tessera_sandbox::PolicyGuard::default())),
                 inflight: Mutex::new(HashMap::new()),
                 recent: Mutex::new(HashMap::new()),
                 pending_writes: AtomicUsize::new(0),
@@ -364,6 +367,30 @@ impl<S: Store> Gateway<S> {
     /// host is up).
     pub fn set_sandboxes(&self, s: Arc<dyn SandboxAccess>) {
         self.inner.dispatcher.set_sandboxes(s);
+    }
+
+    /// The guard whose scanner redacts every tool result and error before it reaches
+    /// the ledger, the agent and the caller (default: the shipped policy).
+    pub fn set_guard(&self, g: Arc<dyn tessera_sandbox::CommandCheck>) {
+        *self.inner.guard.write().unwrap_or_else(|p| p.into_inner()) = g;
+    }
+
+    fn redact_outcome(&self, tenant: &str, e: &mut Entry) {
+        let g = self
+            .inner
+            .guard
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let at = format!("tool {} call {} result", e.tool, e.id);
+        if let Some(v) = e.result.as_mut() {
+            tessera_sandbox::redact_json(&*g, Some(tenant), &at, v);
+        }
+        if let Some(m) = e.error.as_mut()
+            && let Some(b) = g.redact(Some(tenant), &at, m.as_bytes())
+        {
+            *m = String::from_utf8_lossy(&b).into_owned();
+        }
     }
 
     pub fn store(&self) -> &S {
@@ -1118,11 +1145,13 @@ impl<S: Store> Gateway<S> {
                     }
                 }
                 e.result = Some(v);
+                self.redact_outcome(&call.tenant, &mut e);
                 true
             }
             Sent::Failed(msg) => {
                 e.state = State::Failed;
                 e.error = Some(msg);
+                self.redact_outcome(&call.tenant, &mut e);
                 true
             }
             Sent::Unknown(msg) if !call.tool.resend_safe() => {

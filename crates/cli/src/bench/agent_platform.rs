@@ -138,8 +138,13 @@ async fn bench(a: &Args) -> Result<Report, String> {
     runtimes::create(&store, "bench", "echo", spec.clone(), Quotas::default(), 0)
         .await
         .map_err(|e| e.to_string())?;
-    host.prime(&spec);
-    let ready = |h: &Host| h.pool_stats().iter().map(|p| p.ready).sum::<usize>();
+    host.prime("bench", &spec).map_err(|e| e.to_string())?;
+    let ready = |h: &Host| {
+        h.pool_stats("bench")
+            .iter()
+            .map(|(_, p)| p.ready)
+            .sum::<usize>()
+    };
     let wait_ready = async |n: usize| {
         let t = Instant::now();
         while ready(&host) < n && t.elapsed() < Duration::from_secs(60) {
@@ -147,7 +152,7 @@ async fn bench(a: &Args) -> Result<Report, String> {
         }
     };
     wait_ready(a.pool).await;
-    let misses0: u64 = host.pool_stats().iter().map(|p| p.misses).sum();
+    let misses0: u64 = host.pool_stats("bench").iter().map(|(_, p)| p.misses).sum();
     let mut first = Vec::new();
     let mut warm = Vec::new();
     for i in 0..a.sessions {
@@ -168,7 +173,12 @@ async fn bench(a: &Args) -> Result<Report, String> {
             .await
             .map_err(|e| e.to_string())?;
     }
-    let misses: u64 = host.pool_stats().iter().map(|p| p.misses).sum::<u64>() - misses0;
+    let misses: u64 = host
+        .pool_stats("bench")
+        .iter()
+        .map(|(_, p)| p.misses)
+        .sum::<u64>()
+        - misses0;
     host.shutdown().await;
     let tools = tools_figures(a.calls).await;
     let get_u = |k: &str| tools.get(k).and_then(serde_json::Value::as_u64);

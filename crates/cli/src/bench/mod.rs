@@ -4,6 +4,7 @@ pub mod agent;
 pub mod agent_platform;
 pub mod api;
 pub mod gateway;
+pub mod gpushare;
 pub mod guard;
 pub mod k8s;
 pub mod sandbox;
@@ -37,6 +38,9 @@ pub enum BenchCommand {
     /// Inference gateway: its own time per request (request in to first byte
     /// forwarded, engine time excluded), plain and streaming, on loopback.
     Gateway(gateway::Args),
+    /// GPU sharing on the fake CUDA driver: interception overhead per allocation
+    /// and per launch, caps held, compute shares achieved.
+    Gpushare(gpushare::Args),
 }
 
 /// Nearest-rank percentile of sorted samples (`p` in 0..=1); `None` when there
@@ -58,5 +62,6 @@ pub fn run(c: BenchCommand) -> i32 {
         BenchCommand::Tools(a) => tools::run(a),
         BenchCommand::K8s(a) => k8s::run(a),
         BenchCommand::Gateway(a) => gateway::run(a),
+        BenchCommand::Gpushare(a) => gpushare::run(a),
     }
 }

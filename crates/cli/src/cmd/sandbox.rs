@@ -11,9 +11,8 @@ use std::time::Duration;
 use clap::{Args, Subcommand, ValueEnum};
 use serde::Serialize;
 use tessera_sandbox::{
-    CheckDecision, Command, CommandCheck, ExecError, ExecOutput, ExecRequest, ExitStatus,
-    FileAccess, FileError, InitProgram, Limits, Network, PathAccess, Runtime, RuntimeConfig,
-    SandboxSpec,
+    Command, CommandCheck, ExecError, ExecOutput, ExecRequest, ExitStatus, FileError, InitProgram,
+    Limits, Network, Runtime, RuntimeConfig, SandboxSpec,
 };
 
 use crate::output::{EXIT_BAD_INPUT, EXIT_FAILURE, fail, print_json};
@@ -91,6 +90,71 @@ pub enum TemplateCommand {
         /// The template directory.
         dir: std::path::PathBuf,
     },
+    /// Register a template with the server on this machine (copied into its data
+    /// folder, content-addressed): tenants then name it (`NAME` or
+    /// `NAME@sha256:<hex>`) for sandboxes, agent runtimes and jobs.
+    Import(TemplateImportArgs),
+    /// List the registered templates.
+    List(TemplateListArgs),
+    /// Unregister a template name (sandboxes already made from it keep running).
+    Rm {
+        #[command(flatten)]
+        at: RegistryArgs,
+        /// The template's name.
+        name: String,
+    },
+}
+
+/// Where the registry is: the server's data folder, or its `--templates DIR`.
+#[derive(Debug, Args)]
+pub struct RegistryArgs {
+    /// The server's data folder (`tessera up --data`); the registry is DATA/templates.
+    #[arg(long, value_name = "DIR")]
+    pub data: Option<std::path::PathBuf>,
+    /// The registry folder itself (`tessera up --templates`), instead of DATA/templates.
+    #[arg(long, value_name = "DIR", conflicts_with = "data")]
+    pub templates: Option<std::path::PathBuf>,
+}
+
+impl RegistryArgs {
+    fn open(&self) -> Result<tessera_sandbox::TemplateRegistry, String> {
+        let dir = match (&self.templates, &self.data) {
+            (Some(t), _) => t.clone(),
+            (None, Some(d)) => d.join("templates"),
+            (None, None) => crate::cmd::up::default_data_dir().join("templates"),
+        };
+        tessera_sandbox::TemplateRegistry::open(&dir).map_err(|e| e.to_string())
+    }
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("from").required(true).args(["dir", "oci"])))]
+pub struct TemplateImportArgs {
+    /// The template's name: 1 to 63 of a-z, 0-9, '.', '_', '-'.
+    #[arg(long)]
+    pub name: String,
+    /// An OCI image layout directory to unpack (instead of a root folder).
+    #[arg(long, value_name = "LAYOUT")]
+    pub oci: Option<std::path::PathBuf>,
+    /// With --oci: the image's name in the layout.
+    #[arg(long = "ref", value_name = "NAME", requires = "oci")]
+    pub reference: Option<String>,
+    #[command(flatten)]
+    pub at: RegistryArgs,
+    /// Print one JSON document.
+    #[arg(long)]
+    pub json: bool,
+    /// A root folder (from `tessera template build`, debootstrap, an unpacked image).
+    pub dir: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct TemplateListArgs {
+    #[command(flatten)]
+    pub at: RegistryArgs,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -128,6 +192,91 @@ pub fn template(c: TemplateCommand) -> i32 {
                 0
             }
             Err(e) => fail(EXIT_BAD_INPUT, e),
+        },
+        TemplateCommand::Import(a) => {
+            let reg = match a.at.open() {
+                Ok(r) => r,
+                Err(e) => return fail(EXIT_FAILURE, e),
+            };
+            let res = match (&a.oci, &a.dir) {
+                (Some(layout), _) => {
+                    eprintln!(
+                        "unpacking {} into {}",
+                        layout.display(),
+                        reg.root().display()
+                    );
+                    let opts = t::OciOptions {
+                        reference: a.reference.clone(),
+                        ..Default::default()
+                    };
+                    reg.import_oci(&a.name, layout, &opts)
+                }
+                (None, Some(dir)) => {
+                    eprintln!("copying {} into {}", dir.display(), reg.root().display());
+                    reg.import_dir(&a.name, dir)
+                }
+                (None, None) => return fail(EXIT_BAD_INPUT, "give a root folder or --oci LAYOUT"),
+            };
+            match res {
+                Ok(r) if a.json => print_json(&r),
+                Ok(r) => {
+                    println!(
+                        "registered {}@{} ({} files, {} bytes)",
+                        r.name, r.digest, r.files, r.bytes
+                    );
+                    println!(
+                        "tenants name it as \"template\": \"{}\" (or pinned: \"{}@{}\")",
+                        r.name, r.name, r.digest
+                    );
+                    0
+                }
+                Err(e @ tessera_sandbox::RegistryError::BadReference { .. }) => {
+                    fail(EXIT_BAD_INPUT, format!("--name: {e}"))
+                }
+                Err(e) => fail(EXIT_FAILURE, e),
+            }
+        }
+        TemplateCommand::List(a) => {
+            let list = match a
+                .at
+                .open()
+                .and_then(|r| r.list().map_err(|e| e.to_string()))
+            {
+                Ok(l) => l,
+                Err(e) => return fail(EXIT_FAILURE, e),
+            };
+            if a.json {
+                return print_json(&list);
+            }
+            println!(
+                "{:<24} {:<73} {:>8} {:>12}  SOURCE",
+                "NAME", "DIGEST", "FILES", "BYTES"
+            );
+            println!(
+                "{:<24} {:<73} {:>8} {:>12}  built in: the host's /usr",
+                "host", "host", "-", "-"
+            );
+            for r in list {
+                println!(
+                    "{:<24} {:<73} {:>8} {:>12}  {}",
+                    r.name, r.digest, r.files, r.bytes, r.source
+                );
+            }
+            0
+        }
+        TemplateCommand::Rm { at, name } => match at
+            .open()
+            .and_then(|r| r.remove(&name).map_err(|e| e.to_string()))
+        {
+            Ok(true) => {
+                println!("removed {name}");
+                0
+            }
+            Ok(false) => fail(
+                EXIT_BAD_INPUT,
+                format!("no template {name:?} is registered"),
+            ),
+            Err(e) => fail(EXIT_FAILURE, e),
         },
         TemplateCommand::Build(a) => {
             #[derive(Serialize)]
@@ -401,7 +550,6 @@ pub fn spec_from(l: &LimitArgs) -> Result<SandboxSpec, String> {
             pids: Some(l.pids),
             disk_bytes: disk,
         },
-        extra_rules: guard_landlock_rules(),
         template: match l.template.as_str() {
             "host" => tessera_sandbox::Template::Host,
             dir => {
@@ -442,93 +590,16 @@ pub fn init_program() -> Option<InitProgram> {
     })
 }
 
-/// The runtime guard as the sandbox's command check.
-pub struct GuardCheck {
-    policy: tessera_guard::Policy,
-}
-
-impl GuardCheck {
-    pub fn new() -> Self {
-        GuardCheck {
-            policy: tessera_guard::Policy::default(),
-        }
-    }
-}
-
-/// The guard's Landlock grants as sandbox rules (`~` is the sandbox user's home). Deny
-/// entries cannot be expressed in Landlock beneath a grant; the sandbox's own layout
-/// keeps them out of reach (read-only base, no /sys, /proc read-only).
-pub fn guard_landlock_rules() -> Vec<PathAccess> {
-    let policy = tessera_guard::Policy::default();
-    policy
-        .landlock_rules()
-        .into_iter()
-        .filter(|r| r.allow)
-        .map(|r| {
-            let path = match r.path.strip_prefix('~') {
-                Some(rest) => format!("/home/user{rest}"),
-                None => r.path.clone(),
-            };
-            let has = |op| r.access.contains(&op);
-            PathAccess {
-                path,
-                read: has(tessera_guard::FileOp::Read),
-                write: has(tessera_guard::FileOp::Write) || has(tessera_guard::FileOp::Delete),
-                execute: has(tessera_guard::FileOp::Exec),
-            }
-        })
-        .collect()
-}
-
-fn decision(v: &tessera_guard::Verdict) -> CheckDecision {
-    let reasons = || {
-        v.findings
-            .iter()
-            .map(|f| format!("{} ({}): {}", f.rule, f.severity.as_str(), f.explanation))
-            .collect::<Vec<_>>()
-    };
-    match v.decision {
-        tessera_guard::Decision::Allow => CheckDecision::Allow,
-        tessera_guard::Decision::Alert => CheckDecision::Alert(reasons()),
-        tessera_guard::Decision::Block => CheckDecision::Block(reasons()),
-    }
-}
-
-impl Default for GuardCheck {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl CommandCheck for GuardCheck {
-    fn check(&self, tenant: Option<&str>, command: &Command) -> CheckDecision {
-        let v = match command {
-            Command::Shell(s) => tessera_guard::check_command(&self.policy, tenant, s),
-            Command::Argv(a) => tessera_guard::check_argv(&self.policy, tenant, a),
-        };
-        decision(&v)
-    }
-
-    fn check_file(&self, tenant: Option<&str>, op: FileAccess, path: &str) -> CheckDecision {
-        let op = match op {
-            FileAccess::Read => tessera_guard::FileOp::Read,
-            FileAccess::Write => tessera_guard::FileOp::Write,
-            FileAccess::Delete => tessera_guard::FileOp::Delete,
-        };
-        decision(&tessera_guard::check_path(&self.policy, tenant, op, path))
-    }
-
-    fn redact(&self, output: &[u8]) -> Option<Vec<u8>> {
-        let r = tessera_guard::Scanner::new(&self.policy).redact(output);
-        (r != output).then_some(r)
-    }
-}
-
 pub fn runtime(guard: bool) -> Result<Arc<Runtime>, String> {
     Runtime::new(RuntimeConfig {
         init: init_program(),
         cgroups: true,
-        guard: guard.then(|| Arc::new(GuardCheck::new()) as Arc<dyn CommandCheck>),
+        // `--no-guard` is the operator's own choice on this machine, and says so.
+        guard: if guard {
+            Arc::new(tessera_sandbox::PolicyGuard::default()) as Arc<dyn CommandCheck>
+        } else {
+            Arc::new(tessera_sandbox::AllowAll)
+        },
         tenant: None,
         cgroup_backend: None,
     })

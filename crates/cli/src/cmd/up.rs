@@ -67,10 +67,17 @@ pub struct UpArgs {
     /// are no cgroup limits).
     #[arg(long)]
     pub sandboxes: bool,
-    /// With --sandboxes: folder of named templates (`tessera template build`), so a
-    /// create may ask for `"template": "NAME"`.
-    #[arg(long, value_name = "DIR", requires = "sandboxes")]
-    pub sandbox_templates: Option<PathBuf>,
+    /// The operator's guard policy (YAML, docs/guard.md): the floor every workload
+    /// answers to — sandboxes, agent sessions, built-in tools, job tasks — and every
+    /// output is redacted by. Tenants may tighten it (`PUT /v1/guard/policy`), never
+    /// loosen it. Default: the shipped policy (`tessera guard rules --default-policy`).
+    #[arg(long, value_name = "FILE")]
+    pub guard_policy: Option<PathBuf>,
+    /// The template registry: root file systems an operator registered with
+    /// `tessera template import` (default: DATA/templates). Sandboxes, agent runtimes and
+    /// jobs name a template (`NAME` or `NAME@sha256:<hex>`); none may give a host path.
+    #[arg(long, value_name = "DIR")]
+    pub templates: Option<PathBuf>,
     /// With --sandboxes: sandboxes of the base template kept ready (a warm pool).
     #[arg(long, value_name = "N", default_value_t = 2)]
     pub sandbox_warm: usize,
@@ -134,7 +141,35 @@ async fn serve(a: UpArgs, listen: SocketAddr) -> i32 {
         },
         _ => None,
     };
+    let guard = match &a.guard_policy {
+        None => std::sync::Arc::new(tessera_sandbox::PolicyGuard::default()),
+        Some(f) => match std::fs::read_to_string(f)
+            .map_err(|e| e.to_string())
+            .and_then(|t| {
+                tessera_sandbox::guard::Policy::from_yaml(&t, &f.display().to_string())
+                    .map_err(|e| e.to_string())
+            }) {
+            Ok(p) => std::sync::Arc::new(tessera_sandbox::PolicyGuard::new(p)),
+            Err(e) => {
+                return fail(
+                    EXIT_BAD_INPUT,
+                    format!("--guard-policy {}: {e}", f.display()),
+                );
+            }
+        },
+    };
     let data = a.data.clone().unwrap_or_else(default_data_dir);
+    // The data folder holds the store, task logs and templates: the server's alone.
+    match tessera_server::prepare_data_dir(&data) {
+        Ok(Some(warning)) => eprintln!("warning: {warning}"),
+        Ok(None) => {}
+        Err(e) => {
+            return fail(
+                EXIT_FAILURE,
+                format!("{e}; pick another folder with --data DIR"),
+            );
+        }
+    }
     let (store, where_): (AnyStore, String) = match &a.postgres {
         Some(url) => match PgStore::connect_in_schema(url, a.postgres_schema.as_deref()).await {
             Ok(s) => (s.into(), "PostgreSQL".to_string()),
@@ -159,6 +194,12 @@ async fn serve(a: UpArgs, listen: SocketAddr) -> i32 {
         body_limit: a.body_limit,
         register_local_node: !a.no_local_node,
         executor_logs: Some(data.join("logs")),
+        templates: Some(
+            a.templates
+                .clone()
+                .unwrap_or_else(|| data.join("templates")),
+        ),
+        guard,
         oidc,
         simulated: (!simulated.is_empty()).then(|| tessera_server::Simulated {
             nodes: simulated.clone(),
@@ -167,9 +208,7 @@ async fn serve(a: UpArgs, listen: SocketAddr) -> i32 {
         agents: a.agents.config(),
         sandboxes: tessera_server::sandboxes::SandboxesConfig {
             enabled: a.sandboxes,
-            guard: Some(std::sync::Arc::new(crate::cmd::sandbox::GuardCheck::new())),
             init: crate::cmd::sandbox::init_program(),
-            templates_dir: a.sandbox_templates.clone(),
             max_per_tenant: a.sandbox_max_per_tenant,
             warm: a.sandbox_warm,
         },

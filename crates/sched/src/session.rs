@@ -1097,8 +1097,20 @@ impl Session<'_, '_, '_> {
                     if let Some(cap) = &qs.capability {
                         let held = qs.allocated.checked_add(&qs.inqueue).unwrap_or_default();
                         if let Some(d) = over(&held, &min, cap) {
+                            // A parent's cap: say which child asks, and what
+                            // that child holds of it.
+                            let leaf = if c as usize == q {
+                                String::new()
+                            } else {
+                                let lq = &self.st.queues[q];
+                                format!(
+                                    "; it is an ancestor of queue {}, which holds {}",
+                                    lq.name,
+                                    fmt_dim(&d, lq.allocated.get(&d))
+                                )
+                            };
                             reserved_ok = Err(format!(
-                                "queue {} capability of {d} is {}; held and admitted would be {} ({} held, {} admitted and waiting to start, {} for this group)",
+                                "queue {} capability of {d} is {}; held and admitted would be {} ({} held, {} admitted and waiting to start, {} for this group){leaf}",
                                 qs.name,
                                 fmt_dim(&d, cap.get(&d)),
                                 fmt_dim(&d, held.get(&d).saturating_add(min.get(&d))),

@@ -580,8 +580,8 @@ impl Dfs<'_, '_, '_> {
         // plus the fewest further tasks must not exceed the best count.
         let free = dims(&self.free);
         let mut lb = 1u32;
-        for d in 0..DIMS {
-            let deficit = self.need[d].saturating_sub(free[d]);
+        for (d, &f) in free.iter().enumerate() {
+            let deficit = self.need[d].saturating_sub(f);
             if deficit == 0 {
                 continue;
             }

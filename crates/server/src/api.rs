@@ -407,6 +407,7 @@ pub const ROUTE_TABLES: &[&[RouteDoc]] = &[
     crate::tools::ROUTES,
     crate::gateway::ROUTES,
     crate::guardpol::ROUTES,
+    crate::queuecaps::ROUTES,
 ];
 
 routes! {
@@ -451,6 +452,7 @@ pub fn router(app: App) -> Router {
         .merge(crate::tools::routes())
         .merge(crate::gateway::routes())
         .merge(crate::guardpol::routes())
+        .merge(crate::queuecaps::routes())
         .route("/v1/openapi.json", get(openapi))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
@@ -570,6 +572,7 @@ pub fn openapi_document() -> Value {
         .chain(crate::tools::schemas())
         .chain(crate::gateway::schemas())
         .chain(crate::guardpol::schemas())
+        .chain(crate::queuecaps::schemas())
     {
         schemas[name] = schema;
     }

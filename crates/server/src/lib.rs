@@ -24,6 +24,7 @@ pub mod oidc;
 pub mod otlp;
 pub mod plane;
 pub mod problem;
+pub mod queuecaps;
 pub mod redact;
 pub mod sandboxes;
 pub mod scheduler;

@@ -12,10 +12,14 @@
 //! baselines of its paper).
 
 pub mod frag;
+pub mod outlook;
 pub mod policy;
 
 pub use frag::{TypicalPod, Workload};
-pub use policy::{GpuCluster, NodeState, Placement, PodShape, Policy, RandomSource};
+pub use outlook::Outlook;
+pub use policy::{
+    GpuCluster, NodeState, Placement, PodShape, Policy, RandomSource, tessera_score_on,
+};
 
 use std::collections::BTreeMap;
 

@@ -25,9 +25,7 @@ use tessera_sandbox::{
     SandboxSpec, Template, pids_in_namespace,
 };
 
-use crate::fence::{
-    self, DeviceDirs, EnvOnly, GpuAssignment, GpuShareHook, Mismatch, SeenDevice, Share,
-};
+use crate::fence::{self, DeviceDirs, GpuAssignment, GpuShareHook, Mismatch, SeenDevice, Share};
 use crate::gpu::{GpuSource, RawGpu};
 use crate::spec::{self, Defaults, LimitError, TaskKey, TaskLimits, TemplateRef};
 
@@ -53,6 +51,10 @@ pub struct NodeConfig {
     pub gpus: Arc<dyn GpuSource>,
     /// GPU-share enforcement for fractional tasks.
     pub gpushare: Arc<dyn GpuShareHook>,
+    /// Host folders of the GPU driver's user-space (`libcuda.so.1`, …) bound
+    /// read-only, at the same path and executable, into every GPU task; empty:
+    /// what the task's template shows (the host's `/usr` for the host template).
+    pub gpu_libs: Vec<PathBuf>,
     /// Limits of tasks that ask for nothing.
     pub defaults: Defaults,
 }
@@ -66,23 +68,31 @@ impl std::fmt::Debug for NodeConfig {
             .field("masked_paths", &self.masked_paths)
             .field("devices", &self.devices)
             .field("gpus", &self.gpus.name())
+            .field("gpushare", &self.gpushare.describe())
             .finish()
     }
 }
 
 impl NodeConfig {
-    /// A node named `name` with the shipped guard, cgroups on, the host's devices and
-    /// NVML.
+    /// A node named `name` with the shipped guard, cgroups on, the host's devices,
+    /// NVML, and GPU shares enforced by the CUDA interposer where it is found
+    /// ([`crate::gpushare::find_interposer`]; fractional tasks are refused, with the
+    /// fix, where it is not).
     pub fn new(name: impl Into<String>) -> Self {
+        let name = name.into();
         NodeConfig {
-            name: name.into(),
+            gpushare: crate::gpushare::hook(
+                &crate::gpushare::Enforcement::Interposer,
+                &crate::gpushare::private_state_dir(&name),
+            ),
+            name,
             init: None,
             guard: Arc::new(tessera_sandbox::PolicyGuard::default()),
             cgroups: true,
             masked_paths: Vec::new(),
             devices: DeviceDirs::default(),
             gpus: Arc::new(crate::gpu::NvmlSource),
-            gpushare: Arc::new(EnvOnly),
+            gpu_libs: Vec::new(),
             defaults: Defaults::default(),
         }
     }
@@ -181,6 +191,10 @@ pub struct TaskExit {
     /// Processes of the task's pid namespace still alive after the sandbox was
     /// removed: always empty (a check, reported rather than assumed).
     pub leftovers: Vec<i32>,
+    /// A fractional task's GPU share as its region last recorded it: memory used
+    /// and peak against the cap, refusals, compute share used (`None` for other
+    /// tasks and where enforcement is off).
+    pub gpushare: Option<tessera_gpushare::usage::TaskUsage>,
 }
 
 /// What a start made.
@@ -376,6 +390,11 @@ impl NodeRuntime {
         r
     }
 
+    /// A running fractional task's GPU-share usage, from its region.
+    pub fn gpu_share_usage(&self, key: &TaskKey) -> Option<tessera_gpushare::usage::TaskUsage> {
+        self.cfg.gpushare.usage(key)
+    }
+
     /// Tasks running now.
     pub fn running(&self) -> Vec<TaskKey> {
         let mut v: Vec<TaskKey> = self
@@ -457,14 +476,39 @@ impl NodeRuntime {
                     .unwrap_or_default(),
                 milli: *milli,
                 memory: *memory,
+                device_memory: w
+                    .record
+                    .iter()
+                    .find(|g| g.index == *gpu)
+                    .map(|g| g.memory)
+                    .unwrap_or(0),
             };
             let s = self
                 .cfg
                 .gpushare
                 .prepare(&w.key, &share)
                 .map_err(StartError::Gpu)?;
+            // The hook's variables replace the fence's of the same name.
+            gpu_env.retain(|(k, _)| !s.env.iter().any(|(n, _)| n == k));
             gpu_env.extend(s.env);
             binds.extend(s.binds);
+        }
+        let mut extra_rules = Vec::new();
+        if w.gpus != GpuAssignment::None {
+            for d in &self.cfg.gpu_libs {
+                let path = d.display().to_string();
+                binds.push(tessera_sandbox::Bind {
+                    host: d.clone(),
+                    path: path.clone(),
+                    writable: false,
+                });
+                extra_rules.push(tessera_sandbox::PathAccess {
+                    path,
+                    read: true,
+                    write: false,
+                    execute: true,
+                });
+            }
         }
         let env = spec::task_env(&w.key, &self.cfg.name, &gpu_env, &w.env);
         let sbspec = SandboxSpec {
@@ -473,7 +517,7 @@ impl NodeRuntime {
             limits,
             hostname: spec::hostname(&w.key),
             env: Vec::new(),
-            extra_rules: Vec::new(),
+            extra_rules,
             rlimits: tessera_sandbox::Rlimits {
                 nofile: self.nofile,
                 ..Default::default()
@@ -503,6 +547,26 @@ impl NodeRuntime {
             return Err(StartError::AlreadyRunning(w.key));
         }
         let (sbspec, env, view) = self.prepare(&w)?;
+        let shared = matches!(w.gpus, GpuAssignment::Shared { .. });
+        // Whatever fails from here on gives the task's GPU share back.
+        let key = w.key.clone();
+        let undo = |e: StartError| {
+            if shared {
+                self.cfg.gpushare.release(&key);
+            }
+            e
+        };
+        self.launch(w, sbspec, env, view, on_exit).map_err(undo)
+    }
+
+    fn launch(
+        self: &Arc<Self>,
+        w: WorkloadSpec,
+        sbspec: SandboxSpec,
+        env: Vec<(String, String)>,
+        view: Vec<SeenDevice>,
+        on_exit: OnExit,
+    ) -> Result<Started, StartError> {
         let log_err = |source| StartError::Log {
             path: w.log.display().to_string(),
             source,
@@ -617,9 +681,12 @@ impl NodeRuntime {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .remove(&running.key);
-                if shared {
-                    me.cfg.gpushare.release(&running.key);
-                }
+                // The tree is gone (the sandbox was removed above): its share goes back.
+                let gpushare = if shared {
+                    me.cfg.gpushare.release(&running.key)
+                } else {
+                    None
+                };
                 {
                     let (m, cv) = &running.done;
                     *m.lock().unwrap_or_else(|p| p.into_inner()) = true;
@@ -630,6 +697,7 @@ impl NodeRuntime {
                     outcome,
                     usage,
                     leftovers,
+                    gpushare,
                 });
             });
         if let Err(e) = spawned {

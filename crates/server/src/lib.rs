@@ -125,6 +125,9 @@ pub struct NodeSettings {
     pub mig: Option<std::sync::Arc<dyn tessera_node::mig::MigBackend>>,
     /// Heartbeat period.
     pub heartbeat: Duration,
+    /// GPU-share enforcement of fractional tasks (default: the CUDA interposer;
+    /// a fractional task is refused, with the fix, where it is missing).
+    pub gpushare: tessera_node::gpushare::Enforcement,
 }
 
 impl Default for NodeSettings {
@@ -137,6 +140,7 @@ impl Default for NodeSettings {
             devices: Default::default(),
             mig: None,
             heartbeat: Duration::from_secs(5),
+            gpushare: Default::default(),
         }
     }
 }
@@ -364,6 +368,15 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
             .into_iter()
             .map(|p| std::fs::canonicalize(&p).unwrap_or(p))
             .collect();
+        let share_dir = data
+            .clone()
+            .unwrap_or_else(|| logs.clone())
+            .join("node")
+            .join("gpushare");
+        let gpushare = tessera_node::gpushare::hook(&cfg.node.gpushare, &share_dir);
+        if !local.gpus.is_empty() {
+            eprintln!("tessera: GPU shares {}", gpushare.describe());
+        }
         let ncfg = tessera_node::NodeConfig {
             name: local.name.clone(),
             init: cfg.node.init.clone(),
@@ -372,7 +385,8 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
             masked_paths: masked,
             devices: cfg.node.devices.clone(),
             gpus: gpus.clone(),
-            gpushare: std::sync::Arc::new(tessera_node::fence::EnvOnly),
+            gpushare,
+            gpu_libs: Vec::new(),
             defaults: Default::default(),
         };
         let node = tokio::task::spawn_blocking(move || tessera_node::NodeRuntime::new(ncfg))

@@ -11,6 +11,8 @@
 //!   UUID) and the device-view check before every start.
 //! - [`gpushare`]: GPU-share enforcement of fractional tasks (the CUDA
 //!   interposer preloaded in their sandbox, an accounting region per task).
+//! - [`faults`]: Xid / ECC events (NVML, a fake in tests) to a node condition and
+//!   GPUs no new work goes to.
 //! - [`mig`]: MIG actuation behind a backend trait, journaled and resumable.
 //! - [`gpu`]: what the driver says (NVML), mapped to the model's devices.
 //! - [`health`]: heartbeat and conditions.
@@ -20,6 +22,7 @@
 //! this crate carries out and reports.
 
 pub mod bench;
+pub mod faults;
 pub mod fence;
 pub mod gpu;
 pub mod gpushare;

@@ -57,6 +57,8 @@ pub struct NodeConfig {
     pub gpu_libs: Vec<PathBuf>,
     /// Limits of tasks that ask for nothing.
     pub defaults: Defaults,
+    /// GPU fault events (Xid / ECC); `None`: none are watched.
+    pub faults: Option<Arc<dyn crate::faults::FaultSource>>,
 }
 
 impl std::fmt::Debug for NodeConfig {
@@ -94,6 +96,7 @@ impl NodeConfig {
             gpus: Arc::new(crate::gpu::NvmlSource),
             gpu_libs: Vec::new(),
             defaults: Defaults::default(),
+            faults: None,
         }
     }
 }
@@ -129,6 +132,34 @@ pub struct Usage {
     pub peak_memory: Option<u64>,
     /// Allocated GPUs (or fractions) × wall time.
     pub gpu_seconds: f64,
+    /// A fractional task's GPU memory: its cap, the most it held, and the
+    /// allocations refused over the cap (from its region; `None` for other tasks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_memory_limit: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_memory_peak: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_oom_events: Option<u64>,
+    /// A fractional task's compute share (milli-GPU) and the device time it used
+    /// as the compute monitor measured it (0 where no monitor ran).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_compute_milli: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_busy_seconds: Option<f64>,
+}
+
+impl Usage {
+    /// Adds what a fractional task's region recorded.
+    pub fn with_share(mut self, u: Option<&tessera_gpushare::usage::TaskUsage>) -> Usage {
+        if let Some(d) = u.and_then(|u| u.devices.first()) {
+            self.gpu_memory_limit = Some(d.memory_limit_bytes);
+            self.gpu_memory_peak = Some(d.memory_peak_bytes);
+            self.gpu_oom_events = Some(d.oom_events);
+            self.gpu_compute_milli = Some(d.compute_milli);
+            self.gpu_busy_seconds = Some(d.compute_busy_ns as f64 / 1e9);
+        }
+        self
+    }
 }
 
 /// How a task ended.
@@ -269,6 +300,7 @@ impl Running {
             cpu_seconds: cg.and_then(|c| c.cpu_usage_ns()).map(|ns| ns as f64 / 1e9),
             peak_memory: cg.and_then(|c| c.memory_peak()),
             gpu_seconds: self.fraction * wall,
+            ..Usage::default()
         };
         *u = Some(usage);
         let _ = self.sb.destroy();
@@ -297,6 +329,7 @@ pub struct NodeRuntime {
     live: Mutex<Result<Vec<RawGpu>, String>>,
     /// The last refusal for a device-view mismatch, until a check matches again.
     mismatch: Mutex<Option<Mismatch>>,
+    faults: crate::faults::FaultBook,
     nofile: u64,
 }
 
@@ -335,6 +368,7 @@ impl NodeRuntime {
             tasks: Mutex::new(HashMap::new()),
             live: Mutex::new(live),
             mismatch: Mutex::new(None),
+            faults: Default::default(),
             nofile,
         }))
     }
@@ -363,6 +397,37 @@ impl NodeRuntime {
     /// The driver's last view.
     pub fn devices(&self) -> Result<Vec<RawGpu>, String> {
         self.live.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Reads the fault events since the last call and takes them in: GPU faults
+    /// mark the GPU unhealthy. Returns each event with its verdict.
+    pub fn poll_faults(&self) -> Vec<(crate::faults::GpuFault, crate::faults::Verdict)> {
+        let Some(src) = &self.cfg.faults else {
+            return Vec::new();
+        };
+        match src.poll() {
+            Ok(v) => v
+                .into_iter()
+                .map(|f| {
+                    let verdict = self.faults.record(&f);
+                    (f, verdict)
+                })
+                .collect(),
+            Err(e) => {
+                eprintln!("tessera-node: GPU fault events ({}): {e}", src.name());
+                Vec::new()
+            }
+        }
+    }
+
+    /// GPUs marked unhealthy by a fault, with the reason.
+    pub fn unhealthy_gpus(&self) -> std::collections::BTreeMap<u32, String> {
+        self.faults.unhealthy()
+    }
+
+    /// The node's fault book (counts by verdict, GPUs marked).
+    pub fn fault_book(&self) -> &crate::faults::FaultBook {
+        &self.faults
     }
 
     /// The last device-view mismatch that refused a start, if no check has matched
@@ -450,6 +515,17 @@ impl NodeRuntime {
                 Template::Dir(p.clone())
             }
         };
+        let unhealthy = self.faults.unhealthy();
+        if let Some((i, why)) = w
+            .gpus
+            .gpus()
+            .iter()
+            .find_map(|i| unhealthy.get(i).map(|w| (i, w)))
+        {
+            return Err(StartError::Gpu(format!(
+                "GPU {i} is unhealthy ({why}): no new work starts on it"
+            )));
+        }
         let fence = if w.gpus == GpuAssignment::None {
             fence::plan(&w.gpus, &w.record, &[], &self.cfg.devices)?
         } else {
@@ -695,7 +771,7 @@ impl NodeRuntime {
                 on_exit(TaskExit {
                     key: running.key.clone(),
                     outcome,
-                    usage,
+                    usage: usage.with_share(gpushare.as_ref()),
                     leftovers,
                     gpushare,
                 });

@@ -113,6 +113,14 @@ fn rig(test: &str) -> Option<Rig> {
 
 impl Rig {
     fn node(&self, hook: Option<Arc<Interposer>>) -> Arc<NodeRuntime> {
+        self.node_with(hook, |_| {})
+    }
+
+    fn node_with(
+        &self,
+        hook: Option<Arc<Interposer>>,
+        more: impl FnOnce(&mut NodeConfig),
+    ) -> Arc<NodeRuntime> {
         let mut c = NodeConfig::new("gpushare-node");
         c.gpus = Arc::new(FakeSource(self.raw.clone()));
         c.devices = self.devices.clone();
@@ -121,6 +129,7 @@ impl Rig {
             Some(h) => h,
             None => Arc::new(tessera_node::fence::EnvOnly),
         };
+        more(&mut c);
         NodeRuntime::new(c).expect("node runtime")
     }
 
@@ -234,6 +243,11 @@ fn a_child_over_its_cap_gets_out_of_memory_and_off_means_uncapped() {
     assert_eq!(u.devices[0].memory_limit_bytes, 64 * MIB);
     assert_eq!(u.devices[0].oom_events, 2);
     assert_eq!(u.devices[0].memory_peak_bytes, 40 * MIB);
+    // The same figures go to the task's usage (its usage record and status).
+    assert_eq!(e.usage.gpu_memory_limit, Some(64 * MIB));
+    assert_eq!(e.usage.gpu_memory_peak, Some(40 * MIB));
+    assert_eq!(e.usage.gpu_oom_events, Some(2));
+    assert_eq!(e.usage.gpu_compute_milli, Some(400));
     assert!(hook.active().is_empty());
     assert!(regions(&r.dir.join("state")).is_empty(), "region released");
 
@@ -293,4 +307,43 @@ fn two_tasks_on_one_gpu_are_each_held_and_a_killed_task_releases_its_share() {
     end(&rb);
     assert!(hook.active().is_empty());
     assert!(regions(&r.dir.join("state")).is_empty());
+}
+
+/// An Xid the driver does not confine to one task marks the GPU: the node's
+/// condition names it and no new task starts on it; a task's own Xid does not.
+#[test]
+fn a_gpu_fault_marks_the_gpu_and_no_new_work_starts_there() {
+    use tessera_node::faults::{FakeFaults, FaultKind, GpuFault};
+    let Some(r) = rig("a_gpu_fault_marks_the_gpu_and_no_new_work_starts_there") else {
+        return;
+    };
+    let faults = Arc::new(FakeFaults::default());
+    let n = r.node_with(Some(r.hook()), |c| c.faults = Some(faults.clone()));
+    let fault = |x| GpuFault {
+        device_index: 0,
+        uuid: Some("GPU-fake-0".into()),
+        kind: FaultKind::Xid(Some(x)),
+    };
+    // The task's own page fault: the GPU stays healthy.
+    faults.push(fault(31));
+    assert_eq!(n.poll_faults().len(), 1);
+    assert!(n.unhealthy_gpus().is_empty());
+    let e = end(&start(&n, r.task("before", 64 * MIB, "$P init alloc 1M")));
+    assert!(e.outcome.success(), "{e:?}");
+    // Fallen off the bus: marked, reported, and the next start is refused.
+    faults.push(fault(79));
+    n.poll_faults();
+    let u = n.unhealthy_gpus();
+    assert!(u[&0].contains("Xid 79"), "{u:?}");
+    let c = tessera_node::faults::condition(&u);
+    assert!(c.status && c.message.contains("GPU 0"), "{c:?}");
+    let err = n
+        .start(r.task("after", 64 * MIB, "true"), Box::new(|_| {}))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("GPU 0 is unhealthy") && err.contains("Xid 79"),
+        "{err}"
+    );
+    assert!(regions(&r.dir.join("state")).is_empty(), "nothing held");
 }

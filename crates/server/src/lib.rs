@@ -14,6 +14,7 @@ pub mod exec;
 pub mod gateway;
 pub mod gpu;
 pub mod guardpol;
+pub mod heartbeat;
 pub mod identity;
 pub mod jobs;
 pub mod mcp;
@@ -128,6 +129,8 @@ pub struct NodeSettings {
     /// GPU-share enforcement of fractional tasks (default: the CUDA interposer;
     /// a fractional task is refused, with the fix, where it is missing).
     pub gpushare: tessera_node::gpushare::Enforcement,
+    /// GPU fault events (`None`: NVML's Xid / ECC events where the node has GPUs).
+    pub faults: Option<std::sync::Arc<dyn tessera_node::faults::FaultSource>>,
 }
 
 impl Default for NodeSettings {
@@ -141,6 +144,7 @@ impl Default for NodeSettings {
             mig: None,
             heartbeat: Duration::from_secs(5),
             gpushare: Default::default(),
+            faults: None,
         }
     }
 }
@@ -388,6 +392,19 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
             gpushare,
             gpu_libs: Vec::new(),
             defaults: Default::default(),
+            faults: cfg.node.faults.clone().or_else(|| {
+                if local.gpus.is_empty() {
+                    return None;
+                }
+                let idx: Vec<u32> = local.gpus.iter().map(|g| g.index).collect();
+                match tessera_node::faults::NvmlFaults::open(&idx) {
+                    Ok(f) => Some(std::sync::Arc::new(f) as _),
+                    Err(e) => {
+                        eprintln!("tessera: GPU fault events are not watched: {e}");
+                        None
+                    }
+                }
+            }),
         };
         let node = tokio::task::spawn_blocking(move || tessera_node::NodeRuntime::new(ncfg))
             .await

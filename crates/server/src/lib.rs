@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod node;
 pub mod oidc;
 pub mod otlp;
+pub mod placement;
 pub mod plane;
 pub mod problem;
 pub mod redact;
@@ -129,6 +130,9 @@ pub struct NodeSettings {
     /// GPU-share enforcement of fractional tasks (default: the CUDA interposer;
     /// a fractional task is refused, with the fix, where it is missing).
     pub gpushare: tessera_node::gpushare::Enforcement,
+    /// The CPU and memory the local node gives API sandboxes, which the agent
+    /// scheduler places within (`None`: the node's allocatable).
+    pub sandbox_capacity: Option<tessera_sched::agent::Demand>,
     /// GPU fault events (`None`: NVML's Xid / ECC events where the node has GPUs).
     pub faults: Option<std::sync::Arc<dyn tessera_node::faults::FaultSource>>,
 }
@@ -144,6 +148,7 @@ impl Default for NodeSettings {
             mig: None,
             heartbeat: Duration::from_secs(5),
             gpushare: Default::default(),
+            sandbox_capacity: None,
             faults: None,
         }
     }
@@ -477,7 +482,24 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
             stop_rx.clone(),
         )));
     }
-    let (sandboxes, t) = sandboxes::SandboxesState::start(&plane, &cfg.sandboxes, &stop_rx).await?;
+    // API sandboxes are placed on the local node by the agent scheduler, within
+    // the capacity it gives them (its allocatable; unbounded where the machine is
+    // not registered as a node).
+    let sandbox_cap = cfg.node.sandbox_capacity.unwrap_or_else(|| {
+        let a = &local.allocatable;
+        if a.cpu_milli == 0 && a.memory == 0 {
+            placement::capacity(u64::MAX / 2, u64::MAX / 2)
+        } else {
+            placement::capacity(a.cpu_milli, a.memory)
+        }
+    });
+    let (sandboxes, t) = sandboxes::SandboxesState::start(
+        &plane,
+        &cfg.sandboxes,
+        &stop_rx,
+        vec![(local.name.clone(), sandbox_cap)],
+    )
+    .await?;
     tasks.extend(t);
     // The agent platform forwards each sandbox's control socket to this address.
     let mut agents_cfg = cfg.agents.clone();

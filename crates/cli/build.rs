@@ -9,7 +9,9 @@
 //! `TESSERA_EMBED_INIT=always|never`. Dev and test builds skip it (`cargo test
 //! --workspace` builds the init next to the tests anyway, where it is found first).
 //! The init is built by a nested cargo into a target folder of its own (the outer
-//! build holds its own), sharing the outer build's jobserver.
+//! build holds its own), sharing the outer build's jobserver. The CUDA interposer
+//! (`libtessera_cuda.so`, for fractional GPU tasks) is built and carried the same way;
+//! `tessera up` writes it into its data folder when none is installed.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -25,8 +27,10 @@ fn main() {
         Ok("never") => false,
         _ => profile == "release",
     };
+    let interposer = out.join("libtessera_cuda.so");
     if !want {
         std::fs::write(&dest, b"").expect("write OUT_DIR/tessera-sandbox-init");
+        std::fs::write(&interposer, b"").expect("write OUT_DIR/libtessera_cuda.so");
         return;
     }
     let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("manifest dir"));
@@ -35,6 +39,8 @@ fn main() {
         "crates/sandbox/src",
         "crates/sandbox/Cargo.toml",
         "crates/guard/src",
+        "crates/gpushare/src",
+        "crates/gpushare/interposer/src",
         "Cargo.lock",
     ] {
         println!("cargo:rerun-if-changed={}", root.join(p).display());
@@ -81,4 +87,32 @@ fn main() {
     }
     std::fs::copy(&built, &dest)
         .unwrap_or_else(|e| panic!("copying {} to {}: {e}", built.display(), dest.display()));
+    // The CUDA interposer the node runtime preloads into fractional GPU tasks: carried
+    // too, so that the README's one command enforces GPU shares without a second build.
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.arg("build")
+        .arg("--manifest-path")
+        .arg(root.join("Cargo.toml"))
+        .args(["-p", "tessera-gpushare-cuda", "--lib"])
+        .arg("--target-dir")
+        .arg(&target_dir)
+        .env_remove("CARGO_TARGET_DIR")
+        .env("CARGO_PROFILE_RELEASE_DEBUG", "0")
+        .env("CARGO_PROFILE_RELEASE_STRIP", "debuginfo")
+        .env("CARGO_PROFILE_DEV_DEBUG", "0");
+    if profile == "release" {
+        cmd.arg("--release");
+    }
+    if !target.is_empty() && target != host {
+        cmd.args(["--target", &target]);
+    }
+    let lib = built.with_file_name("libtessera_cuda.so");
+    let status = cmd.status().expect("run cargo for tessera-gpushare-cuda");
+    if !status.success() {
+        panic!(
+            "building libtessera_cuda.so to embed failed ({status}); set TESSERA_EMBED_INIT=never to skip it"
+        );
+    }
+    std::fs::copy(&lib, &interposer)
+        .unwrap_or_else(|e| panic!("copying {} to {}: {e}", lib.display(), interposer.display()));
 }

@@ -330,6 +330,38 @@ pub enum Enforcement {
     Off,
 }
 
+/// `mode`, or — when it asks for the interposer found by the usual search, none is
+/// installed, and this binary carries a copy (`embedded`, release builds) — that copy
+/// written into `dir` (kept when it is already there with the same bytes).
+pub fn with_embedded(mode: Enforcement, embedded: &[u8], dir: &Path) -> Enforcement {
+    if !matches!(mode, Enforcement::Interposer) || embedded.is_empty() || find_interposer().is_ok()
+    {
+        return mode;
+    }
+    let path = dir.join("libtessera_cuda.so");
+    if std::fs::read(&path).is_ok_and(|b| b == embedded) {
+        return Enforcement::InterposerAt(path);
+    }
+    let tmp = dir.join(".libtessera_cuda.so.new");
+    let written = std::fs::create_dir_all(dir)
+        .and_then(|()| std::fs::write(&tmp, embedded))
+        .and_then(|()| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644))
+        })
+        .and_then(|()| std::fs::rename(&tmp, &path));
+    match written {
+        Ok(()) => Enforcement::InterposerAt(path),
+        Err(e) => {
+            eprintln!(
+                "tessera: cannot write the CUDA interposer to {}: {e}; fractional GPU tasks will be refused",
+                path.display()
+            );
+            mode
+        }
+    }
+}
+
 /// The hook for `mode`: the interposer when it is there, [`Refuse`] naming the
 /// missing file and the fix when it is not, [`EnvOnly`](crate::fence::EnvOnly)
 /// when off.
@@ -363,6 +395,34 @@ mod tests {
         assert_ne!(a, region_id(&k, 1));
         let long = TaskKey::new("t".repeat(100), "j", "x", 0);
         assert_eq!(region_id(&long, 7).len(), 64);
+    }
+
+    #[test]
+    fn the_carried_interposer_is_written_once_when_none_is_installed() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("gpushare");
+        // Off and an operator's file are kept as they are; nothing carried, nothing done.
+        assert!(matches!(
+            with_embedded(Enforcement::Off, b"\x7fELF", &dir),
+            Enforcement::Off
+        ));
+        assert!(matches!(
+            with_embedded(Enforcement::Interposer, b"", &dir),
+            Enforcement::Interposer
+        ));
+        if find_interposer().is_ok() {
+            return; // one is installed where the search looks (cargo's deps/): it wins
+        }
+        let lib = dir.join("libtessera_cuda.so");
+        match with_embedded(Enforcement::Interposer, b"\x7fELF carried", &dir) {
+            Enforcement::InterposerAt(p) => assert_eq!(p, lib),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(std::fs::read(&lib).unwrap(), b"\x7fELF carried");
+        let before = std::fs::metadata(&lib).unwrap().modified().unwrap();
+        // Again with the same bytes: kept, not rewritten.
+        with_embedded(Enforcement::Interposer, b"\x7fELF carried", &dir);
+        assert_eq!(std::fs::metadata(&lib).unwrap().modified().unwrap(), before);
     }
 
     #[test]

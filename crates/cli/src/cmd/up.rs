@@ -287,13 +287,17 @@ async fn serve(a: UpArgs, listen: SocketAddr) -> i32 {
         node: tessera_server::NodeSettings {
             init: init.clone(),
             data_dir: Some(data.clone()),
-            gpushare: match (a.gpu_share_enforcement.as_str(), &a.cuda_interposer) {
-                ("off", _) => tessera_node::gpushare::Enforcement::Off,
-                (_, Some(p)) => tessera_node::gpushare::Enforcement::InterposerAt(
-                    std::path::absolute(p).unwrap_or_else(|_| p.clone()),
-                ),
-                _ => tessera_node::gpushare::Enforcement::Interposer,
-            },
+            gpushare: tessera_node::gpushare::with_embedded(
+                match (a.gpu_share_enforcement.as_str(), &a.cuda_interposer) {
+                    ("off", _) => tessera_node::gpushare::Enforcement::Off,
+                    (_, Some(p)) => tessera_node::gpushare::Enforcement::InterposerAt(
+                        std::path::absolute(p).unwrap_or_else(|_| p.clone()),
+                    ),
+                    _ => tessera_node::gpushare::Enforcement::Interposer,
+                },
+                EMBEDDED_INTERPOSER,
+                &data.join("gpushare"),
+            ),
             ..Default::default()
         },
         ..ServerConfig::default()
@@ -355,3 +359,7 @@ async fn serve(a: UpArgs, listen: SocketAddr) -> i32 {
     }
     0
 }
+
+/// The CUDA interposer this binary carries (release builds; empty otherwise): see
+/// `build.rs` and [`tessera_node::gpushare::with_embedded`].
+static EMBEDDED_INTERPOSER: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libtessera_cuda.so"));

@@ -647,7 +647,11 @@ async fn a_half_done_mig_step_is_finished_at_restart() {
     config(&mut cfg);
     let r = tessera_server::start(store.into(), cfg).await.unwrap();
     let want = format!("3g.40gb@{start}");
-    let cleared = || !std::fs::read_to_string(&journal).unwrap_or_default().contains("3g.40gb");
+    let cleared = || {
+        !std::fs::read_to_string(&journal)
+            .unwrap_or_default()
+            .contains("3g.40gb")
+    };
     for _ in 0..100 {
         // Created, and the intent removed from the journal afterwards.
         if fake.layout(0).contains(&want) && cleared() {

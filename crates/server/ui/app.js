@@ -18,7 +18,10 @@ let unmount = null;
 let who = null;
 
 /** Timings the browser tests read (first paint of a view, updates applied). */
-window.__console = window.__console || { paints: {}, applied: [] };
+window.__console = window.__console || { paints: {}, applied: [], errors: [] };
+// Script errors are kept too: the browser tests fail on any.
+window.addEventListener("error", (e) => window.__console.errors.push(`${e.message} (${e.filename}:${e.lineno})`));
+window.addEventListener("unhandledrejection", (e) => window.__console.errors.push(`unhandled: ${e.reason}`));
 
 const routes = [
   [/^\/ui\/?$/, () => ["cluster", cluster.mount, {}]],
@@ -172,6 +175,13 @@ document.addEventListener("click", (e) => {
   main.focus({ preventScroll: true });
 });
 window.addEventListener("popstate", () => render());
+// Leaving the page closes the view's streams: a page kept in the back-forward
+// cache would otherwise hold its watch connections open, and a browser allows only
+// six per server. Coming back from that cache draws the view afresh.
+window.addEventListener("pagehide", () => {
+  if (unmount) { try { unmount(); } catch (e) { console.error(e); } unmount = null; }
+});
+window.addEventListener("pageshow", (e) => { if (e.persisted && who) render(); });
 auth.onUnauthorized(() => { auth.clear(); loginView("Your key is no longer accepted (revoked or expired): sign in again."); });
 
 takeKeyFromFragment();

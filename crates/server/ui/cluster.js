@@ -66,6 +66,13 @@ export function gpuText(node, g) {
   return lines.join("\n");
 }
 
+/** The wire form leaves empty lists out: fill them in once, as a node arrives. */
+function norm(n) {
+  for (const k of ["gpus", "holders", "reservations", "conditions", "taints", "net"]) n[k] = n[k] || [];
+  n.labels = n.labels || {};
+  return n;
+}
+
 function freeCount(node) {
   return node.gpus.filter((g) => !(g.uses || []).length && g.reserved === undefined && !g.slices).length;
 }
@@ -463,7 +470,7 @@ export function mount(el, ctx) {
     const tGot = performance.now();
     o.all = data.viewer.all_tenants;
     nodes.clear();
-    for (const n of data.nodes) nodes.set(n.name, n);
+    for (const n of data.nodes) nodes.set(n.name, norm(n));
     frag = data.fragmentation;
     facets();
     drawSummary();
@@ -479,7 +486,7 @@ export function mount(el, ctx) {
       onState: (s) => ctx.status(s === "live" ? "" : `cluster: ${s}`),
       onEvent: (ev) => {
         if (ev.event === "node") {
-          const n = JSON.parse(ev.data);
+          const n = norm(JSON.parse(ev.data));
           const known = els.has(n.name);
           if (!replaceNode(n) || !known) { facets(); draw(); }
           const at = Date.now();

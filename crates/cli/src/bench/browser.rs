@@ -113,9 +113,8 @@ impl Browser {
         let url = format!("http://127.0.0.1:{port}");
         let deadline = Instant::now() + Duration::from_secs(20);
         let client = loop {
-            let mut b = ClientBuilder::new(
-                hyper_util::client::legacy::connect::HttpConnector::new(),
-            );
+            let mut b =
+                ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new());
             match b.capabilities(caps.clone()).connect(&url).await {
                 Ok(c) => break c,
                 Err(e) if Instant::now() > deadline => {
@@ -151,7 +150,12 @@ impl Browser {
     }
 
     /// Waits until `script` returns something truthy; returns that value.
-    pub async fn wait_for(&self, what: &str, script: &str, timeout: Duration) -> Result<Value, String> {
+    pub async fn wait_for(
+        &self,
+        what: &str,
+        script: &str,
+        timeout: Duration,
+    ) -> Result<Value, String> {
         let deadline = Instant::now() + timeout;
         loop {
             let v = self.js(script, vec![]).await?;
@@ -167,7 +171,8 @@ impl Browser {
             }
             if Instant::now() > deadline {
                 let page = self
-                    .js("return document.body ? document.body.innerText.slice(0, 2000) : ''", vec![])
+                    .js("return (document.body ? document.body.innerText.slice(0, 2000) : '') + \
+                         (window.__console && window.__console.errors.length ? '\\nscript errors: ' + window.__console.errors.join('\\n') : '')", vec![])
                     .await
                     .unwrap_or_default();
                 return Err(format!(
@@ -229,7 +234,9 @@ pub fn png_stats(bytes: &[u8]) -> Result<PngStats, String> {
     dec.set_transformations(png::Transformations::normalize_to_color8());
     let mut r = dec.read_info().map_err(|e| format!("not a PNG: {e}"))?;
     let mut buf = vec![0; r.output_buffer_size().ok_or("a PNG too large to decode")?];
-    let info = r.next_frame(&mut buf).map_err(|e| format!("a bad PNG: {e}"))?;
+    let info = r
+        .next_frame(&mut buf)
+        .map_err(|e| format!("a bad PNG: {e}"))?;
     let px = match info.color_type {
         png::ColorType::Rgba => 4,
         png::ColorType::Rgb => 3,

@@ -568,6 +568,7 @@ async fn the_console_shows_the_cluster_queues_jobs_sessions_and_pools() {
         frag.contains("A100-80GB") && frag.contains("1 node has 4 free"),
         "{frag}"
     );
+    shot(&b, "cluster").await;
     // Hover: the tooltip names the holder.
     b.js(
         "const g = document.querySelector(`svg.node[data-node=\"share-0\"] g.gpu[data-gpu=\"${arguments[0]}\"] rect`);
@@ -584,7 +585,6 @@ async fn the_console_shows_the_cluster_queues_jobs_sessions_and_pools() {
         tip.as_str().unwrap().contains("25% share: alpha/frac/f"),
         "{tip}"
     );
-    shot(&b, "cluster").await;
     axe(&b, "cluster").await;
 
     // ---- keyboard: Tab through the navigation, arrows and Enter on the map ----

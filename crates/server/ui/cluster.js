@@ -73,6 +73,8 @@ function norm(n) {
   return n;
 }
 
+const nodesText = (n) => `${n} node${n === 1 ? "" : "s"}`;
+
 function freeCount(node) {
   return node.gpus.filter((g) => !(g.uses || []).length && g.reserved === undefined && !g.slices).length;
 }
@@ -286,10 +288,10 @@ export function mount(el, ctx) {
     let html = "";
     for (const [top, racks] of groups()) {
       const all = [...racks.values()].flat();
-      html += `<section class="tier" data-tier="${esc(top)}"><h3>${esc(top)} <span class="sub" data-count>${all.length} nodes</span></h3>`;
+      html += `<section class="tier" data-tier="${esc(top)}"><h3>${esc(top)} <span class="sub" data-count>${nodesText(all.length)}</span></h3>`;
       for (const [rack, list] of [...racks.entries()].sort((a, b) => a[0].localeCompare(b[0], undefined, { numeric: true }))) {
         list.sort((a, b) => a.name.localeCompare(b.name, undefined, { numeric: true }));
-        if (rack) html += `<section class="rack" data-rack="${esc(rack)}"><h4 class="sub">${esc(rack)} <span data-count>${list.length} nodes</span></h4>`;
+        if (rack) html += `<section class="rack" data-rack="${esc(rack)}"><h4 class="sub">${esc(rack)} <span data-count>${nodesText(list.length)}</span></h4>`;
         html += `<div class="nodes">${list.map((n) => nodeSvg(n, o)).join("")}</div>`;
         if (rack) html += "</section>";
       }
@@ -316,7 +318,7 @@ export function mount(el, ctx) {
       const n = sec.querySelectorAll("svg.node:not(.hidden)").length;
       sec.hidden = n === 0;
       const c = sec.querySelector(":scope > h3 [data-count], :scope > h4 [data-count]");
-      if (c) c.textContent = `${n} nodes`;
+      if (c) c.textContent = nodesText(n);
     }
     const gpus = [...nodes.values()].reduce((a, n) => a + n.gpus.length, 0);
     counts.textContent = `${shown} of ${nodes.size} nodes, ${gpus} GPUs`;

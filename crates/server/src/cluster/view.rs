@@ -874,7 +874,10 @@ mod tests {
         n
     }
 
-    fn job(tasks: &[(&str, GpuRequest, Option<(&str, Vec<u32>)>)]) -> JobLite {
+    /// A task: its name, what it asks for, and where it is bound (node, GPUs).
+    type TaskSpec<'a> = (&'a str, GpuRequest, Option<(&'a str, Vec<u32>)>);
+
+    fn job(tasks: &[TaskSpec]) -> JobLite {
         let mut j = JobLite {
             created_at: 1000,
             ..JobLite::default()

@@ -507,12 +507,12 @@ async fn the_console_shows_the_cluster_queues_jobs_sessions_and_pools() {
         .js(
             "const q = (s) => document.querySelector(s);
              const n = (name) => `svg.node[data-node=\"${name}\"]`;
-             const mig = q(`${n('mig-0')} g.gpu[data-gpu=\"${arguments[0]}\"]`);
+             const mig = q(`${n('mig-0')} .gpu[data-gpu=\"${arguments[0]}\"]`);
              const held = mig ? [...mig.querySelectorAll('rect.mig[data-held]')].map(r => [r.dataset.mig, r.dataset.held]) : null;
-             const share = q(`${n('share-0')} g.gpu[data-gpu=\"${arguments[1]}\"]`);
-             const big0 = [...document.querySelectorAll(`${n('big-0')} g.gpu`)].map(g => [g.dataset.state, g.dataset.reserved || null]);
-             const big1 = [...document.querySelectorAll(`${n('big-1')} g.gpu`)].map(g => g.dataset.reserved || null);
-             const theirs = [...document.querySelectorAll(`${n(arguments[2])} g.gpu`)].map(g => g.dataset.state);
+             const share = q(`${n('share-0')} .gpu[data-gpu=\"${arguments[1]}\"]`);
+             const big0 = [...document.querySelectorAll(`${n('big-0')} .gpu`)].map(g => [g.dataset.state, g.dataset.reserved || null]);
+             const big1 = [...document.querySelectorAll(`${n('big-1')} .gpu`)].map(g => g.dataset.reserved || null);
+             const theirs = [...document.querySelectorAll(`${n(arguments[2])} .gpu`)].map(g => g.dataset.state);
              return {mig: mig && mig.dataset.state, held, share: share && [share.dataset.state, share.dataset.share],
                      big0, big1, theirs, frag: q('#frag').innerText, nodes: document.querySelectorAll('svg.node').length};",
             vec![json!(mig_gpu), json!(frac_gpu), json!(theirs_node)],
@@ -648,7 +648,7 @@ async fn the_console_shows_the_cluster_queues_jobs_sessions_and_pools() {
         .await;
     b.wait_for(
         "share-0's cell to empty",
-        &format!("const g = document.querySelector('svg.node[data-node=\"share-0\"] g.gpu[data-gpu=\"{frac_gpu}\"]'); return g && g.dataset.state === 'free'"),
+        &format!("const g = document.querySelector('svg.node[data-node=\"share-0\"] .gpu[data-gpu=\"{frac_gpu}\"]'); return g && g.dataset.state === 'free'"),
         WAIT,
     )
     .await
@@ -871,7 +871,7 @@ async fn the_console_shows_the_cluster_queues_jobs_sessions_and_pools() {
         assert!(!html.contains(name), "beta's page shows {name:?}");
     }
     let other = b
-        .js("return [document.querySelectorAll('svg.node[data-node=\"mig-0\"] rect.mig[data-held=\"other\"]').length, document.querySelectorAll('svg.node[data-node=\"big-0\"] g.gpu[data-reserved=\"other\"]').length]", vec![])
+        .js("return [document.querySelectorAll('svg.node[data-node=\"mig-0\"] rect.mig[data-held=\"other\"]').length, document.querySelectorAll('svg.node[data-node=\"big-0\"] .gpu[data-reserved=\"other\"]').length]", vec![])
         .await
         .unwrap();
     assert_eq!(

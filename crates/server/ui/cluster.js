@@ -109,7 +109,7 @@ function nodeSvg(node, o) {
       body += `<rect x="${x}" y="${y}" width="${S}" height="${S}" fill="${color(node.holders[uses[0][0]], 1)}"/>`;
     } else if (uses.length) {
       state = "share";
-      body += `<rect x="${x}" y="${y}" width="${S}" height="${S}" fill="#eef1f4" stroke="#8c959f" stroke-width="0.75"/>`;
+      body += `<rect class="c0" x="${x}" y="${y}" width="${S}" height="${S}"/>`;
       let top = y + S;
       for (const [i, milli] of uses) {
         const hh = (Math.min(milli, 1000) / 1000) * S;
@@ -117,7 +117,7 @@ function nodeSvg(node, o) {
         body += `<rect x="${x}" y="${top.toFixed(2)}" width="${S}" height="${hh.toFixed(2)}" fill="${color(node.holders[i], Math.min(1, sum / 1000))}"/>`;
       }
     } else {
-      body += `<rect x="${x}" y="${y}" width="${S}" height="${S}" fill="#eef1f4" stroke="#8c959f" stroke-width="0.75"/>`;
+      body += `<rect class="c0" x="${x}" y="${y}" width="${S}" height="${S}"/>`;
     }
     let res = "";
     if (g.reserved !== undefined) {
@@ -127,7 +127,9 @@ function nodeSvg(node, o) {
       body += `<rect x="${x}" y="${y}" width="${S}" height="${S}" fill="url(#hatch)" stroke="#7a3fa0" stroke-width="1.25"/>`;
     }
     const share = state === "share" ? ` data-share="${sum}"` : "";
-    cells += `<g class="gpu" data-gpu="${g.index}" data-state="${state}"${share}${res}>${body}</g>`;
+    // A free GPU is one element (most cells at scale): fewer to parse and lay out.
+    if (state === "free") cells += `<rect class="gpu c0" data-gpu="${g.index}" data-state="free" x="${x}" y="${y}" width="${S}" height="${S}"/>`;
+    else cells += `<g class="gpu" data-gpu="${g.index}" data-state="${state}"${share}${res}>${body}</g>`;
   });
   const cls = ["node"];
   if ((node.conditions || []).length || (node.taints || []).some((t) => t.startsWith("tessera.io/device-view-mismatch"))) cls.push("cond");
@@ -379,7 +381,7 @@ export function mount(el, ctx) {
 
   // Hover: a tooltip for the GPU under the pointer.
   map.addEventListener("mouseover", (e) => {
-    const cell = e.target.closest?.("g.gpu");
+    const cell = e.target.closest?.(".gpu");
     const svg = e.target.closest?.("svg.node");
     if (!cell || !svg) { tip.hidden = true; return; }
     const n = nodes.get(svg.dataset.node);

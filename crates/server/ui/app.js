@@ -160,8 +160,9 @@ async function start() {
     return;
   }
   who.system_admin = who.tenant === "admin" && who.role === "admin";
-  await renderWho();
+  // The view first: the header's tenant menu (a list call) fills in beside it.
   render();
+  renderWho();
 }
 
 // Links inside the console navigate without reloading the page.

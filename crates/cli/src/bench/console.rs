@@ -70,7 +70,9 @@ struct Report {
     first_paint_ms: Vec<f64>,
     first_paint_p50_ms: f64,
     first_paint_max_ms: f64,
-    /// Of that: the `/v1/cluster/gpus` call and the drawing (median).
+    /// Of that: navigation start to the view mounted (modules loaded, `whoami`
+    /// answered), per load; the `/v1/cluster/gpus` call and the drawing (median).
+    mount_ms: Vec<f64>,
     list_call_p50_ms: f64,
     draw_p50_ms: f64,
     list_bytes: usize,
@@ -372,7 +374,8 @@ async fn bench(a: &Args) -> Result<Report, String> {
         .unwrap_or("")
         .replace('/', " ");
     let timeout = Duration::from_secs(120);
-    let (mut paints, mut lists, mut draws) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut paints, mut lists, mut draws, mut mounts) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for i in 0..a.loads {
         let target = if i == 0 {
             format!("{}/ui/cluster#key={}", s.url, s.key)
@@ -383,13 +386,14 @@ async fn bench(a: &Args) -> Result<Report, String> {
         let d = b
             .wait_for(
                 "the heat map's first paint",
-                "const c = window.__console; return c && c.paints.cluster && [c.paints.cluster, c.paints.clusterDetail.fetchMs, c.paints.clusterDetail.drawMs]",
+                "const c = window.__console; return c && c.paints.cluster && [c.paints.cluster, c.paints.clusterDetail.fetchMs, c.paints.clusterDetail.drawMs, c.paints.clusterDetail.mountMs]",
                 timeout,
             )
             .await?;
         paints.push(d[0].as_f64().unwrap_or(f64::NAN));
         lists.push(d[1].as_f64().unwrap_or(f64::NAN));
         draws.push(d[2].as_f64().unwrap_or(f64::NAN));
+        mounts.push(d[3].as_f64().unwrap_or(f64::NAN));
     }
     // A: cancels, each applied from the watch.
     let mut applied = Vec::new();
@@ -469,6 +473,7 @@ async fn bench(a: &Args) -> Result<Report, String> {
         update_applied_p99_ms: pct(&applied, 0.99),
         refetch_redraw_p50_ms: median(&refetch),
         first_paint_ms: paints,
+        mount_ms: mounts,
         update_applied_ms: applied,
         refetch_redraw_ms: refetch,
         browser: version,

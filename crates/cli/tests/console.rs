@@ -922,7 +922,9 @@ async fn the_console_shows_the_cluster_queues_jobs_sessions_and_pools() {
 
 /// Cells: the browser test above reads the same view the API serves. This checks
 /// the API side of the SSE resume rule without a browser: a watcher that resumes
-/// from a sequence number of another view instance is told to list again.
+/// from a sequence number of another view instance is told to list again. And the
+/// console's tenant switch tried from outside the page: `X-Tessera-Tenant` reads as
+/// a tenant for a system admin only, and writes nothing there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_watch_resumes_or_resets() {
     let dir = tempfile::tempdir().unwrap();
@@ -992,4 +994,75 @@ async fn cluster_watch_resumes_or_resets() {
     let data: Value =
         serde_json::from_str(t.lines().find_map(|l| l.strip_prefix("data: ")).unwrap()).unwrap();
     assert_eq!(data["holders"][0]["job"], "j", "{data}");
+
+    // X-Tessera-Tenant: a system admin reads as a tenant, and can write nothing there.
+    let send = |key: &str, m: reqwest::Method, path: &str, view_as: Option<&str>| {
+        let mut r = http
+            .request(m, format!("{}{path}", up.url))
+            .bearer_auth(key)
+            .json(&json!({"name": "default"}));
+        if let Some(t) = view_as {
+            r = r.header("x-tessera-tenant", t);
+        }
+        r.send()
+    };
+    let tenant = |name: &str| {
+        http.post(format!("{}/v1/tenants", up.url))
+            .bearer_auth(&key)
+            .json(&json!({"name": name}))
+            .send()
+    };
+    let a: Value = tenant("alpha").await.unwrap().json().await.unwrap();
+    let alpha_key = a["admin_key"]
+        .as_str()
+        .expect("alpha's admin key")
+        .to_string();
+    assert_eq!(
+        send(&alpha_key, reqwest::Method::POST, "/v1/queues", None)
+            .await
+            .unwrap()
+            .status()
+            .as_u16(),
+        201
+    );
+    let r = send(&key, reqwest::Method::GET, "/v1/queues", Some("alpha"))
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200, "a system admin reads as alpha");
+    let v: Value = r.json().await.unwrap();
+    assert!(
+        v["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|q| q["name"] == "default"),
+        "{v}"
+    );
+    for (m, path) in [
+        (reqwest::Method::POST, "/v1/queues"),
+        (reqwest::Method::DELETE, "/v1/queues/default"),
+    ] {
+        let st = send(&key, m.clone(), path, Some("alpha"))
+            .await
+            .unwrap()
+            .status()
+            .as_u16();
+        assert_eq!(
+            st, 403,
+            "{m} {path} as alpha through the header must be refused"
+        );
+    }
+    // Not a system admin: the header itself is refused, even naming one's own tenant.
+    for t in ["admin", "alpha"] {
+        let st = send(&alpha_key, reqwest::Method::GET, "/v1/queues", Some(t))
+            .await
+            .unwrap()
+            .status()
+            .as_u16();
+        assert_eq!(st, 403, "alpha's key with X-Tessera-Tenant: {t}");
+    }
+    let r = send(&alpha_key, reqwest::Method::GET, "/v1/queues", None)
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
 }

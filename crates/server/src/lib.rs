@@ -16,6 +16,7 @@ pub mod gateway;
 pub mod gpu;
 pub mod guardpol;
 pub mod identity;
+pub mod jobfile;
 pub mod jobs;
 pub mod mcp;
 pub mod metrics;

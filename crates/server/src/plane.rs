@@ -876,6 +876,9 @@ impl ControlPlane {
     /// Submits a job; the scheduler loop picks it up.
     pub async fn submit_job(&self, c: &Caller, spec: JobSpec) -> Result<Value, ApiError> {
         c.require(Role::Developer)?;
+        let spec = spec
+            .normalize()
+            .map_err(|(field, m)| ApiError::invalid(field, m))?;
         Self::check_job(&spec)?;
         // A template is a registered name (or `host`), never a host path.
         for (i, t) in spec.tasks.iter().enumerate() {
@@ -1025,6 +1028,47 @@ impl ControlPlane {
     }
 
     /// The output of a job's tasks that ran on this machine (the last 1 MiB of each).
+    /// One task's log from byte `from` of its file (at most 1 MiB, ending on a whole
+    /// UTF-8 character), redacted, and the offset to ask for next: how `tessera job logs
+    /// --follow` reads a growing log without reading it all again.
+    pub async fn job_log_from(
+        &self,
+        c: &Caller,
+        name: &str,
+        task: &str,
+        from: u64,
+    ) -> Result<(String, u64), ApiError> {
+        c.require(Role::Viewer)?;
+        check_name("name", name).map_err(|_| ApiError::not_found(format!("job {name:?}")))?;
+        let o = self
+            .store
+            .get(&Key::new(kind::JOB, &c.tenant, name))
+            .await?
+            .ok_or_else(|| ApiError::not_found(format!("job {name:?}")))?;
+        let job: JobBody = from_value(&o)?;
+        let Some(logs) = &self.logs else {
+            return Err(ApiError::not_found("logs: this server runs no executor"));
+        };
+        if !job.spec.tasks.iter().any(|x| x.name == task) {
+            return Err(ApiError::not_found(format!(
+                "task {task:?} of job {name:?}"
+            )));
+        }
+        let path = crate::exec::log_path(logs, &c.tenant, name, job.created_at, task);
+        let bytes = std::fs::read(&path).unwrap_or_default();
+        let start = (from as usize).min(bytes.len());
+        let mut end = bytes.len().min(start + (1 << 20));
+        // End on a whole character; the rest comes with the next call.
+        if let Err(e) = std::str::from_utf8(&bytes[start..end])
+            && e.error_len().is_none()
+        {
+            end = start + e.valid_up_to();
+        }
+        let text = String::from_utf8_lossy(&bytes[start..end]).into_owned();
+        let text = self.redact_text(&c.tenant, &format!("job {name}/{task} log"), text);
+        Ok((text, end as u64))
+    }
+
     pub async fn job_logs(
         &self,
         c: &Caller,

@@ -261,6 +261,82 @@ pub struct EndpointStatus {
     /// Its cached prefixes come from its KV events (precise), not from
     /// routing history.
     pub precise_prefix: bool,
+    /// Answered requests, time to first token and prefix-cache hit rate over the
+    /// last [`STATS_WINDOW`] of them.
+    pub requests: u64,
+    pub ttft_ms: Option<Percentiles>,
+    pub prefix_cache_hit_rate: Option<f64>,
+}
+
+/// Percentiles of a window of samples (nearest rank), and how many there were.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Percentiles {
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub samples: usize,
+}
+
+/// Nearest-rank percentiles of `samples`; `None` for none.
+pub fn percentiles(samples: impl IntoIterator<Item = f64>) -> Option<Percentiles> {
+    let mut v: Vec<f64> = samples.into_iter().filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let at = |p: f64| v[((p * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
+    Some(Percentiles {
+        p50: at(0.50),
+        p90: at(0.90),
+        p99: at(0.99),
+        samples: v.len(),
+    })
+}
+
+/// How many of the latest answered requests the pool's figures cover.
+pub const STATS_WINDOW: usize = 1024;
+
+/// The latest answered requests of a pool or an endpoint: time to first token and
+/// prompt tokens (all, and those served from the prefix cache).
+#[derive(Debug, Clone, Default)]
+struct Window {
+    ttft: VecDeque<f64>,
+    tokens: VecDeque<(u64, u64)>,
+    requests: u64,
+}
+
+impl Window {
+    fn observe(&mut self, u: &Usage) {
+        self.requests += 1;
+        if self.ttft.len() == STATS_WINDOW {
+            self.ttft.pop_front();
+            self.tokens.pop_front();
+        }
+        self.ttft.push_back(u.ttft_ms);
+        self.tokens
+            .push_back((u.prompt_tokens, u.cached_tokens.min(u.prompt_tokens)));
+    }
+
+    fn ttft(&self) -> Option<Percentiles> {
+        percentiles(self.ttft.iter().copied())
+    }
+
+    /// Prompt tokens served from the prefix cache, of all prompt tokens.
+    fn hit_rate(&self) -> Option<f64> {
+        let (all, cached) = self
+            .tokens
+            .iter()
+            .fold((0u64, 0u64), |(a, c), (p, k)| (a + p, c + k));
+        (all > 0).then(|| cached as f64 / all as f64)
+    }
+}
+
+/// A pool's figures over its latest answered requests.
+#[derive(Debug, Clone, Serialize)]
+pub struct PoolStats {
+    pub requests: u64,
+    pub ttft_ms: Option<Percentiles>,
+    pub prefix_cache_hit_rate: Option<f64>,
 }
 
 /// A pool's live state, with the scaling signal.
@@ -275,6 +351,8 @@ pub struct PoolStatus {
     pub recommended_replicas: u32,
     /// The scaling signal with its inputs' verdicts.
     pub scaling: ScaleAdvice,
+    /// Time to first token and prefix-cache hit rate of its latest requests.
+    pub stats: PoolStats,
 }
 
 #[derive(Debug)]
@@ -286,6 +364,7 @@ struct Slot {
     down_until: Option<Instant>,
     removed: bool,
     failures: u64,
+    stats: Window,
 }
 
 #[derive(Debug)]
@@ -371,6 +450,7 @@ struct PoolInner {
     in_flight: u32,
     /// Requests admitted past the queue (granted) and not yet routed.
     granted: u32,
+    stats: Window,
 }
 
 impl PoolInner {
@@ -428,6 +508,7 @@ impl PoolInner {
                 down_until: None,
                 removed: false,
                 failures: 0,
+                stats: Window::default(),
             };
             match self
                 .slots
@@ -524,6 +605,16 @@ fn too_many(msg: String, retry_after_s: u64) -> Response {
         r.headers_mut().insert(header::RETRY_AFTER, v);
     }
     r
+}
+
+/// Counts an answered request in its pool's and endpoint's figures.
+fn observe(pool: &Pool, slot: usize, u: &Usage) {
+    if let Ok(mut g) = pool.inner.lock() {
+        g.stats.observe(u);
+        if let Some(s) = g.slots.get_mut(slot) {
+            s.stats.observe(u);
+        }
+    }
 }
 
 /// Releases a request's place in the pool when dropped (stream end, error,
@@ -667,6 +758,7 @@ impl Gateway {
             queue: FairQueue::default(),
             in_flight: 0,
             granted: 0,
+            stats: Window::default(),
         };
         inner.apply_spec(spec.clone());
         pools.insert(
@@ -706,12 +798,20 @@ impl Gateway {
                     running: s.load.running,
                     kv_util: s.load.kv_util,
                     failures: s.failures,
+                    requests: s.stats.requests,
+                    ttft_ms: s.stats.ttft(),
+                    prefix_cache_hit_rate: s.stats.hit_rate(),
                 })
                 .collect(),
             queued: g.queue.len,
             in_flight: g.in_flight,
             recommended_replicas: g.scaling(now).replicas,
             scaling: g.scaling(now),
+            stats: PoolStats {
+                requests: g.stats.requests,
+                ttft_ms: g.stats.ttft(),
+                prefix_cache_hit_rate: g.stats.hit_rate(),
+            },
         })
     }
 
@@ -1220,6 +1320,7 @@ impl Gateway {
                 usage.total_ms = usage.ttft_ms;
                 usage.overhead_us = overhead_us(t0, engine_wait);
                 if status.is_success() {
+                    observe(&pool, slot, &usage);
                     let sink = self.sink.clone();
                     tokio::spawn(async move { sink.record(&who, usage).await });
                 }
@@ -1279,12 +1380,16 @@ impl Gateway {
                         }
                     }
                 }
+                let failed_stream = failed.clone();
                 if let Some(e) = failed {
                     gw.mark_down(&pool2, slot, &url);
                     let ev = json!({"error": {"message": format!("the engine {url} failed mid-stream: {e}"), "type": "engine_failed", "code": "engine_failed"}});
                     let _ = tx.send(Ok(Bytes::from(format!("data: {ev}\n\n")))).await;
                 }
                 usage.total_ms = ms(t0);
+                if failed_stream.is_none() {
+                    observe(&pool2, slot, &usage);
+                }
                 gw.sink.record(&who2, usage).await;
             });
             let stream = futures_util::stream::unfold(rx, |mut rx| async move {
@@ -1375,6 +1480,30 @@ fn now_ms() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn percentiles_by_nearest_rank_and_a_sliding_window() {
+        assert_eq!(percentiles([]), None);
+        let p = percentiles((1..=100).map(f64::from)).unwrap();
+        assert_eq!((p.p50, p.p90, p.p99, p.samples), (50.0, 90.0, 99.0, 100));
+        let p = percentiles([7.0]).unwrap();
+        assert_eq!((p.p50, p.p99), (7.0, 7.0));
+        let mut w = Window::default();
+        assert_eq!(w.hit_rate(), None);
+        for i in 0..(STATS_WINDOW + 10) {
+            w.observe(&Usage {
+                ttft_ms: i as f64,
+                prompt_tokens: 100,
+                cached_tokens: if i % 4 == 0 { 100 } else { 0 },
+                ..Usage::default()
+            });
+        }
+        // The oldest ten left the window; every request is counted.
+        assert_eq!(w.requests, (STATS_WINDOW + 10) as u64);
+        assert_eq!(w.ttft().unwrap().samples, STATS_WINDOW);
+        assert_eq!(w.ttft.front(), Some(&10.0));
+        assert!((w.hit_rate().unwrap() - 0.25).abs() < 0.01);
+    }
 
     #[test]
     fn vllm_metrics_parse() {

@@ -34,6 +34,7 @@ pub struct App {
     pub agents: crate::agents::AgentsState,
     pub tools: crate::tools::ToolsState,
     pub gateway: crate::gateway::GatewayState,
+    pub cluster: crate::cluster::ClusterState,
 }
 
 /// A tenant-wide caller: a user's, service account's or OIDC key. Session-scoped keys
@@ -60,7 +61,13 @@ async fn authenticate(parts: &Parts, app: &App) -> Result<Caller, ApiError> {
         .headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok());
-    app.plane.authenticate(h).await
+    let c = app.plane.authenticate(h).await?;
+    crate::cluster::view_as(
+        &app.plane,
+        c,
+        parts.headers.get(crate::cluster::VIEW_AS_HEADER),
+    )
+    .await
 }
 
 /// A caller that may also be a session-scoped key: for the few routes the agent inside
@@ -408,6 +415,7 @@ pub const ROUTE_TABLES: &[&[RouteDoc]] = &[
     crate::gateway::ROUTES,
     crate::guardpol::ROUTES,
     crate::queuecaps::ROUTES,
+    crate::cluster::ROUTES,
 ];
 
 routes! {
@@ -453,6 +461,8 @@ pub fn router(app: App) -> Router {
         .merge(crate::gateway::routes())
         .merge(crate::guardpol::routes())
         .merge(crate::queuecaps::routes())
+        .merge(crate::cluster::routes())
+        .merge(crate::ui::routes())
         .route("/v1/openapi.json", get(openapi))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
@@ -573,6 +583,7 @@ pub fn openapi_document() -> Value {
         .chain(crate::gateway::schemas())
         .chain(crate::guardpol::schemas())
         .chain(crate::queuecaps::schemas())
+        .chain(crate::cluster::schemas())
     {
         schemas[name] = schema;
     }

@@ -10,6 +10,7 @@
 pub mod agents;
 pub mod api;
 pub mod auth;
+pub mod cluster;
 pub mod exec;
 pub mod gateway;
 pub mod gpu;
@@ -31,6 +32,7 @@ pub mod redact;
 pub mod sandboxes;
 pub mod scheduler;
 pub mod tools;
+pub mod ui;
 pub mod wire;
 
 use std::net::SocketAddr;
@@ -348,7 +350,8 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
     // Every redaction anywhere (sandboxes, sessions, tools, jobs, the API) is audited.
     let mut tasks = vec![redact::start_audit(&plane, stop_rx.clone())];
     let metrics = std::sync::Arc::new(metrics::Metrics::default());
-    if let Some(f) = cfg.scheduler.clone() {
+    let cluster = cluster::ClusterState::new(plane.store().clone(), stop_rx.clone());
+    if let Some(f) = cfg.scheduler.clone().map(|f| cluster.observe(f)) {
         tasks.push(tokio::spawn(scheduler::run_loop(
             store,
             f,
@@ -526,6 +529,7 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
         agents,
         tools,
         gateway,
+        cluster,
     });
     let mut srx = stop_rx;
     tasks.push(tokio::spawn(async move {

@@ -3,6 +3,8 @@
 pub mod agent;
 pub mod agent_platform;
 pub mod api;
+pub mod browser;
+pub mod console;
 pub mod gateway;
 pub mod gpushare;
 pub mod guard;
@@ -45,6 +47,10 @@ pub enum BenchCommand {
     /// GPU sharing on the fake CUDA driver: interception overhead per allocation
     /// and per launch, caps held, compute shares achieved.
     Gpushare(gpushare::Args),
+    /// The console in headless Chromium at 5,000 nodes x 8 GPUs and 10,000 jobs:
+    /// first paint of the cluster view, and a change applied from the watch
+    /// against listing again and redrawing.
+    Console(console::Args),
 }
 
 /// Nearest-rank percentile of sorted samples (`p` in 0..=1); `None` when there
@@ -68,5 +74,6 @@ pub fn run(c: BenchCommand) -> i32 {
         BenchCommand::Gateway(a) => gateway::run(a),
         BenchCommand::Node(a) => node::run(a),
         BenchCommand::Gpushare(a) => gpushare::run(a),
+        BenchCommand::Console(a) => console::run(a),
     }
 }

@@ -1,0 +1,78 @@
+// Inference pools: per pool its endpoints (health, in-flight, waiting, KV-cache use),
+// the gateway's queue, the prefix-cache hit rate, time-to-first-token percentiles,
+// and the scaling recommendation with its reasons.
+//
+// Pools' figures are gauges (no change events): they are read every 2 s while this
+// view is on screen; each pool's card and each endpoint's row is updated in place.
+
+import { api } from "./api.js";
+import { fmtDuration, h, notice } from "./util.js";
+
+const pct = (v) => (v === null || v === undefined ? "–" : `${(v * 100).toFixed(1)}%`);
+
+function ttft(t) {
+  if (!t || !t.samples) return "–";
+  return `p50 ${fmtDuration(t.p50)} · p90 ${fmtDuration(t.p90)} · p99 ${fmtDuration(t.p99)}`;
+}
+
+function card(p) {
+  const s = p.stats || {};
+  const sc = p.scaling || {};
+  const why = Array.isArray(sc.reasons) ? sc.reasons.join("; ") : sc.reason || "";
+  return h("section", { class: "card", "data-pool": p.spec.name },
+    h("h2", {}, p.spec.name, h("span", { class: "sub" }, ` · model ${p.spec.model}`)),
+    h("dl", { class: "kv" },
+      h("dt", {}, "In flight"), h("dd", { "data-k": "in_flight" }, String(p.in_flight)),
+      h("dt", {}, "Queued at the gateway"), h("dd", { "data-k": "queued" }, String(p.queued)),
+      h("dt", {}, "Prefix-cache hit rate"), h("dd", { "data-k": "hit_rate" }, pct(s.prefix_cache_hit_rate)),
+      h("dt", {}, "Time to first token"), h("dd", { "data-k": "ttft" }, ttft(s.ttft_ms)),
+      h("dt", {}, "Requests seen"), h("dd", {}, String(s.requests ?? 0)),
+      h("dt", {}, "Recommended replicas"), h("dd", { "data-k": "recommended" }, h("strong", {}, String(p.recommended_replicas)), why ? h("span", { class: "muted" }, ` (${why})`) : "")),
+    h("table", {},
+      h("thead", {}, h("tr", {}, ["Endpoint", "Healthy", "Weight", "Outstanding", "Waiting", "Running", "KV cache", "Hit rate", "TTFT p50 / p99", "Failures"].map((c) => h("th", { scope: "col" }, c)))),
+      h("tbody", {}, p.endpoints.map((e) => h("tr", { "data-endpoint": e.url },
+        h("th", { scope: "row" }, h("code", {}, e.url)),
+        h("td", {}, e.healthy ? "yes" : h("strong", {}, "no")),
+        h("td", { class: "num" }, e.weight),
+        h("td", { class: "num" }, e.outstanding),
+        h("td", { class: "num" }, e.waiting),
+        h("td", { class: "num" }, e.running),
+        h("td", { class: "num" }, pct(e.kv_util)),
+        h("td", { class: "num" }, pct(e.prefix_cache_hit_rate)),
+        h("td", { class: "num" }, e.ttft_ms?.samples ? `${fmtDuration(e.ttft_ms.p50)} / ${fmtDuration(e.ttft_ms.p99)}` : "–"),
+        h("td", { class: "num" }, e.failures))))));
+}
+
+export function mount(el, ctx) {
+  ctx.title("Inference pools");
+  const list = h("div", { class: "grid2", id: "pools" });
+  const msg = h("div", {});
+  el.append(h("h1", {}, "Inference pools"), msg, list);
+  let closed = false;
+  let t = null;
+  const cards = new Map();
+  const tick = async () => {
+    if (closed) return;
+    if (!document.hidden) {
+      try {
+        const l = await api("/v1/pools");
+        msg.replaceChildren(l.items.length ? "" : notice("No pools: a system operator registers them with tessera pool create."));
+        const seen = new Set();
+        for (const p of l.items) {
+          seen.add(p.spec.name);
+          const c = card(p);
+          const old = cards.get(p.spec.name);
+          if (old) old.replaceWith(c); else list.append(c);
+          cards.set(p.spec.name, c);
+        }
+        for (const [n, c] of cards) if (!seen.has(n)) { c.remove(); cards.delete(n); }
+        window.__console.paints.pools = performance.now();
+      } catch (e) {
+        msg.replaceChildren(notice(`Could not read the pools: ${e.message}`, "error"));
+      }
+    }
+    if (!closed) t = setTimeout(tick, 2000);
+  };
+  tick();
+  return () => { closed = true; clearTimeout(t); };
+}

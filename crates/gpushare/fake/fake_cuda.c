@@ -871,6 +871,7 @@ EXPORT void fakecudaLeave(void) { fk_leave(); }
 EXPORT unsigned fakecudaParticipants(void) {
     fk_state();
     lk();
+    reap_dead_locked();
     unsigned n = 0;
     for (int i = 0; i < FK_MAXP; i++) n += S->parts[i].pid != 0;
     ulk();

@@ -230,7 +230,7 @@ impl State {
     fn apply(&mut self, c: Cmd) -> bool {
         match c {
             Cmd::Attach { gpu, id, region } => {
-                let controller = self.controller.clone();
+                let controller = self.controller;
                 let g = self.gpus.entry(gpu).or_insert_with(|| Gpu {
                     monitor: DeviceMonitor::new(controller),
                     tasks: Vec::new(),
@@ -356,8 +356,9 @@ mod tests {
     }
 
     /// Each task busy the whole tick; records what it was asked.
+    type Asked = Vec<(u32, Vec<Watched>)>;
     #[derive(Clone, Default)]
-    struct Busy(Arc<Mutex<Vec<(u32, Vec<Watched>)>>>);
+    struct Busy(Arc<Mutex<Asked>>);
     impl Utilisation for Busy {
         fn busy(&mut self, gpu: u32, t: &[Watched]) -> Result<BTreeMap<String, u64>, String> {
             self.0.lock().unwrap().push((gpu, t.to_vec()));

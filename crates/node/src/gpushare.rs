@@ -100,7 +100,12 @@ pub fn nvml_monitor() -> Result<MonitorConfig, String> {
     Ok(MonitorConfig {
         clock: Box::new(Monotonic),
         utilisation: Box::new(utilisation),
-        controller: ControllerConfig::default(),
+        // NVML refreshes per-process samples slower than the controller's default
+        // 10 ms; 50 ms is what the H200 procedure uses.
+        controller: ControllerConfig {
+            tick_ns: 50_000_000,
+            ..ControllerConfig::default()
+        },
     })
 }
 

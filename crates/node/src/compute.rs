@@ -325,7 +325,14 @@ fn run(
                     // Ticked with nothing measured: the buckets refill (work
                     // conserving), launches are not held on a broken source.
                     s.errors += 1;
-                    s.last_error = Some(format!("GPU {gpu}: {e}"));
+                    let msg = format!("GPU {gpu}: {e}");
+                    if s.last_error.as_deref() != Some(msg.as_str()) {
+                        // Said once per distinct error, not every tick.
+                        eprintln!(
+                            "tessera-node: compute monitor: {msg}; compute shares there are not enforced while this lasts"
+                        );
+                    }
+                    s.last_error = Some(msg);
                     BTreeMap::new()
                 }
             };

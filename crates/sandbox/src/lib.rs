@@ -31,12 +31,15 @@ pub mod proxy;
 pub mod registry;
 pub mod sandbox;
 pub mod seccomp;
+pub mod snapshot;
 pub mod spec;
 pub mod tarball;
 pub mod template;
+pub mod tier;
+pub mod vm;
 
 pub use cgroup::{CgroupManager, SandboxCgroup};
-pub use error::{CgroupError, ExecError, FileError, SpawnError, StepError};
+pub use error::{CgroupError, ExecError, FileError, LifecycleError, SpawnError, StepError};
 pub use guard::{
     AllowAll, CheckDecision, CommandCheck, FileAccess, PolicyGuard, RedactionEvent,
     RedactionObserver, StreamRedactor, landlock_grants, redact_json,
@@ -49,4 +52,9 @@ pub use spec::{
     Command, DirEntry, EgressPolicy, ExecOutput, ExecRequest, ExitStatus, FileKind, Limits,
     Network, PROXY_ADDR, PathAccess, Rlimits, SandboxSpec, Template,
 };
+pub use snapshot::{Snapshot, SnapshotMeta};
 pub use tarball::{TarError, TarLimits, TarSummary};
+pub use tier::{
+    AnySandbox, Isolated, NamespaceTier, OnTimeout, PauseOptions, Phase, Stats, Tier, TierInfo,
+    TierKind,
+};

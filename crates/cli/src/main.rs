@@ -53,7 +53,7 @@ enum Command {
     /// and TESSERA_API_KEY).
     #[command(subcommand)]
     Queue(cmd::client::QueueCommand),
-    /// Jobs of your tenant: submit, list, get, cancel.
+    /// Jobs of your tenant: submit, list, get, logs, cancel, delete.
     #[command(subcommand)]
     Job(cmd::client::JobCommand),
     /// Nodes of the cluster.

@@ -5,7 +5,7 @@
 //! v2: one directory `/sys/fs/cgroup/tessera/<id>` with the controllers enabled above it.
 
 use crate::error::CgroupError;
-use crate::spec::Limits;
+use crate::spec::{DeviceRule, Limits};
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -17,6 +17,23 @@ pub trait CgroupManager: Send + Sync + std::fmt::Debug {
     fn version(&self) -> &'static str;
     /// Creates the cgroup `id` with `limits`.
     fn create(&self, id: &str, limits: &Limits) -> Result<Box<dyn SandboxCgroup>, CgroupError>;
+    /// Creates the cgroup `id` with `limits`, and with `devices` (when `Some`) as the
+    /// only devices its processes may open beyond [`DeviceRule::BASE`]. A backend that
+    /// cannot fence devices makes the cgroup without (the default; v2, where it takes
+    /// an eBPF program); [`CgroupManager::fences_devices`] says which.
+    fn create_fenced(
+        &self,
+        id: &str,
+        limits: &Limits,
+        devices: Option<&[DeviceRule]>,
+    ) -> Result<Box<dyn SandboxCgroup>, CgroupError> {
+        let _ = devices;
+        self.create(id, limits)
+    }
+    /// Whether [`CgroupManager::create_fenced`] applies its device list.
+    fn fences_devices(&self) -> bool {
+        false
+    }
     /// Paths of sandbox cgroups that exist now (for leak checks).
     fn list(&self) -> Vec<String>;
 
@@ -113,6 +130,28 @@ pub trait SandboxCgroup: Send + Sync + std::fmt::Debug {
     fn procs(&self) -> Vec<i32>;
     /// Removes the cgroup; fails with `Busy` while processes remain.
     fn destroy(&self) -> Result<(), CgroupError>;
+    /// CPU time its processes used so far (user + system), in nanoseconds, where the
+    /// backend accounts it (v1 `cpuacct.usage`, v2 `cpu.stat` `usage_usec`).
+    fn cpu_usage_ns(&self) -> Option<u64> {
+        None
+    }
+    /// The most memory in use at once since the cgroup was made, in bytes (v1
+    /// `memory.max_usage_in_bytes`, v2 `memory.peak` on kernels that have it).
+    fn memory_peak(&self) -> Option<u64> {
+        None
+    }
+}
+
+fn read_u64(path: &Path) -> Option<u64> {
+    fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// `usage_usec` from the text of a v2 `cpu.stat`, in nanoseconds.
+pub fn parse_cpu_stat_ns(text: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("usage_usec "))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(|us| us.saturating_mul(1000))
 }
 
 fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> CgroupError + 'a {
@@ -197,6 +236,11 @@ pub struct CgroupV1 {
     cpu: Option<PathBuf>,
     pids: PathBuf,
     freezer: PathBuf,
+    /// cpuacct when it is a hierarchy of its own (when it shares `cpu`'s, usage is
+    /// read from the cpu folder).
+    cpuacct: Option<PathBuf>,
+    /// The devices controller, for sandboxes made with a device list.
+    devices: Option<PathBuf>,
 }
 
 impl CgroupV1 {
@@ -218,11 +262,14 @@ impl CgroupV1 {
             let base = mp.join(rel.trim_start_matches('/')).join("tessera");
             Some(base)
         };
-        let v = CgroupV1 {
+        let cpu = find("cpu");
+        let mut v = CgroupV1 {
             memory: find("memory")?,
-            cpu: find("cpu"),
+            cpuacct: find("cpuacct").filter(|a| Some(a) != cpu.as_ref()),
+            cpu,
             pids: find("pids")?,
             freezer: find("freezer")?,
+            devices: find("devices"),
         };
         for p in [&v.memory, &v.pids, &v.freezer]
             .into_iter()
@@ -230,6 +277,12 @@ impl CgroupV1 {
         {
             if fs::create_dir_all(p).is_err() {
                 return None;
+            }
+        }
+        // Optional controllers: without them, no CPU accounting or device fence.
+        for opt in [&mut v.cpuacct, &mut v.devices] {
+            if opt.as_ref().is_some_and(|p| fs::create_dir_all(p).is_err()) {
+                *opt = None;
             }
         }
         Some(v)
@@ -242,10 +295,28 @@ impl CgroupManager for CgroupV1 {
     }
 
     fn create(&self, id: &str, limits: &Limits) -> Result<Box<dyn SandboxCgroup>, CgroupError> {
+        self.create_fenced(id, limits, None)
+    }
+
+    fn fences_devices(&self) -> bool {
+        self.devices.is_some()
+    }
+
+    fn create_fenced(
+        &self,
+        id: &str,
+        limits: &Limits,
+        devices: Option<&[DeviceRule]>,
+    ) -> Result<Box<dyn SandboxCgroup>, CgroupError> {
         let mut cg = V1Cgroup {
             dirs: Vec::new(),
             memory: self.memory.join(id),
             freezer: self.freezer.join(id),
+            cpuacct: self
+                .cpuacct
+                .as_ref()
+                .or(self.cpu.as_ref())
+                .map(|c| c.join(id)),
         };
         let mut dirs = vec![
             self.memory.join(id),
@@ -255,6 +326,16 @@ impl CgroupManager for CgroupV1 {
         if let Some(c) = &self.cpu {
             dirs.push(c.join(id));
         }
+        if let Some(c) = &self.cpuacct {
+            dirs.push(c.join(id));
+        }
+        let fence = match (devices, &self.devices) {
+            (Some(list), Some(d)) => {
+                dirs.push(d.join(id));
+                Some((list, d.join(id)))
+            }
+            _ => None,
+        };
         for d in &dirs {
             match fs::create_dir(d) {
                 Ok(()) => cg.dirs.push(d.clone()),
@@ -283,6 +364,12 @@ impl CgroupManager for CgroupV1 {
                     &(u64::from(c.max(1)) * 100).to_string(),
                 )?;
             }
+            if let Some((list, dir)) = &fence {
+                write(&dir.join("devices.deny"), "a")?;
+                for r in DeviceRule::BASE.iter().chain(list.iter()) {
+                    write(&dir.join("devices.allow"), &r.allow_line())?;
+                }
+            }
             Ok(())
         })();
         if let Err(e) = r {
@@ -297,6 +384,8 @@ impl CgroupManager for CgroupV1 {
         for base in [&self.memory, &self.pids, &self.freezer]
             .into_iter()
             .chain(self.cpu.as_ref())
+            .chain(self.cpuacct.as_ref())
+            .chain(self.devices.as_ref())
         {
             if let Ok(rd) = fs::read_dir(base) {
                 for e in rd.flatten() {
@@ -316,6 +405,8 @@ struct V1Cgroup {
     dirs: Vec<PathBuf>,
     memory: PathBuf,
     freezer: PathBuf,
+    /// Where `cpuacct.usage` is (cpuacct's own folder, or cpu's when they share one).
+    cpuacct: Option<PathBuf>,
 }
 
 impl SandboxCgroup for V1Cgroup {
@@ -361,6 +452,14 @@ impl SandboxCgroup for V1Cgroup {
 
     fn procs(&self) -> Vec<i32> {
         read_pids(&self.memory.join("cgroup.procs"))
+    }
+
+    fn cpu_usage_ns(&self) -> Option<u64> {
+        read_u64(&self.cpuacct.as_ref()?.join("cpuacct.usage"))
+    }
+
+    fn memory_peak(&self) -> Option<u64> {
+        read_u64(&self.memory.join("memory.max_usage_in_bytes"))
     }
 
     fn destroy(&self) -> Result<(), CgroupError> {
@@ -541,6 +640,14 @@ impl SandboxCgroup for V2Cgroup {
         read_pids(&self.dir.join("cgroup.procs"))
     }
 
+    fn cpu_usage_ns(&self) -> Option<u64> {
+        parse_cpu_stat_ns(&fs::read_to_string(self.dir.join("cpu.stat")).ok()?)
+    }
+
+    fn memory_peak(&self) -> Option<u64> {
+        read_u64(&self.dir.join("memory.peak"))
+    }
+
     fn destroy(&self) -> Result<(), CgroupError> {
         rmdir_retry(&self.dir)
     }
@@ -600,6 +707,21 @@ mod tests {
             disk_bytes: 0,
         };
         assert!(v2_settings(&none, true, true).is_empty());
+    }
+
+    #[test]
+    fn cpu_usage_is_read_from_cpu_stat() {
+        let stat = "usage_usec 1500000\nuser_usec 1000000\nsystem_usec 500000\n";
+        assert_eq!(parse_cpu_stat_ns(stat), Some(1_500_000_000));
+        assert_eq!(parse_cpu_stat_ns("user_usec 3\n"), None);
+        assert_eq!(
+            DeviceRule {
+                major: 195,
+                minor: 255
+            }
+            .allow_line(),
+            "c 195:255 rwm"
+        );
     }
 
     #[test]

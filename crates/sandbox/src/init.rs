@@ -351,6 +351,24 @@ fn template_entries(t: &Template) -> Result<Vec<Entry>, StepError> {
     Ok(out)
 }
 
+/// A path inside the sandbox that a bind or a mask may name: absolute, no `..`, not
+/// the root, not under `/proc`.
+fn check_inner_path(step: &'static str, p: &str) -> Result<(), StepError> {
+    let ok = p.starts_with('/')
+        && p.len() > 1
+        && !p.split('/').any(|c| c == ".." || c == ".")
+        && !(p == "/proc" || p.starts_with("/proc/"));
+    if ok {
+        Ok(())
+    } else {
+        Err(StepError::new(
+            step,
+            p,
+            "give an absolute path without `.` or `..`, not `/` and not under /proc",
+        ))
+    }
+}
+
 fn write_file(path: &str, content: &str) -> Result<(), StepError> {
     fs::write(path, content).map_err(se("write", path))
 }
@@ -373,6 +391,19 @@ fn setup(spec: &SandboxSpec, uid: u32, gid: u32) -> Result<State, StepError> {
                 .map(|fd| (*d, fd))
         })
         .collect();
+    let binds: Vec<(&crate::spec::Bind, OwnedFd, bool)> = spec
+        .binds
+        .iter()
+        .map(|b| {
+            check_inner_path("bind", &b.path)?;
+            let fd = open_path(&b.host)?;
+            let dir = fs::metadata(&b.host).map_err(se("stat", &b.host))?.is_dir();
+            Ok((b, fd, dir))
+        })
+        .collect::<Result<_, StepError>>()?;
+    for m in &spec.masked_paths {
+        check_inner_path("mask", m)?;
+    }
 
     let nosuid_nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
     mnt(
@@ -491,6 +522,56 @@ fn setup(spec: &SandboxSpec, uid: u32, gid: u32) -> Result<State, StepError> {
         nosuid_nodev,
         Some(&format!("size={disk},mode=1777")),
     )?;
+    for (b, fd, dir) in &binds {
+        let t = s(b.path.trim_start_matches('/'));
+        if let Some(parent) = Path::new(&t).parent() {
+            fs::create_dir_all(parent).map_err(se("mkdir", parent))?;
+        }
+        if *dir {
+            fs::create_dir_all(&t).map_err(se("mkdir", &t))?;
+        } else if fs::symlink_metadata(&t).is_err() {
+            fs::write(&t, b"").map_err(se("create", &t))?;
+        }
+        let src = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        mnt(
+            Some(&src),
+            &t,
+            None,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None,
+        )?;
+        if !b.writable {
+            let flags = MsFlags::MS_REMOUNT
+                | MsFlags::MS_BIND
+                | MsFlags::MS_RDONLY
+                | MsFlags::MS_NOSUID
+                | locked_flags(&t);
+            mnt(None, &t, None, flags, None)?;
+        }
+    }
+    // Masked paths: an empty read-only tmpfs over a folder, /dev/null over a file.
+    for m in &spec.masked_paths {
+        let t = s(m.trim_start_matches('/'));
+        match fs::symlink_metadata(&t) {
+            Ok(md) if md.is_dir() => mnt(
+                Some("tmpfs"),
+                &t,
+                Some("tmpfs"),
+                MsFlags::MS_RDONLY | nosuid_nodev | MsFlags::MS_NOEXEC,
+                Some("size=4k,mode=0000"),
+            )?,
+            Ok(_) => {
+                let null = devs
+                    .iter()
+                    .find(|(d, _)| *d == "null")
+                    .ok_or_else(|| StepError::new("mask", m, "no /dev/null to mask a file with"))?;
+                let src = format!("/proc/self/fd/{}", null.1.as_raw_fd());
+                mnt(Some(&src), &t, None, MsFlags::MS_BIND, None)?;
+            }
+            // Not in this sandbox's tree: nothing to hide.
+            Err(_) => {}
+        }
+    }
     mnt(
         None,
         &s("dev"),
@@ -504,6 +585,7 @@ fn setup(spec: &SandboxSpec, uid: u32, gid: u32) -> Result<State, StepError> {
     )?;
     drop(entries);
     drop(devs);
+    drop(binds);
 
     // pivot_root(".", ".") stacks the old root under the new one; detaching it leaves
     // no path back to the host's file systems.
@@ -628,6 +710,14 @@ fn landlock_ruleset(spec: &SandboxSpec) -> Result<Option<RulesetCreated>, StepEr
     )?;
     for p in ["/tmp", "/home/user", "/workspace", "/dev/shm"] {
         rs = rule(rs, p, all)?;
+    }
+    // What the runtime bound in is reachable as bound: read, and written when writable.
+    for b in &spec.binds {
+        let mut a = AccessFs::ReadFile | AccessFs::ReadDir;
+        if b.writable {
+            a |= AccessFs::WriteFile;
+        }
+        rs = rule(rs, &b.path, a)?;
     }
     for r in &spec.extra_rules {
         let mut a = landlock::BitFlags::<AccessFs>::empty();

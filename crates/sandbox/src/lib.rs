@@ -47,10 +47,12 @@ pub use guard::{
 pub use netns::NetnsStats;
 pub use pool::{PoolConfig, PoolStats, WarmPool};
 pub use registry::{RegistryError, TemplateRecord, TemplateRegistry};
-pub use sandbox::{InitProgram, Runtime, RuntimeConfig, Sandbox, SandboxBuilder, Stream};
+pub use sandbox::{
+    InitProgram, Runtime, RuntimeConfig, Sandbox, SandboxBuilder, Stream, pids_in_namespace,
+};
 pub use spec::{
-    Command, DirEntry, EgressPolicy, ExecOutput, ExecRequest, ExitStatus, FileKind, Limits,
-    Network, PROXY_ADDR, PathAccess, Rlimits, SandboxSpec, Template,
+    Bind, Command, DeviceRule, DirEntry, EgressPolicy, ExecOutput, ExecRequest, ExitStatus,
+    FileKind, Limits, Network, PROXY_ADDR, PathAccess, Rlimits, SandboxSpec, Template,
 };
 pub use snapshot::{Snapshot, SnapshotMeta};
 pub use tarball::{TarError, TarLimits, TarSummary};

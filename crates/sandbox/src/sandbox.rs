@@ -33,6 +33,36 @@ pub struct InitProgram {
 }
 
 impl InitProgram {
+    /// An init program held in memory: `bytes` (an executable, for instance the
+    /// `tessera-sandbox-init` a binary carries inside it) are copied into a sealed
+    /// memfd that lives as long as this process, and the program is run from there.
+    /// Nothing is written to disk, and nothing can change the program once sealed.
+    pub fn from_bytes(name: &str, bytes: &[u8]) -> io::Result<InitProgram> {
+        use nix::fcntl::{FcntlArg, SealFlag, fcntl};
+        use nix::sys::memfd::{MFdFlags, memfd_create};
+        if name.contains('\0') {
+            return Err(io::Error::other("name contains NUL"));
+        }
+        let fd = memfd_create(name, MFdFlags::MFD_ALLOW_SEALING)?;
+        let mut f = fs::File::from(fd);
+        io::Write::write_all(&mut f, bytes)?;
+        let fd = OwnedFd::from(f);
+        fcntl(
+            &fd,
+            FcntlArg::F_ADD_SEALS(
+                SealFlag::F_SEAL_WRITE
+                    | SealFlag::F_SEAL_GROW
+                    | SealFlag::F_SEAL_SHRINK
+                    | SealFlag::F_SEAL_SEAL,
+            ),
+        )?;
+        let path = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+        // Kept open for the life of the process: the path names this descriptor, and
+        // the reaper and every sandbox start from it.
+        std::mem::forget(fd);
+        Ok(InitProgram { path, args: vec![] })
+    }
+
     /// `$TESSERA_SANDBOX_INIT`, else `tessera-sandbox-init` next to the running program
     /// or one directory up (where cargo puts binaries for tests in `deps/`).
     pub fn locate() -> Option<InitProgram> {
@@ -276,6 +306,13 @@ impl Runtime {
         self.cgroups.as_deref()
     }
 
+    /// Whether sandboxes made with [`SandboxSpec::device_allow`] get a device cgroup
+    /// (cgroup v1 with the devices controller); without one only the sandbox's
+    /// private `/dev` fences devices.
+    pub fn fences_devices(&self) -> bool {
+        self.cgroups.as_ref().is_some_and(|c| c.fences_devices())
+    }
+
     /// The pool of pre-made network namespaces (`None` when not root, or turned off
     /// with `TESSERA_SANDBOX_NETNS_POOL=0`).
     pub fn netns_pool(&self) -> Option<&crate::netns::NetnsPool> {
@@ -290,7 +327,7 @@ impl Runtime {
             SEQ.fetch_add(1, Ordering::Relaxed)
         );
         let cg = match &self.cgroups {
-            Some(m) => Some(m.create(&id, &spec.limits)?),
+            Some(m) => Some(m.create_fenced(&id, &spec.limits, spec.device_allow.as_deref())?),
             None => None,
         };
         // The guard's Landlock grants go into every sandbox, whoever built the spec.
@@ -339,6 +376,9 @@ impl Runtime {
         )
         .map_err(sys("socketpair"))?;
         let (sync_r, sync_w) = pipe2(OFlag::O_CLOEXEC).map_err(sys("pipe2"))?;
+        // Closed in the child by its execve (close-on-exec): EOF here means the child
+        // runs the init program in a memory of its own.
+        let (exec_r, exec_w) = pipe2(OFlag::O_CLOEXEC).map_err(sys("pipe2"))?;
         let mut flags = libc::CLONE_NEWUSER
             | libc::CLONE_NEWPID
             | libc::CLONE_NEWNS
@@ -435,14 +475,12 @@ impl Runtime {
         let pid = Pid::from_raw(ret);
         drop(child_end);
         drop(sync_r);
+        drop(exec_w);
         let abort = |e: SpawnError| {
             let _ = kill(pid, Signal::SIGKILL);
             let _ = waitpid(pid, None);
             e
         };
-        if let Some(c) = cg {
-            c.attach(pid.as_raw()).map_err(|e| abort(e.into()))?;
-        }
         let map = |file: &str, content: &str| -> Result<(), SpawnError> {
             let path = format!("/proc/{pid}/{file}");
             fs::write(&path, content).map_err(|source| SpawnError::IdMap { path, source })
@@ -457,6 +495,15 @@ impl Runtime {
         r.map_err(&abort)?;
         nix::unistd::write(&sync_w, &[1]).map_err(|e| abort(sys("write sync pipe")(e)))?;
         drop(sync_w);
+        // The child joins its cgroup only once it has exec'd. Before, it shares this
+        // process's memory (CLONE_VM): a memory limit reached in that window (a tiny
+        // limit, the exec itself) would make the OOM killer kill the child, and with
+        // it every task sharing that memory — the supervisor.
+        wait_eof(&exec_r, Duration::from_secs(30)).map_err(|e| abort(sys("wait for exec")(e)))?;
+        drop(exec_r);
+        if let Some(c) = cg {
+            c.attach(pid.as_raw()).map_err(|e| abort(e.into()))?;
+        }
         let setup = Request::Setup {
             spec: spec.clone(),
             uid: self.inner_uid,
@@ -499,6 +546,31 @@ impl Runtime {
         // every arm above has waited for: keep them alive to here.
         std::hint::black_box((&args, &envp));
         result
+    }
+}
+
+/// Waits until every write end of the pipe `r` is closed (EOF), at most `t`.
+fn wait_eof(r: &OwnedFd, t: Duration) -> Result<(), Errno> {
+    let deadline = Instant::now() + t;
+    let mut b = [0u8; 16];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Errno::ETIMEDOUT);
+        }
+        let ms = PollTimeout::try_from(left.as_millis().min(60_000) as i32 + 1)
+            .unwrap_or(PollTimeout::MAX);
+        let mut fds = [PollFd::new(r.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, ms) {
+            Ok(0) | Err(Errno::EINTR) => continue,
+            Ok(_) => {}
+            Err(e) => return Err(e),
+        }
+        match nix::unistd::read(r, &mut b) {
+            Ok(0) => return Ok(()),
+            Ok(_) | Err(Errno::EINTR) | Err(Errno::EAGAIN) => {}
+            Err(e) => return Err(e),
+        }
     }
 }
 
@@ -773,6 +845,82 @@ impl Sandbox {
     /// The sandbox's cgroup, if cgroups are in use.
     pub fn cgroup(&self) -> Option<&dyn SandboxCgroup> {
         self.cgroup.as_deref()
+    }
+
+    /// Host pids of the sandbox's workload: every process but its init and the
+    /// runners init forks per command (which stay to reap and report). With cgroups the
+    /// candidates are the cgroup's processes, else every process of the host.
+    pub fn workload_pids(&self) -> Vec<i32> {
+        let init = self.pid.as_raw();
+        let candidates: Vec<i32> = match &self.cgroup {
+            Some(cg) => cg.procs(),
+            None => fs::read_dir("/proc")
+                .map(|rd| {
+                    rd.flatten()
+                        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                        .collect()
+                })
+                .unwrap_or_default(),
+        };
+        let mut parent = std::collections::HashMap::new();
+        for p in candidates {
+            if let Some(pp) = ppid_of(p) {
+                parent.insert(p, pp);
+            }
+        }
+        // Depth below init: 1 is a runner, 2 and more the workload.
+        let depth = |mut p: i32| -> Option<usize> {
+            let mut d = 0;
+            while d < 4096 {
+                if p == init {
+                    return Some(d);
+                }
+                p = match parent.get(&p) {
+                    Some(&pp) => pp,
+                    None => ppid_of(p)?,
+                };
+                d += 1;
+            }
+            None
+        };
+        let mut out: Vec<i32> = parent
+            .keys()
+            .copied()
+            .filter(|&p| depth(p).is_some_and(|d| d >= 2))
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
+    /// Sends `signal` to every process of the sandbox's workload (see
+    /// [`Sandbox::workload_pids`]); init and the runners stay, so that a command ends
+    /// with its status as usual. Returns how many processes were signalled. This is the
+    /// first half of a graceful stop (SIGTERM, a grace period, then
+    /// [`Sandbox::destroy`]).
+    pub fn signal_workload(&self, signal: Signal) -> usize {
+        if self.destroyed.load(Ordering::Acquire) {
+            return 0;
+        }
+        let mut n = 0;
+        // Twice: a process forked while the first pass ran gets it too.
+        let mut done = std::collections::BTreeSet::new();
+        for _ in 0..2 {
+            for p in self.workload_pids() {
+                if done.insert(p) && kill(Pid::from_raw(p), signal).is_ok() {
+                    n += 1;
+                }
+            }
+        }
+        n
+    }
+
+    /// The inode of the sandbox's pid namespace (for checks that none of its
+    /// processes is left once it is destroyed: see `/proc/<pid>/ns/pid`).
+    pub fn pid_namespace(&self) -> Option<u64> {
+        use std::os::unix::fs::MetadataExt;
+        fs::metadata(format!("/proc/{}/ns/pid", self.pid))
+            .ok()
+            .map(|m| m.ino())
     }
 
     /// Resident memory of the idle sandbox's init, in KiB.
@@ -1476,6 +1624,38 @@ impl Drop for Sandbox {
     fn drop(&mut self) {
         let _ = self.destroy();
     }
+}
+
+/// The parent pid of `pid`, from `/proc/<pid>/stat`.
+fn ppid_of(pid: i32) -> Option<i32> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut it = rest.split_whitespace();
+    let state = it.next()?;
+    if state == "Z" || state == "X" {
+        return None;
+    }
+    it.next()?.parse().ok()
+}
+
+/// Host pids of every live process whose pid namespace has inode `ns` (see
+/// [`Sandbox::pid_namespace`]): after a sandbox is destroyed, none.
+pub fn pids_in_namespace(ns: u64) -> Vec<i32> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = Vec::new();
+    if let Ok(rd) = fs::read_dir("/proc") {
+        for e in rd.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                continue;
+            };
+            if fs::metadata(format!("/proc/{pid}/ns/pid")).is_ok_and(|m| m.ino() == ns)
+                && ppid_of(pid).is_some()
+            {
+                out.push(pid);
+            }
+        }
+    }
+    out
 }
 
 /// Is `path` the host path of a sandbox's init program? (For diagnostics.)

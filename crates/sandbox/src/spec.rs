@@ -23,6 +23,61 @@ pub struct SandboxSpec {
     pub extra_rules: Vec<PathAccess>,
     /// Resource limits (setrlimit) applied to every command.
     pub rlimits: Rlimits,
+    /// Host files or folders bound into the sandbox (device nodes for the GPUs a task
+    /// was given, a file the node runtime shares with it). Set by trusted callers only
+    /// (the node runtime), never from a tenant's request: each is a hole in the wall.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub binds: Vec<Bind>,
+    /// Paths inside the sandbox covered by an empty read-only tmpfs (runc's
+    /// `maskedPaths`): a folder of the host that a template would otherwise show
+    /// (the control plane's data folder under a bound `/usr`, say) stays out of reach.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub masked_paths: Vec<String>,
+    /// The device cgroup: `Some` denies every device but `/dev/null`, `zero`, `full`,
+    /// `random`, `urandom`, `tty` and these (cgroup v1's `devices` controller; on v2,
+    /// where that needs an eBPF program, only the mount namespace fences devices).
+    /// `None`: no device cgroup (the sandbox's `/dev` still holds only the nodes above
+    /// and the bound ones, and a user namespace cannot `mknod`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_allow: Option<Vec<DeviceRule>>,
+}
+
+/// One host path bound into a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bind {
+    /// The host path (a file, a device node or a folder).
+    pub host: PathBuf,
+    /// Where it appears inside (absolute; under `/dev` for device nodes).
+    pub path: String,
+    /// Writable inside (device nodes need it to be opened for writing); read-only
+    /// otherwise.
+    #[serde(default)]
+    pub writable: bool,
+}
+
+/// A character device the device cgroup lets a sandbox open (read, write, mknod are
+/// all allowed for it: `c MAJOR:MINOR rwm`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct DeviceRule {
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl DeviceRule {
+    /// The devices every sandbox's `/dev` has.
+    pub const BASE: [DeviceRule; 6] = [
+        DeviceRule { major: 1, minor: 3 },
+        DeviceRule { major: 1, minor: 5 },
+        DeviceRule { major: 1, minor: 7 },
+        DeviceRule { major: 1, minor: 8 },
+        DeviceRule { major: 1, minor: 9 },
+        DeviceRule { major: 5, minor: 0 },
+    ];
+
+    /// The line written to `devices.allow`.
+    pub fn allow_line(&self) -> String {
+        format!("c {}:{} rwm", self.major, self.minor)
+    }
 }
 
 impl Default for SandboxSpec {
@@ -35,6 +90,9 @@ impl Default for SandboxSpec {
             env: Vec::new(),
             extra_rules: Vec::new(),
             rlimits: Rlimits::default(),
+            binds: Vec::new(),
+            masked_paths: Vec::new(),
+            device_allow: None,
         }
     }
 }

@@ -243,6 +243,12 @@ async fn get_job(State(a): State<App>, c: Caller, Path(n): Path<String>) -> R {
 async fn cancel_job(State(a): State<App>, c: Caller, Path(n): Path<String>) -> R {
     ok(a.plane.cancel_job(&c, &n).await?)
 }
+async fn delete_job(State(a): State<App>, c: Caller, Path(n): Path<String>) -> R {
+    match a.plane.delete_job(&c, &n).await? {
+        (v, true) => ok(v),
+        (v, false) => Ok((StatusCode::ACCEPTED, Json(v)).into_response()),
+    }
+}
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct LogsQuery {
@@ -407,6 +413,7 @@ routes! {
     get "/v1/jobs" list_jobs "List jobs with status and pending reasons" None, 200;
     get "/v1/jobs/{name}" get_job "Get a job" None, 200;
     post "/v1/jobs/{name}/cancel" cancel_job "Cancel a job" None, 200;
+    delete "/v1/jobs/{name}" delete_job "Delete a job so its name can be used again (202 while its trees are being stopped, then it is gone)" None, 200;
     get "/v1/jobs/{name}/logs" job_logs "Output of the job's tasks on this machine (?task=NAME for one)" None, 200;
     get "/v1/events" list_events "List events" None, 200;
     get "/v1/audit" list_audit "The audit log: who changed what (admins)" None, 200;

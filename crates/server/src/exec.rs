@@ -1,24 +1,37 @@
-//! The executors: the local one runs the tasks bound to this machine's node as
-//! child processes (the command of the task, with `CUDA_VISIBLE_DEVICES` set to the
-//! GPUs the scheduler assigned), writes their output to a log file per task, and
-//! records how they ended; the simulated one runs the tasks bound to simulated
-//! nodes (`tessera up --cluster`) in simulated time: a task with a `duration`
-//! succeeds that long (divided by the speed-up) after it started. The sandbox runtime will implement the same job later; until then
-//! this is a plain child process.
+//! The executors: the per-node side of the job lifecycle. The local one runs the
+//! tasks bound to this machine's node through the node runtime (`tessera-node`):
+//! each task in a sandbox of its own — an unprivileged user inside, its own
+//! namespaces and cgroup (CPU quota, memory and pids limits from its resources), a
+//! clean environment, the runtime guard as its tenant's, the host's `/usr` read-only
+//! without the data folder, only the GPUs of its binding — with its output redacted
+//! into a log file per task. The simulated one runs the tasks bound to simulated
+//! nodes (`tessera up --cluster`) in simulated time.
 //!
 //! Protocol with the store: before starting a task the executor marks it `running`
-//! with compare-and-swap, so a task is started at most once even across restarts. A
-//! task found `running` at start without a process of ours was lost with the
-//! previous control plane and is marked `failed`. A task without a command has no
-//! process and no state: it holds its resources until the job is cancelled.
+//! (attempt + 1) with compare-and-swap, so a run starts at most once even across
+//! restarts; an end is recorded only against the run it belongs to (a late report
+//! of an evicted run never touches the task placed again). A task the controller or
+//! the scheduler marked `terminating` or `evicting` has its tree stopped: SIGTERM,
+//! the job's grace period, SIGKILL. A binding "after evictions" starts only once no
+//! task of its node is being evicted. At start, tasks left live by a previous
+//! control plane (whose sandboxes its reaper killed) are recorded as ended: lost,
+//! evicted or stopped. How an end changes the job (restart policy, back-off, gang
+//! failure) is [`crate::jobs`]'s decision.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
 
-use tessera_store::{AnyStore, ChangeOp, Key, Object, Op, Store, StoreError, WatchFilter};
+use tessera_model::{GpuDevice, Node};
+use tessera_node::mig::{Actuator, Applied, Held};
+use tessera_node::{
+    GpuAssignment, NodeRuntime, Outcome, TaskKey, TemplateRef, Usage, WorkloadSpec,
+};
+use tessera_store::{AnyStore, ChangeOp, Key, Op, Store, StoreError, WatchFilter};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::jobs::{self, End, Lifecycle};
 use crate::plane::{event_op, kind, now_ms};
 use crate::wire::{JobBody, Phase, TaskState};
 
@@ -26,111 +39,203 @@ use crate::wire::{JobBody, Phase, TaskState};
 #[derive(Debug, Clone)]
 pub struct ExecConfig {
     /// The nodes whose tasks this executor runs.
-    pub nodes: std::collections::BTreeSet<String>,
+    pub nodes: BTreeSet<String>,
     pub runner: Runner,
+    pub lifecycle: Lifecycle,
 }
 
 /// How a task runs.
 #[derive(Debug, Clone)]
 pub enum Runner {
-    /// A child process of the task's `command` on this machine; output in
-    /// `<logs>/<tenant>/<job>/<task>.log`. Tasks without a command hold their
-    /// resources until the job ends.
-    Process { logs: PathBuf },
+    /// In the node runtime of this machine.
+    Node(NodeRunner),
     /// Simulated nodes: a task with a `duration` (seconds) succeeds after
     /// `duration / speedup` seconds of real time; one without holds its resources
     /// until the job ends.
     Simulated { speedup: f64 },
 }
 
+/// The local node's runtime and where its files go.
+#[derive(Debug, Clone)]
+pub struct NodeRunner {
+    /// The runtime, or why this node cannot run tasks (every start then fails with it).
+    pub node: Result<Arc<NodeRuntime>, String>,
+    /// Task logs: `<logs>/<tenant>/<job>/<uid>/<task>.log`.
+    pub logs: PathBuf,
+    /// The template registry a task's `template` names one of.
+    pub templates: Option<tessera_sandbox::TemplateRegistry>,
+    /// MIG steps of bindings.
+    pub mig: Arc<Actuator>,
+    /// How often the node reports its heartbeat and conditions.
+    pub heartbeat: Duration,
+    /// The data folder (for disk pressure).
+    pub data_dir: Option<PathBuf>,
+}
+
 impl ExecConfig {
-    /// The local executor: processes for the tasks of `node`.
-    pub fn local(node: impl Into<String>, logs: PathBuf) -> Self {
+    /// The executor of the local node.
+    pub fn local(node: impl Into<String>, runner: NodeRunner) -> Self {
         ExecConfig {
             nodes: [node.into()].into(),
-            runner: Runner::Process { logs },
+            runner: Runner::Node(runner),
+            lifecycle: Lifecycle::default(),
         }
     }
 }
 
+/// The folder of one job's logs (a job's `created_at` keeps a reused name's logs
+/// apart from its predecessor's).
+pub fn job_log_dir(logs: &Path, tenant: &str, job: &str, uid: u64) -> PathBuf {
+    logs.join(tenant).join(job).join(uid.to_string())
+}
+
 /// The log file of one task.
-pub fn log_path(logs: &Path, tenant: &str, job: &str, task: &str) -> PathBuf {
-    logs.join(tenant).join(job).join(format!("{task}.log"))
+pub fn log_path(logs: &Path, tenant: &str, job: &str, uid: u64, task: &str) -> PathBuf {
+    job_log_dir(logs, tenant, job, uid).join(format!("{task}.log"))
 }
 
 type TaskRef = (String, String, String);
 
+enum Handle {
+    Node(TaskKey),
+    Sim(Option<oneshot::Sender<()>>),
+}
+
+struct Run {
+    /// The run's attempt number (the task's `attempt` was this + 1 when it started).
+    attempt: u32,
+    handle: Handle,
+    stopping: bool,
+}
+
 struct Exit {
     task: TaskRef,
-    code: Option<i32>,
-    message: String,
+    attempt: u32,
+    outcome: Outcome,
+    usage: Option<Usage>,
+    devices: Vec<String>,
+    note: Option<String>,
 }
 
 struct Executor {
     store: AnyStore,
     cfg: ExecConfig,
-    children: HashMap<TaskRef, oneshot::Sender<()>>,
+    jobs: BTreeMap<(String, String), (u64, JobBody)>,
+    runs: HashMap<TaskRef, Run>,
     exits: mpsc::UnboundedSender<Exit>,
+    /// A job one of whose tasks just started in the runtime (a stop asked during its
+    /// start is carried out then).
+    started: mpsc::UnboundedSender<(String, String)>,
 }
 
-/// Runs the executor until `stop` turns true; then kills its children.
+/// Runs the executor until `stop` turns true; then kills what it runs.
 pub async fn run_executor(
     store: AnyStore,
     cfg: ExecConfig,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let (tx, mut rx) = mpsc::unbounded_channel();
+    let (started_tx, mut started_rx) = mpsc::unbounded_channel();
+    if let Runner::Node(n) = &cfg.runner
+        && let Ok(node) = &n.node
+        && let Some(name) = cfg.nodes.iter().next()
+    {
+        tokio::spawn(heartbeat(
+            store.clone(),
+            node.clone(),
+            name.clone(),
+            n.clone(),
+            stop.clone(),
+        ));
+        reconcile_mig(n, node);
+    }
     let mut ex = Executor {
         store: store.clone(),
         cfg,
-        children: HashMap::new(),
+        jobs: BTreeMap::new(),
+        runs: HashMap::new(),
         exits: tx,
+        started: started_tx,
     };
     let mut w = ex.resync().await;
     loop {
+        let wake = ex.next_wake();
         tokio::select! {
             r = w.next() => match r {
                 Ok(changes) => {
+                    let mut touched = BTreeSet::new();
                     for c in changes {
+                        let key = (c.object.tenant.clone(), c.object.name.clone());
                         if c.op == ChangeOp::Deleted {
-                            ex.kill_job(&c.object.tenant, &c.object.name);
-                        } else {
-                            ex.handle(&c.object).await;
+                            if let Some((_, old)) = ex.jobs.remove(&key) {
+                                ex.forget_logs(&key, &old);
+                            }
+                        } else if let Ok(j) = serde_json::from_value::<JobBody>(c.object.body.clone()) {
+                            let newer = ex.jobs.get(&key).is_none_or(|(v, _)| *v <= c.object.version);
+                            if newer {
+                                ex.jobs.insert(key.clone(), (c.object.version, j));
+                            }
                         }
+                        touched.insert(key);
                     }
+                    ex.reconcile_all(Some(&touched)).await;
                 }
                 // Fell behind the change log's compaction: read the jobs again.
                 Err(StoreError::Compacted { .. }) => w = ex.resync().await,
                 Err(e) => {
                     eprintln!("executor: watch failed: {e}");
-                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                    tokio::time::sleep(Duration::from_millis(500)).await;
                 }
             },
             Some(exit) = rx.recv() => ex.record_exit(exit).await,
+            Some(k) = started_rx.recv() => {
+                let t = BTreeSet::from([k]);
+                ex.reconcile_all(Some(&t)).await;
+            }
+            _ = tokio::time::sleep(wake) => ex.reconcile_all(None).await,
             _ = stop.changed() => {
-                for (_, kill) in ex.children.drain() {
-                    let _ = kill.send(());
-                }
+                ex.shutdown();
                 return;
             }
         }
     }
 }
 
+/// Finishes MIG steps a previous run of this node left half done.
+fn reconcile_mig(n: &NodeRunner, node: &Arc<NodeRuntime>) {
+    let _ = node;
+    for (intent, r) in n.mig.reconcile(&Held::new()) {
+        match r {
+            Ok(a) => eprintln!(
+                "tessera: MIG step of {} on GPU {} finished after a restart: {a:?}",
+                intent.owner, intent.gpu
+            ),
+            Err(e) => eprintln!("tessera: MIG step of {} not finished: {e}", intent.owner),
+        }
+    }
+}
+
 impl Executor {
-    /// Reads every job (see [`Executor::recover`]) and watches from there.
+    fn mine(&self, node: &str) -> bool {
+        self.cfg.nodes.contains(node)
+    }
+
+    /// Reads every job, records the ends of runs a previous control plane left
+    /// behind, and returns the watch from there.
     async fn resync(&mut self) -> tessera_store::Watcher<AnyStore> {
-        let start = loop {
-            match self.recover().await {
+        let rev = loop {
+            match self.load().await {
                 Ok(rev) => break rev,
                 Err(e) => {
                     eprintln!("executor: reading jobs failed: {e}; retrying");
-                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                    tokio::time::sleep(Duration::from_secs(1)).await;
                 }
             }
         };
+        self.recover().await;
+        self.reconcile_all(None).await;
         self.store.watch(
-            start,
+            rev,
             WatchFilter {
                 kind: Some(kind::JOB.into()),
                 tenant: None,
@@ -138,90 +243,218 @@ impl Executor {
         )
     }
 
-    /// Marks tasks of this node left `running` without a process of ours (by a
-    /// previous control plane) as lost, starts
-    /// what is waiting, and returns the revision to watch from.
-    async fn recover(&mut self) -> Result<u64, StoreError> {
+    async fn load(&mut self) -> Result<u64, StoreError> {
         let rev = self.store.revision().await?;
+        self.jobs.clear();
         for o in self.store.list(kind::JOB, None).await?.objects {
-            let Ok(mut job) = serde_json::from_value::<JobBody>(o.body.clone()) else {
-                continue;
-            };
-            if job.status.phase.is_final() {
-                continue;
-            }
-            let mut lost = Vec::new();
-            for (name, st) in job.status.tasks.iter_mut() {
-                let ours =
-                    self.children
-                        .contains_key(&(o.tenant.clone(), o.name.clone(), name.clone()));
-                if self.cfg.nodes.contains(&st.node)
-                    && st.state == Some(TaskState::Running)
-                    && !ours
-                {
-                    st.state = Some(TaskState::Failed);
-                    st.message = Some("lost: the control plane restarted while it ran".into());
-                    lost.push(name.clone());
-                }
-            }
-            if lost.is_empty() {
-                self.handle(&o).await;
-                continue;
-            }
-            job.status.phase = Phase::Failed;
-            let body =
-                serde_json::to_value(&job).map_err(|e| StoreError::Backend(e.to_string()))?;
-            let mut ops = vec![Op::Update {
-                key: o.key(),
-                expected: Some(o.version),
-                body,
-            }];
-            if let Ok(ev) = event_op(
-                &o.tenant,
-                format!("job/{}", o.name),
-                "TaskLost",
-                lost.join(", "),
-                now_ms(),
-            ) {
-                ops.push(ev);
-            }
-            match self.store.commit(ops).await {
-                Ok(_) | Err(StoreError::Conflict { .. } | StoreError::NotFound(_)) => {}
-                Err(e) => return Err(e),
+            if let Ok(j) = serde_json::from_value::<JobBody>(o.body.clone()) {
+                self.jobs
+                    .insert((o.tenant.clone(), o.name.clone()), (o.version, j));
             }
         }
         Ok(rev)
     }
 
-    fn kill_job(&mut self, tenant: &str, job: &str) {
-        let keys: Vec<TaskRef> = self
-            .children
+    /// Live tasks of this executor's nodes without a run here had their processes
+    /// with a previous control plane (its reaper killed their sandboxes): they are
+    /// recorded as ended — a running one as lost (the restart policy decides), an
+    /// evicting one as evicted, a terminating one as stopped.
+    async fn recover(&mut self) {
+        let mut ends = Vec::new();
+        for ((tenant, name), (_, job)) in &self.jobs {
+            for (t, st) in &job.status.tasks {
+                let tref = (tenant.clone(), name.clone(), t.clone());
+                if !self.mine(&st.node)
+                    || !st.state.is_some_and(TaskState::live)
+                    || self.runs.contains_key(&tref)
+                {
+                    continue;
+                }
+                let outcome = match st.state {
+                    Some(TaskState::Running) => {
+                        Outcome::Failed("lost: the control plane restarted while it ran".into())
+                    }
+                    _ => Outcome::Stopped {
+                        reason: "the control plane restarted while it was being stopped".into(),
+                        forced: true,
+                    },
+                };
+                ends.push(Exit {
+                    task: tref,
+                    attempt: st.attempt.saturating_sub(1),
+                    outcome,
+                    usage: None,
+                    devices: vec![],
+                    note: None,
+                });
+            }
+        }
+        for e in ends {
+            self.record_exit(e).await;
+        }
+    }
+
+    /// When the executor must look again without a change: the earliest back-off
+    /// of a task of its nodes (at most a second away, for deadlines of tasks that
+    /// wait for evictions elsewhere).
+    fn next_wake(&self) -> Duration {
+        let now = now_ms();
+        let mut next = now + 1000;
+        for (_, job) in self.jobs.values() {
+            if job.status.phase.is_final() {
+                continue;
+            }
+            for st in job.status.tasks.values() {
+                if let Some(nb) = st.not_before
+                    && self.mine(&st.node)
+                {
+                    next = next.min(nb.max(now));
+                }
+            }
+        }
+        Duration::from_millis(next - now + 1)
+    }
+
+    /// Reconciles the jobs `touched` (all when `None`) and every job with a task of
+    /// this executor waiting for evictions or a back-off.
+    async fn reconcile_all(&mut self, touched: Option<&BTreeSet<(String, String)>>) {
+        let mut keys: BTreeSet<(String, String)> = match touched {
+            Some(t) => t.clone(),
+            None => self.jobs.keys().cloned().collect(),
+        };
+        for (k, (_, job)) in &self.jobs {
+            if job.status.tasks.values().any(|t| {
+                t.state.is_none()
+                    && self.mine(&t.node)
+                    && (t.after_evictions || t.not_before.is_some())
+            }) {
+                keys.insert(k.clone());
+            }
+        }
+        // Runs of jobs that are gone.
+        let gone: Vec<TaskRef> = self
+            .runs
             .keys()
-            .filter(|(t, j, _)| t == tenant && j == job)
+            .filter(|(t, j, _)| !self.jobs.contains_key(&(t.clone(), j.clone())))
             .cloned()
             .collect();
+        for tref in gone {
+            self.stop_run(&tref, Duration::ZERO, "the job was deleted");
+        }
         for k in keys {
-            if let Some(kill) = self.children.remove(&k) {
-                let _ = kill.send(());
+            self.reconcile(&k).await;
+        }
+    }
+
+    /// Nodes with a task being evicted.
+    fn evicting_on(&self, node: &str) -> bool {
+        self.jobs.values().any(|(_, j)| {
+            j.status
+                .tasks
+                .values()
+                .any(|t| t.node == node && t.state == Some(TaskState::Evicting))
+        })
+    }
+
+    fn stop_run(&mut self, tref: &TaskRef, grace: Duration, reason: &str) {
+        let Some(run) = self.runs.get_mut(tref) else {
+            return;
+        };
+        if run.stopping && !grace.is_zero() {
+            return;
+        }
+        match &mut run.handle {
+            Handle::Node(key) => {
+                // Not yet started in the runtime (its start runs on a blocking
+                // thread): not marked, so the next look (within a second) stops it.
+                if let Runner::Node(NodeRunner { node: Ok(n), .. }) = &self.cfg.runner {
+                    run.stopping = n.stop(key, grace, reason);
+                }
+            }
+            Handle::Sim(kill) => {
+                run.stopping = true;
+                if let Some(k) = kill.take() {
+                    let _ = k.send(());
+                }
             }
         }
     }
 
-    /// Reacts to a job's latest state: start its waiting tasks on this node, or stop
-    /// them when the job is over.
-    async fn handle(&mut self, o: &Object) {
-        let Ok(mut job) = serde_json::from_value::<JobBody>(o.body.clone()) else {
+    /// Brings one job's tasks on this executor's nodes in line with the store.
+    async fn reconcile(&mut self, key: &(String, String)) {
+        let Some((version, job)) = self.jobs.get(key).cloned() else {
             return;
         };
-        if job.status.phase.is_final() {
-            self.kill_job(&o.tenant, &o.name);
-            return;
+        let (tenant, name) = key;
+        let grace = job.spec.grace();
+        // Runs that must stop, and live tasks without a run (nothing to stop).
+        let mut ended = Vec::new();
+        for (t, st) in &job.status.tasks {
+            if !self.mine(&st.node) {
+                continue;
+            }
+            let tref = (tenant.clone(), name.clone(), t.clone());
+            let current = self
+                .runs
+                .get(&tref)
+                .is_some_and(|r| r.attempt + 1 == st.attempt);
+            match st.state {
+                Some(TaskState::Evicting) | Some(TaskState::Terminating) if current => {
+                    let why = match st.state {
+                        Some(TaskState::Evicting) => {
+                            format!("Evicted: {}", st.message.clone().unwrap_or_default())
+                        }
+                        _ => st.reason.clone().unwrap_or_else(|| "stopped".into()),
+                    };
+                    self.stop_run(&tref, grace, &why);
+                }
+                Some(TaskState::Evicting) | Some(TaskState::Terminating)
+                    if !self.runs.contains_key(&tref) =>
+                {
+                    ended.push(Exit {
+                        task: tref,
+                        attempt: st.attempt.saturating_sub(1),
+                        outcome: Outcome::Stopped {
+                            reason: "it had no process".into(),
+                            forced: false,
+                        },
+                        usage: None,
+                        devices: vec![],
+                        note: None,
+                    });
+                }
+                _ => {}
+            }
+        }
+        // Runs of this job whose task is no longer theirs.
+        let stale: Vec<TaskRef> = self
+            .runs
+            .iter()
+            .filter(|((t, j, n), r)| {
+                t == tenant
+                    && j == name
+                    && !job.status.tasks.get(n).is_some_and(|st| {
+                        st.attempt == r.attempt + 1 && st.state.is_some_and(TaskState::live)
+                    })
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        for tref in stale {
+            self.stop_run(&tref, grace, "the task is no longer bound here");
+        }
+        for e in ended {
+            self.record_exit(e).await;
         }
         if job.status.phase != Phase::Running {
             return;
         }
-        // Tasks with nothing to run (no command; in simulation, no duration) only
-        // hold their resources.
+        self.start_waiting(key, version, job).await;
+    }
+
+    /// Claims and starts the tasks of `job` that wait on this executor's nodes.
+    async fn start_waiting(&mut self, key: &(String, String), version: u64, mut job: JobBody) {
+        let (tenant, name) = key;
+        let now = now_ms();
         let simulated = matches!(self.cfg.runner, Runner::Simulated { .. });
         let runs = |n: &str| {
             job.spec.tasks.iter().any(|t| {
@@ -233,209 +466,532 @@ impl Executor {
                     }
             })
         };
-        let start: Vec<String> = job
-            .status
-            .tasks
-            .iter()
-            .filter(|(n, st)| self.cfg.nodes.contains(&st.node) && st.state.is_none() && runs(n))
-            .map(|(n, _)| n.clone())
-            .collect();
+        let mut start: Vec<String> = Vec::new();
+        for (n, st) in &job.status.tasks {
+            if !self.mine(&st.node)
+                || st.state.is_some()
+                || !runs(n)
+                || st.not_before.is_some_and(|nb| nb > now)
+                || (st.after_evictions && self.evicting_on(&st.node))
+                || self
+                    .runs
+                    .contains_key(&(tenant.clone(), name.clone(), n.clone()))
+            {
+                continue;
+            }
+            // A MIG step that would destroy an instance a running task holds waits.
+            if let (Some(step), Runner::Node(nr)) = (&st.mig, &self.cfg.runner)
+                && let Ok(node) = &nr.node
+            {
+                let held = self.held_mig(node);
+                let g = st.gpus.first().copied().unwrap_or(0);
+                if step
+                    .destroy
+                    .iter()
+                    .any(|d| held.contains_key(&(g, d.profile.clone(), d.start)))
+                {
+                    continue;
+                }
+            }
+            start.push(n.clone());
+        }
         if start.is_empty() {
             return;
         }
         for n in &start {
             if let Some(st) = job.status.tasks.get_mut(n) {
                 st.state = Some(TaskState::Running);
+                st.attempt += 1;
+                st.started_at = Some(now);
+                st.finished_at = None;
+                st.not_before = None;
+                st.after_evictions = false;
+                st.exit_code = None;
+                st.message = None;
+                st.usage = None;
             }
         }
+        job.status.started_at.get_or_insert(now);
         let Ok(body) = serde_json::to_value(&job) else {
             return;
         };
         // Claim first: if the job changed meanwhile, a newer change is on its way.
-        if self
+        let Ok(o) = self
             .store
-            .update(o.key(), Some(o.version), body)
+            .update(Key::new(kind::JOB, tenant, name), Some(version), body)
             .await
-            .is_err()
-        {
+        else {
             return;
-        }
+        };
+        self.jobs.insert(key.clone(), (o.version, job.clone()));
         for n in start {
-            let Some(spec) = job.spec.tasks.iter().find(|t| t.name == n) else {
+            let Some(spec) = job.spec.tasks.iter().find(|t| t.name == n).cloned() else {
                 continue;
             };
-            let gpus = job
-                .status
-                .tasks
-                .get(&n)
-                .map(|s| s.gpus.clone())
-                .unwrap_or_default();
-            let task = (o.tenant.clone(), o.name.clone(), n.clone());
-            let started = match &self.cfg.runner {
-                Runner::Process { logs } => self.spawn(logs, &task, &spec.command, &gpus),
-                Runner::Simulated { speedup } => {
-                    Ok(self.simulate(&task, spec.duration.unwrap_or(0.0), *speedup))
+            let Some(st) = job.status.tasks.get(&n).cloned() else {
+                continue;
+            };
+            let tref = (tenant.clone(), name.clone(), n.clone());
+            let attempt = st.attempt - 1;
+            let handle = match self.cfg.runner.clone() {
+                Runner::Simulated { speedup } => Handle::Sim(Some(self.simulate(
+                    &tref,
+                    attempt,
+                    spec.duration.unwrap_or(0.0),
+                    speedup,
+                ))),
+                Runner::Node(nr) => {
+                    let tkey = TaskKey::new(tenant.clone(), name.clone(), n.clone(), attempt);
+                    self.spawn(&nr, &tref, tkey.clone(), &job, &spec, &st).await;
+                    Handle::Node(tkey)
                 }
             };
-            match started {
-                Ok(kill) => {
-                    self.children.insert(task, kill);
-                }
-                Err(message) => {
-                    let _ = self.exits.send(Exit {
-                        task,
-                        code: None,
-                        message,
-                    });
-                }
-            }
+            self.runs.insert(
+                tref,
+                Run {
+                    attempt,
+                    handle,
+                    stopping: false,
+                },
+            );
         }
     }
 
+    /// MIG instances held by tasks running on this node.
+    fn held_mig(&self, node: &NodeRuntime) -> Held {
+        let _ = node;
+        let mut held = Held::new();
+        for ((tenant, name), (_, job)) in &self.jobs {
+            for (t, st) in &job.status.tasks {
+                if let (Some(m), Some(&g)) = (&st.mig, st.gpus.first())
+                    && self.mine(&st.node)
+                    && st.state.is_some_and(TaskState::live)
+                {
+                    held.insert(
+                        (g, m.profile.clone(), m.start),
+                        format!("{tenant}/{name}/{t}"),
+                    );
+                }
+            }
+        }
+        held
+    }
+
     /// A simulated run: ends with status 0 after `duration / speedup` seconds.
-    fn simulate(&self, task: &TaskRef, duration: f64, speedup: f64) -> oneshot::Sender<()> {
-        let real = std::time::Duration::from_secs_f64((duration / speedup).clamp(0.0, 1e9));
+    fn simulate(
+        &self,
+        task: &TaskRef,
+        attempt: u32,
+        duration: f64,
+        speedup: f64,
+    ) -> oneshot::Sender<()> {
+        let real = Duration::from_secs_f64((duration / speedup).clamp(0.0, 1e9));
         let (kill_tx, kill_rx) = oneshot::channel::<()>();
         let exits = self.exits.clone();
         let task = task.clone();
         tokio::spawn(async move {
-            let (code, message) = tokio::select! {
+            let (outcome, note) = tokio::select! {
                 _ = tokio::time::sleep(real) => (
-                    Some(0),
-                    format!("simulated: ran {duration} s ({:.3} s at {speedup}x)", real.as_secs_f64()),
+                    Outcome::Exited(0),
+                    Some(format!("simulated: ran {duration} s ({:.3} s at {speedup}x)", real.as_secs_f64())),
                 ),
-                _ = kill_rx => (None, "killed: the job ended".to_string()),
+                _ = kill_rx => (Outcome::Stopped { reason: "stopped".into(), forced: false }, None),
             };
             let _ = exits.send(Exit {
                 task,
-                code,
-                message,
+                attempt,
+                outcome,
+                usage: Some(Usage {
+                    wall_seconds: real.as_secs_f64(),
+                    ..Usage::default()
+                }),
+                devices: vec![],
+                note,
             });
         });
         kill_tx
     }
 
-    fn spawn(
+    /// Starts one task in the node runtime (on a blocking thread). A task that cannot
+    /// start ends at once with the reason.
+    async fn spawn(
         &self,
-        logs: &Path,
-        task: &TaskRef,
-        command: &[String],
-        gpus: &[u32],
-    ) -> Result<oneshot::Sender<()>, String> {
-        let (tenant, job, name) = task;
-        let path = log_path(logs, tenant, job, name);
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-        }
-        let out = std::fs::File::create(&path)
-            .map_err(|e| format!("creating {}: {e}", path.display()))?;
-        let err = out.try_clone().map_err(|e| e.to_string())?;
-        let visible: Vec<String> = gpus.iter().map(u32::to_string).collect();
-        let mut child = tokio::process::Command::new(&command[0])
-            .args(&command[1..])
-            .env("CUDA_VISIBLE_DEVICES", visible.join(","))
-            .env("TESSERA_TENANT", tenant)
-            .env("TESSERA_JOB", job)
-            .env("TESSERA_TASK", name)
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| format!("starting {:?}: {e}", command[0]))?;
-        let (kill_tx, kill_rx) = oneshot::channel::<()>();
-        let exits = self.exits.clone();
-        let task = task.clone();
-        tokio::spawn(async move {
-            let (code, message) = tokio::select! {
-                s = child.wait() => match s {
-                    Ok(s) => (s.code(), format!("exited: {s}")),
-                    Err(e) => (None, format!("waiting for the process: {e}")),
-                },
-                _ = kill_rx => {
-                    let _ = child.kill().await;
-                    (None, "killed: the job ended".to_string())
+        nr: &NodeRunner,
+        tref: &TaskRef,
+        tkey: TaskKey,
+        job: &JobBody,
+        spec: &crate::wire::TaskSpec,
+        st: &crate::wire::TaskStatus,
+    ) {
+        let fail = |m: String| Exit {
+            task: tref.clone(),
+            attempt: tkey.attempt,
+            outcome: Outcome::Failed(m),
+            usage: None,
+            devices: vec![],
+            note: None,
+        };
+        let node = match &nr.node {
+            Ok(n) => n.clone(),
+            Err(e) => {
+                let _ = self
+                    .exits
+                    .send(fail(format!("this node cannot run tasks: {e}")));
+                return;
+            }
+        };
+        let template = match spec.template.as_deref() {
+            None => TemplateRef::Host,
+            Some(t) => match tessera_sandbox::registry::resolve_in(nr.templates.as_ref(), t) {
+                Ok((tessera_sandbox::Template::Host, _)) => TemplateRef::Host,
+                Ok((tessera_sandbox::Template::Dir(d), _)) => TemplateRef::Dir(d),
+                Err(e) => {
+                    let _ = self.exits.send(fail(format!("template: {e}")));
+                    return;
                 }
+            },
+        };
+        let record: Vec<GpuDevice> = if st.gpus.is_empty() {
+            vec![]
+        } else {
+            match self.store.get(&Key::new(kind::NODE, "", &st.node)).await {
+                Ok(Some(o)) => serde_json::from_value::<Node>(o.body)
+                    .map(|n| n.gpus)
+                    .unwrap_or_default(),
+                _ => vec![],
+            }
+        };
+        let gpus = match GpuAssignment::from_binding(
+            &spec.gpu,
+            &st.gpus,
+            st.mig.as_ref().map(|m| m.start),
+        ) {
+            Ok(g) => g,
+            Err(e) => {
+                let _ = self.exits.send(fail(format!("the binding's GPUs: {e}")));
+                return;
+            }
+        };
+        let w = WorkloadSpec {
+            key: tkey.clone(),
+            command: spec.command.clone(),
+            env: spec
+                .env
+                .iter()
+                .map(|e| (e.name.clone(), e.value.clone()))
+                .collect(),
+            working_dir: spec.working_dir.clone(),
+            template,
+            requests: spec.resources.clone(),
+            limits: spec.limits,
+            gpus,
+            record,
+            log: log_path(&nr.logs, &tref.0, &tref.1, job.created_at, &tref.2),
+        };
+        let mig = st.mig.clone();
+        let first_gpu = st.gpus.first().copied();
+        let held = self.held_mig(&node);
+        let actuator = nr.mig.clone();
+        let exits = self.exits.clone();
+        let started = self.started.clone();
+        let tref = tref.clone();
+        // Detached: the task's end comes back on the exit channel.
+        drop(tokio::task::spawn_blocking(move || {
+            let fail = |m: String| Exit {
+                task: tref.clone(),
+                attempt: tkey.attempt,
+                outcome: Outcome::Failed(m),
+                usage: None,
+                devices: vec![],
+                note: None,
             };
-            let _ = exits.send(Exit {
-                task,
-                code,
-                message,
-            });
-        });
-        Ok(kill_tx)
+            if let (Some(step), Some(g)) = (&mig, first_gpu) {
+                let mut held = held;
+                held.retain(|_, t| *t != format!("{}/{}/{}", tref.0, tref.1, tref.2));
+                match actuator.apply(&tkey.to_string(), g, step, &held) {
+                    Ok(Applied::Skipped(why)) => {
+                        let _ = exits.send(fail(why));
+                        return;
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        let _ = exits.send(fail(format!("MIG step: {e}")));
+                        return;
+                    }
+                }
+            }
+            let tx = exits.clone();
+            let t2 = tref.clone();
+            let devices = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+            let d2 = devices.clone();
+            let r = node.start(
+                w,
+                Box::new(move |e| {
+                    let devices = d2.lock().map(|d| d.clone()).unwrap_or_default();
+                    let _ = tx.send(Exit {
+                        task: t2,
+                        attempt: e.key.attempt,
+                        outcome: e.outcome,
+                        usage: Some(e.usage),
+                        devices,
+                        note: None,
+                    });
+                }),
+            );
+            match r {
+                Ok(s) => {
+                    if let Ok(mut d) = devices.lock() {
+                        *d = s
+                            .view
+                            .iter()
+                            .map(|v| v.mig_uuid.clone().unwrap_or_else(|| v.uuid.clone()))
+                            .collect();
+                    }
+                    let _ = started.send((tref.0.clone(), tref.1.clone()));
+                }
+                Err(e) => {
+                    let _ = exits.send(fail(e.to_string()));
+                }
+            }
+        }));
     }
 
-    /// Records a task's end; a failed task fails the job (and stops its siblings), the
-    /// last successful one completes it.
+    /// Records a run's end (the lifecycle decides what it does to the job), then its
+    /// usage.
     async fn record_exit(&mut self, exit: Exit) {
         let (tenant, job_name, task) = &exit.task;
-        self.children.remove(&exit.task);
+        if self
+            .runs
+            .get(&exit.task)
+            .is_some_and(|r| r.attempt == exit.attempt)
+        {
+            self.runs.remove(&exit.task);
+        }
         let key = Key::new(kind::JOB, tenant, job_name);
-        for _ in 0..20 {
+        let end = End {
+            outcome: exit.outcome.clone(),
+            usage: exit.usage,
+            devices: exit.devices.clone(),
+            note: exit.note.clone(),
+        };
+        for _ in 0..50 {
             let Ok(Some(o)) = self.store.get(&key).await else {
                 return;
             };
             let Ok(mut job) = serde_json::from_value::<JobBody>(o.body.clone()) else {
                 return;
             };
-            if job.status.phase.is_final() {
-                return;
-            }
-            let Some(st) = job.status.tasks.get_mut(task) else {
+            let now = now_ms();
+            let Some(rec) =
+                jobs::record_end(&mut job, task, exit.attempt, &end, now, &self.cfg.lifecycle)
+            else {
                 return;
             };
-            let ok = exit.code == Some(0);
-            st.state = Some(if ok {
-                TaskState::Succeeded
+            let mut ops = vec![if jobs::delete_due(&job, now) && job.status.deleting {
+                Op::Delete {
+                    key: key.clone(),
+                    expected: Some(o.version),
+                }
             } else {
-                TaskState::Failed
-            });
-            st.exit_code = exit.code;
-            st.message = Some(exit.message.clone());
-            let total = job.spec.tasks.len();
-            let succeeded = job
-                .status
-                .tasks
-                .values()
-                .filter(|s| s.state == Some(TaskState::Succeeded))
-                .count();
-            if !ok {
-                job.status.phase = Phase::Failed;
-            } else if succeeded == total {
-                job.status.phase = Phase::Succeeded;
-            }
-            let Ok(body) = serde_json::to_value(&job) else {
-                return;
-            };
-            let mut ops = vec![Op::Update {
-                key: key.clone(),
-                expected: Some(o.version),
-                body,
+                Op::Update {
+                    key: key.clone(),
+                    expected: Some(o.version),
+                    body: match serde_json::to_value(&job) {
+                        Ok(b) => b,
+                        Err(_) => return,
+                    },
+                }
             }];
-            let reason = if ok { "TaskSucceeded" } else { "TaskFailed" };
             if let Ok(ev) = event_op(
                 tenant,
                 format!("job/{job_name}"),
-                reason,
-                format!("{task}: {}", exit.message),
-                now_ms(),
+                rec.event,
+                rec.message.clone(),
+                now,
             ) {
                 ops.push(ev);
             }
             match self.store.commit(ops).await {
                 Ok(_) => {
-                    if job.status.phase == Phase::Failed {
-                        self.kill_job(tenant, job_name);
+                    if let Some(u) = exit.usage {
+                        self.meter(
+                            tenant,
+                            job_name,
+                            job.created_at,
+                            task,
+                            exit.attempt,
+                            &u,
+                            &job,
+                        )
+                        .await;
                     }
                     return;
                 }
                 Err(StoreError::Conflict { .. }) => continue,
+                Err(StoreError::NotFound(_)) => return,
                 Err(e) => {
                     eprintln!("executor: recording the end of {tenant}/{job_name}/{task}: {e}");
                     return;
                 }
             }
+        }
+    }
+
+    /// Usage records for a run, through the agent platform's meter (session
+    /// `job.<name>`, runtime `jobs`), once per run and kind.
+    #[allow(clippy::too_many_arguments)]
+    async fn meter(
+        &self,
+        tenant: &str,
+        job: &str,
+        uid: u64,
+        task: &str,
+        attempt: u32,
+        u: &Usage,
+        body: &JobBody,
+    ) {
+        use tessera_agent::meter::{UsageKind, UsageRecord, record};
+        let mem_gb_s = u.peak_memory.map(|m| m as f64 / 1e9 * u.wall_seconds);
+        let _ = body;
+        for (kind, q) in [
+            (UsageKind::GpuSeconds, Some(u.gpu_seconds)),
+            (UsageKind::CpuSeconds, u.cpu_seconds),
+            (UsageKind::MemoryGbSeconds, mem_gb_s),
+        ] {
+            let Some(q) = q.filter(|q| *q > 0.0) else {
+                continue;
+            };
+            let rec = UsageRecord {
+                tenant: tenant.to_string(),
+                session: format!("job.{job}"),
+                runtime: "jobs".into(),
+                kind,
+                quantity: q,
+                at_ms: now_ms(),
+                source_id: format!("job/{job}/{uid}/{task}/{attempt}/{}", kind.as_str()),
+            };
+            if let Err(e) = record(&self.store, rec).await {
+                eprintln!("executor: usage of {tenant}/{job}/{task}: {e}");
+            }
+        }
+    }
+
+    /// A deleted job's logs go once none of its runs is left here.
+    fn forget_logs(&self, key: &(String, String), job: &JobBody) {
+        if let Runner::Node(nr) = &self.cfg.runner
+            && !self.runs.keys().any(|(t, j, _)| *t == key.0 && *j == key.1)
+        {
+            let dir = job_log_dir(&nr.logs, &key.0, &key.1, job.created_at);
+            let _ = std::fs::remove_dir_all(&dir);
+            // The job's folder too, when this was its last instance.
+            if let Some(parent) = dir.parent() {
+                let _ = std::fs::remove_dir(parent);
+            }
+        }
+    }
+
+    fn shutdown(&mut self) {
+        let refs: Vec<TaskRef> = self.runs.keys().cloned().collect();
+        for r in refs {
+            self.stop_run(&r, Duration::ZERO, "the control plane stopped");
+        }
+    }
+}
+
+/// The store kind of node heartbeats (cluster-scoped, named by node).
+pub const NODESTATUS: &str = "nodestatus";
+/// The taint a node carries while its device view does not match its record.
+pub const MISMATCH_TAINT: &str = "tessera.io/device-view-mismatch";
+
+/// Reports the node's heartbeat and conditions every `n.heartbeat`; keeps the
+/// mismatch taint on the node record while its device view and record disagree.
+async fn heartbeat(
+    store: AnyStore,
+    node: Arc<NodeRuntime>,
+    name: String,
+    n: NodeRunner,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        let record: Option<(u64, Node)> = match store.get(&Key::new(kind::NODE, "", &name)).await {
+            Ok(Some(o)) => serde_json::from_value::<Node>(o.body)
+                .ok()
+                .map(|b| (o.version, b)),
+            _ => None,
+        };
+        let gpus = record
+            .as_ref()
+            .map(|(_, r)| r.gpus.clone())
+            .unwrap_or_default();
+        let nd = node.clone();
+        let data = n.data_dir.clone();
+        let status = tokio::task::spawn_blocking(move || {
+            let live = if gpus.is_empty() {
+                Ok(vec![])
+            } else {
+                nd.refresh_devices()
+            };
+            let mismatch = nd.check_devices(&gpus).err();
+            let disk = data.as_deref().and_then(tessera_node::health::disk_space);
+            tessera_node::health::NodeStatus {
+                node: nd.config().name.clone(),
+                heartbeat_ms: now_ms(),
+                conditions: tessera_node::health::conditions(
+                    &gpus,
+                    &live,
+                    mismatch.as_ref(),
+                    disk,
+                    nd.enforces_limits(),
+                ),
+                running: nd.running().len(),
+                cgroups: nd
+                    .sandbox_runtime()
+                    .cgroups()
+                    .map(|c| c.version().to_string()),
+                device_cgroup: nd.sandbox_runtime().fences_devices(),
+            }
+        })
+        .await;
+        if let Ok(status) = status {
+            let mismatch = status.has(tessera_node::health::ConditionKind::DeviceViewMismatch);
+            if let Ok(body) = serde_json::to_value(&status) {
+                let key = Key::new(NODESTATUS, "", &name);
+                let r = match store.get(&key).await {
+                    Ok(Some(o)) => store.update(key, Some(o.version), body).await.map(drop),
+                    Ok(None) => store.create(key, body).await.map(drop),
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = r
+                    && !matches!(
+                        e,
+                        StoreError::Conflict { .. } | StoreError::AlreadyExists(_)
+                    )
+                {
+                    eprintln!("node {name}: heartbeat not written: {e}");
+                }
+            }
+            if let Some((v, mut rec)) = record {
+                let has = rec.taints.iter().any(|t| t.key == MISMATCH_TAINT);
+                if has != mismatch {
+                    rec.taints.retain(|t| t.key != MISMATCH_TAINT);
+                    if mismatch {
+                        rec.taints.push(tessera_model::Taint {
+                            key: MISMATCH_TAINT.into(),
+                            value: "true".into(),
+                            effect: tessera_model::TaintEffect::NoSchedule,
+                        });
+                    }
+                    if let Ok(b) = serde_json::to_value(&rec) {
+                        let _ = store
+                            .update(Key::new(kind::NODE, "", &name), Some(v), b)
+                            .await;
+                    }
+                }
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(n.heartbeat) => {}
+            _ = stop.changed() => return,
         }
     }
 }

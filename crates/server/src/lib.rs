@@ -15,6 +15,7 @@ pub mod gateway;
 pub mod gpu;
 pub mod guardpol;
 pub mod identity;
+pub mod jobs;
 pub mod mcp;
 pub mod metrics;
 pub mod node;
@@ -100,9 +101,53 @@ pub struct ServerConfig {
     /// tasks): the operator's policy as the floor; tenants add their own through
     /// `PUT /v1/guard/policy`, which can only tighten it.
     pub guard: std::sync::Arc<tessera_sandbox::PolicyGuard>,
+    /// The local node's runtime: how job tasks run on this machine.
+    pub node: NodeSettings,
     /// The template registry's folder (`tessera template import` writes there);
     /// `None`: only the built-in `host` template.
     pub templates: Option<std::path::PathBuf>,
+}
+
+/// How the local node runs job tasks (each in a sandbox of the node runtime).
+#[derive(Clone)]
+pub struct NodeSettings {
+    /// The sandboxes' init program; `None`: `tessera-sandbox-init` next to this program.
+    pub init: Option<tessera_sandbox::InitProgram>,
+    /// The data folder: masked in every task's sandbox, watched for disk pressure.
+    pub data_dir: Option<std::path::PathBuf>,
+    /// Restart back-off.
+    pub lifecycle: jobs::Lifecycle,
+    /// Where GPUs come from (`None`: NVML).
+    pub gpus: Option<std::sync::Arc<dyn tessera_node::gpu::GpuSource>>,
+    /// Device nodes and MIG capability files.
+    pub devices: tessera_node::DeviceDirs,
+    /// MIG actuation (`None`: `nvidia-smi` where it runs, else none).
+    pub mig: Option<std::sync::Arc<dyn tessera_node::mig::MigBackend>>,
+    /// Heartbeat period.
+    pub heartbeat: Duration,
+}
+
+impl Default for NodeSettings {
+    fn default() -> Self {
+        NodeSettings {
+            init: None,
+            data_dir: None,
+            lifecycle: jobs::Lifecycle::default(),
+            gpus: None,
+            devices: Default::default(),
+            mig: None,
+            heartbeat: Duration::from_secs(5),
+        }
+    }
+}
+
+impl std::fmt::Debug for NodeSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeSettings")
+            .field("init", &self.init)
+            .field("data_dir", &self.data_dir)
+            .finish()
+    }
 }
 
 impl std::fmt::Debug for ServerConfig {
@@ -134,6 +179,7 @@ impl Default for ServerConfig {
             tools: Default::default(),
             gateway: Default::default(),
             guard: Default::default(),
+            node: Default::default(),
             templates: None,
         }
     }
@@ -250,8 +296,24 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
         .await
         .map_err(StartError::Bootstrap)?;
     // GPU discovery (NVML) only when this machine is to be a node.
+    let gpus: std::sync::Arc<dyn tessera_node::gpu::GpuSource> = cfg
+        .node
+        .gpus
+        .clone()
+        .unwrap_or_else(|| std::sync::Arc::new(gpu::NvmlSource));
     let local = if cfg.register_local_node {
-        let n = node::local_node();
+        let mut n = node::local_node_with(gpus.as_ref());
+        // Taints the node agent set (a device-view mismatch) stay until it clears them.
+        if let Ok(Some(o)) = tessera_store::Store::get(
+            plane.store(),
+            &tessera_store::Key::new(plane::kind::NODE, "", &n.name),
+        )
+        .await
+            && let Ok(old) = serde_json::from_value::<tessera_model::Node>(o.body)
+        {
+            n.taints = old.taints;
+            n.unschedulable = old.unschedulable;
+        }
         plane.upsert_node(&n).await.map_err(StartError::Bootstrap)?;
         n
     } else {
@@ -285,10 +347,70 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
         cfg.compaction,
         stop_rx.clone(),
     )));
+    tasks.push(tokio::spawn(jobs::run_controller(
+        plane.store().clone(),
+        cfg.node.lifecycle,
+        stop_rx.clone(),
+    )));
     if let (true, Some(logs)) = (cfg.register_local_node, cfg.executor_logs.clone()) {
+        let data = cfg
+            .node
+            .data_dir
+            .clone()
+            .or_else(|| logs.parent().map(|p| p.to_path_buf()));
+        let mut masked: Vec<std::path::PathBuf> = data.iter().cloned().collect();
+        masked.push(logs.clone());
+        let masked = masked
+            .into_iter()
+            .map(|p| std::fs::canonicalize(&p).unwrap_or(p))
+            .collect();
+        let ncfg = tessera_node::NodeConfig {
+            name: local.name.clone(),
+            init: cfg.node.init.clone(),
+            guard: cfg.guard.clone(),
+            cgroups: true,
+            masked_paths: masked,
+            devices: cfg.node.devices.clone(),
+            gpus: gpus.clone(),
+            gpushare: std::sync::Arc::new(tessera_node::fence::EnvOnly),
+            defaults: Default::default(),
+        };
+        let node = tokio::task::spawn_blocking(move || tessera_node::NodeRuntime::new(ncfg))
+            .await
+            .map_err(|e| StartError::Component {
+                what: "node runtime",
+                message: e.to_string(),
+            })?
+            .map_err(|e| e.to_string());
+        if let Err(e) = &node {
+            eprintln!("tessera: job tasks cannot run on this node: {e}");
+        }
+        let mig_backend = cfg.node.mig.clone().or_else(|| {
+            (!local.gpus.is_empty())
+                .then(tessera_node::mig::NvidiaSmiMig::detect)
+                .flatten()
+                .map(|b| {
+                    std::sync::Arc::new(b) as std::sync::Arc<dyn tessera_node::mig::MigBackend>
+                })
+        });
+        let journal = data
+            .clone()
+            .unwrap_or_else(|| logs.clone())
+            .join("node")
+            .join("mig-journal.json");
+        let runner = exec::NodeRunner {
+            node,
+            logs,
+            templates: plane.templates().cloned(),
+            mig: std::sync::Arc::new(tessera_node::mig::Actuator::new(mig_backend, journal)),
+            heartbeat: cfg.node.heartbeat,
+            data_dir: data,
+        };
+        let mut ecfg = exec::ExecConfig::local(local.name.clone(), runner);
+        ecfg.lifecycle = cfg.node.lifecycle;
         tasks.push(tokio::spawn(exec::run_executor(
             plane.store().clone(),
-            exec::ExecConfig::local(local.name.clone(), logs),
+            ecfg,
             stop_rx.clone(),
         )));
     }
@@ -319,6 +441,7 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
                 runner: exec::Runner::Simulated {
                     speedup: sim.speedup,
                 },
+                lifecycle: cfg.node.lifecycle,
             },
             stop_rx.clone(),
         )));

@@ -666,14 +666,30 @@ impl ControlPlane {
     pub async fn list_nodes(&self, c: &Caller) -> Result<Vec<Value>, ApiError> {
         c.require(Role::Viewer)?;
         let l = self.store.list(kind::NODE, Some("")).await?;
-        Ok(l.objects.iter().map(render).collect())
+        let st = self.store.list(crate::exec::NODESTATUS, Some("")).await?;
+        let by: std::collections::BTreeMap<&str, &Value> = st
+            .objects
+            .iter()
+            .map(|o| (o.name.as_str(), &o.body))
+            .collect();
+        Ok(l.objects
+            .iter()
+            .map(|o| with_status(render(o), by.get(o.name.as_str()).copied()))
+            .collect())
     }
 
     pub async fn get_node(&self, c: &Caller, name: &str) -> Result<Value, ApiError> {
         c.require(Role::Viewer)?;
-        let o = self.store.get(&Key::new(kind::NODE, "", name)).await?;
-        o.map(|o| render(&o))
-            .ok_or_else(|| ApiError::not_found(format!("node {name:?}")))
+        let o = self
+            .store
+            .get(&Key::new(kind::NODE, "", name))
+            .await?
+            .ok_or_else(|| ApiError::not_found(format!("node {name:?}")))?;
+        let st = self
+            .store
+            .get(&Key::new(crate::exec::NODESTATUS, "", name))
+            .await?;
+        Ok(with_status(render(&o), st.as_ref().map(|s| &s.body)))
     }
 
     // ---- queues ----
@@ -811,6 +827,37 @@ impl ControlPlane {
                     format!("{milli} is not a fraction of a GPU: use 1 to 999"),
                 ));
             }
+            let env: Vec<(String, String)> = t
+                .env
+                .iter()
+                .map(|e| (e.name.clone(), e.value.clone()))
+                .collect();
+            tessera_node::spec::check_env(&env)
+                .map_err(|m| ApiError::invalid(format!("tasks[{i}].env"), m))?;
+            if let Some(d) = &t.working_dir
+                && (!d.starts_with('/') || d.contains('\0') || d.split('/').any(|c| c == ".."))
+            {
+                return Err(ApiError::invalid(
+                    format!("tasks[{i}].working_dir"),
+                    format!(
+                        "{d:?} is not an absolute path inside the sandbox (e.g. /workspace/run)"
+                    ),
+                ));
+            }
+            tessera_node::spec::sandbox_limits(
+                &t.resources,
+                &t.limits,
+                &tessera_node::Defaults::default(),
+            )
+            .map_err(|e| ApiError::invalid(format!("tasks[{i}].{}", e.field), e.to_string()))?;
+        }
+        if let Some(g) = spec.termination_grace_period_seconds
+            && g > 24 * 3600
+        {
+            return Err(ApiError::invalid(
+                "termination_grace_period_seconds",
+                format!("{g} is more than a day: give 0 to 86400"),
+            ));
         }
         if let Some(m) = spec.min_member
             && (m == 0 || m as usize > spec.tasks.len())
@@ -830,6 +877,12 @@ impl ControlPlane {
     pub async fn submit_job(&self, c: &Caller, spec: JobSpec) -> Result<Value, ApiError> {
         c.require(Role::Developer)?;
         Self::check_job(&spec)?;
+        // A template is a registered name (or `host`), never a host path.
+        for (i, t) in spec.tasks.iter().enumerate() {
+            if let Some(tpl) = &t.template {
+                self.resolve_template(&format!("tasks[{i}].template"), tpl)?;
+            }
+        }
         if self
             .store
             .get(&Key::new(kind::QUEUE, &c.tenant, &spec.queue))
@@ -880,43 +933,95 @@ impl ControlPlane {
             .ok_or_else(|| ApiError::not_found(format!("job {name:?}")))
     }
 
-    /// Cancels a job: it leaves the scheduler and its tasks are released.
+    /// Cancels a job: it leaves the scheduler; tasks not started are released at
+    /// once, running ones once the node has stopped their trees (SIGTERM, the job's
+    /// grace period, SIGKILL).
     pub async fn cancel_job(&self, c: &Caller, name: &str) -> Result<Value, ApiError> {
         c.require(Role::Developer)?;
+        self.stop_job(c, name, false).await.map(|(v, _)| v)
+    }
+
+    /// Cancels (when `delete` is false) or deletes a job, retrying on a concurrent
+    /// change (the executor claims tasks with compare-and-swap). Returns the job as
+    /// written and whether it is gone from the store.
+    async fn stop_job(
+        &self,
+        c: &Caller,
+        name: &str,
+        delete: bool,
+    ) -> Result<(Value, bool), ApiError> {
         let key = Key::new(kind::JOB, &c.tenant, name);
-        let o = self
-            .store
-            .get(&key)
-            .await?
-            .ok_or_else(|| ApiError::not_found(format!("job {name:?}")))?;
-        let mut job: JobBody = from_value(&o)?;
-        if job.status.phase.is_final() {
-            return Ok(render(&o));
-        }
-        job.status = JobStatus {
-            phase: Phase::Cancelled,
-            ..JobStatus::default()
-        };
-        let now = now_ms();
-        let out = self
-            .store
-            .commit(vec![
-                Op::Update {
-                    key,
-                    expected: Some(o.version),
-                    body: to_value(&job)?,
-                },
-                self.audit(c, "cancel", format!("job/{name}"), now)?,
-                event_op(
+        for _ in 0..50 {
+            let o = self
+                .store
+                .get(&key)
+                .await?
+                .ok_or_else(|| ApiError::not_found(format!("job {name:?}")))?;
+            let mut job: JobBody = from_value(&o)?;
+            if !delete && job.status.phase.is_final() {
+                return Ok((render(&o), false));
+            }
+            let now = now_ms();
+            let was_final = job.status.phase.is_final();
+            crate::jobs::cancel(&mut job, &c.subject, now);
+            let action = if delete { "delete" } else { "cancel" };
+            let mut ops = vec![self.audit(c, action, format!("job/{name}"), now)?];
+            let gone = delete && !crate::jobs::has_live(&job);
+            if gone {
+                ops.insert(
+                    0,
+                    Op::Delete {
+                        key: key.clone(),
+                        expected: Some(o.version),
+                    },
+                );
+            } else {
+                job.status.deleting |= delete;
+                ops.insert(
+                    0,
+                    Op::Update {
+                        key: key.clone(),
+                        expected: Some(o.version),
+                        body: to_value(&job)?,
+                    },
+                );
+            }
+            if !was_final {
+                ops.push(event_op(
                     &c.tenant,
                     format!("job/{name}"),
                     "Cancelled",
                     format!("cancelled by {}", c.subject),
                     now,
-                )?,
-            ])
-            .await?;
-        Ok(render(&out[0]))
+                )?);
+            }
+            match self.store.commit(ops).await {
+                Ok(out) => {
+                    let v = if gone {
+                        let mut v = render(&o);
+                        v["status"] = serde_json::to_value(&job.status).unwrap_or_default();
+                        v
+                    } else {
+                        render(&out[0])
+                    };
+                    return Ok((v, gone));
+                }
+                Err(tessera_store::StoreError::Conflict { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(ApiError::new(
+            Code::Conflict,
+            format!("job {name:?} kept changing; try again"),
+        ))
+    }
+
+    /// Deletes a job, so that its name can be used again: at once when none of its
+    /// tasks has a process; else it is cancelled and deleted (with its logs) once the
+    /// node has stopped its trees. Returns the job and whether it is already gone.
+    pub async fn delete_job(&self, c: &Caller, name: &str) -> Result<(Value, bool), ApiError> {
+        c.require(Role::Developer)?;
+        self.stop_job(c, name, true).await
     }
 
     /// The output of a job's tasks that ran on this machine (the last 1 MiB of each).
@@ -949,7 +1054,7 @@ impl ControlPlane {
         };
         let mut out = String::new();
         for t in &tasks {
-            let path = crate::exec::log_path(logs, &c.tenant, name, t);
+            let path = crate::exec::log_path(logs, &c.tenant, name, job.created_at, t);
             let text = match std::fs::read(&path) {
                 Ok(b) => {
                     let from = b.len().saturating_sub(1 << 20);
@@ -1022,6 +1127,15 @@ impl ControlPlane {
             },
         ))
     }
+}
+
+/// A node as the API shows it: its record, and under `status` the heartbeat and
+/// conditions its node runtime last reported (nodes without a runtime have none).
+fn with_status(mut v: Value, status: Option<&Value>) -> Value {
+    if let (Value::Object(m), Some(s)) = (&mut v, status) {
+        m.insert("status".into(), s.clone());
+    }
+    v
 }
 
 /// An operation that records an event in `tenant`.

@@ -8,19 +8,86 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tessera_model::{Node, PodGroup, Queue, Snapshot, Task};
+use tessera_sched::PluginName;
 use tessera_store::{AnyStore, ChangeOp, Key, Object, Op, Store, StoreError};
 
 use crate::plane::{event_op, kind, now_ms};
 use crate::problem::ApiError;
-use crate::wire::{JobBody, Phase, TaskStatus};
+use crate::wire::{JobBody, TaskState, TaskStatus};
 
 /// A scheduling function: snapshot in, plan out.
 pub type ScheduleFn = Arc<dyn Fn(&Snapshot) -> tessera_model::Plan + Send + Sync>;
 
-/// The batch scheduler with its default configuration.
-pub fn batch_scheduler() -> ScheduleFn {
-    let cfg = tessera_sched::Config::default();
+/// The live scheduler's default configuration: Volcano's usual one with the
+/// `reservation` plugin on, so that a queued high-priority training gang holds the
+/// NVLink domains or nodes it waits for instead of being nibbled by small jobs.
+pub fn default_config() -> tessera_sched::Config {
+    let mut cfg = tessera_sched::Config::default();
+    if !cfg
+        .tiers
+        .iter()
+        .flatten()
+        .any(|p| *p == PluginName::Reservation)
+    {
+        if let Some(t) = cfg.tiers.last_mut() {
+            t.push(PluginName::Reservation);
+        }
+    }
+    cfg
+}
+
+/// How the live scheduler places work: the `tessera sched plan` configuration
+/// (`tessera up --scheduler-config FILE`), and the placement policy for fractions
+/// of a GPU.
+#[derive(Debug, Clone)]
+pub struct SchedulerSettings {
+    pub config: tessera_sched::Config,
+    /// The fractional-GPU placement policy by name (`tessera up
+    /// --gpu-share-policy`). `None`: the scheduler's own (best fit). This is the knob
+    /// for tessera-sched's fragmentation-aware policies: the name is checked against
+    /// [`tessera_sched::gpu::Policy`] here and handed on by [`live_scheduler`]; until
+    /// `tessera_sched::Config` takes a policy, the live scheduler places fractions
+    /// best-fit whatever it says (the name is reported at start).
+    pub gpu_share_policy: Option<String>,
+}
+
+impl Default for SchedulerSettings {
+    fn default() -> Self {
+        SchedulerSettings {
+            config: default_config(),
+            gpu_share_policy: None,
+        }
+    }
+}
+
+/// Checks a fractional-GPU policy name.
+pub fn check_gpu_share_policy(name: &str) -> Result<(), String> {
+    if tessera_sched::gpu::Policy::ALL
+        .iter()
+        .any(|p| p.name() == name)
+    {
+        Ok(())
+    } else {
+        let names: Vec<&str> = tessera_sched::gpu::Policy::ALL
+            .iter()
+            .map(|p| p.name())
+            .collect();
+        Err(format!(
+            "unknown fractional-GPU policy {name:?}: use one of {}",
+            names.join(", ")
+        ))
+    }
+}
+
+/// The live scheduler for `settings`.
+pub fn live_scheduler(settings: SchedulerSettings) -> ScheduleFn {
+    let cfg = settings.config;
     Arc::new(move |s| tessera_sched::schedule(s, &cfg))
+}
+
+/// The batch scheduler with its default configuration ([`default_config`]).
+pub fn batch_scheduler() -> ScheduleFn {
+    live_scheduler(SchedulerSettings::default())
 }
 
 /// What one round did.
@@ -148,12 +215,46 @@ impl Cache {
         }
         for ((tenant, name), (_, job)) in &self.jobs {
             if job.status.phase.is_final() {
+                // A finished job whose trees are still being stopped holds their
+                // resources until they are gone.
+                if crate::jobs::has_live(job) {
+                    snap.groups.push(stopping_group(tenant, name, job));
+                }
                 continue;
             }
             snap.groups.push(group(tenant, name, job));
         }
         snap
     }
+}
+
+/// The tasks of a finished job that still have processes, as a bound group that
+/// cannot be preempted.
+fn stopping_group(tenant: &str, name: &str, job: &JobBody) -> PodGroup {
+    let mut g = group(tenant, name, job);
+    g.tasks.retain(|t| {
+        job.status
+            .tasks
+            .get(&t.name)
+            .is_some_and(|s| s.state.is_some_and(TaskState::live))
+    });
+    g.min_member = g.tasks.len() as u32;
+    g.min_resources = None;
+    g.preemptable = false;
+    g
+}
+
+/// Prefixes a scoped name (`tenant/name`) for the victim's eyes: its own tenant's
+/// names lose the prefix, another tenant's are not shown.
+fn scrub(text: &str, tenant: &str) -> String {
+    text.split(' ')
+        .map(|w| match w.split_once('/') {
+            Some((t, rest)) if t == tenant => rest.to_string(),
+            Some(_) => "(another tenant)".to_string(),
+            None => w.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn group(tenant: &str, name: &str, job: &JobBody) -> PodGroup {
@@ -175,9 +276,13 @@ fn group(tenant: &str, name: &str, job: &JobBody) -> PodGroup {
         task.tolerations = t.tolerations.clone();
         task.priority = t.priority;
         task.topology = t.topology;
-        if let Some(st) = job.status.tasks.get(&t.name) {
+        // Bound unless evicted (then it waits to be placed again).
+        if let Some(st) = job.status.tasks.get(&t.name)
+            && st.state != Some(TaskState::Evicted)
+        {
             task.node = Some(st.node.clone());
             task.gpu_indices = st.gpus.clone();
+            task.mig_start = st.mig.as_ref().map(|m| m.start);
         }
         g.tasks.push(task);
     }
@@ -247,22 +352,54 @@ pub async fn run_once(
         .collect();
     let mut bound: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut evicted: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    // Who takes the victims' room: the groups bound "after evictions" on each node.
+    let mut preemptors: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for b in plan.bindings.iter().filter(|b| b.after_evictions) {
+        let v = preemptors.entry(b.node.as_str()).or_default();
+        if !v.contains(&b.task.group.as_str()) {
+            v.push(b.task.group.as_str());
+        }
+    }
     for e in &plan.evictions {
-        if let Some((_, _, job)) = index.get_mut(&e.task.group) {
-            job.status.tasks.remove(&e.task.task);
-            evicted
-                .entry(e.task.group.clone())
-                .or_default()
-                .push(format!("{} from {}: {}", e.task.task, e.node, e.reason));
+        if let Some((key, _, job)) = index.get_mut(&e.task.group) {
+            let tenant = key.tenant.clone();
+            let by = preemptors.get(e.node.as_str()).map(|g| {
+                g.iter()
+                    .map(|g| scrub(g, &tenant))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            });
+            let reason = scrub(&e.reason, &tenant);
+            let marked = crate::jobs::evict(job, &e.task.task, by, &reason, now_ms());
+            if !marked.is_empty() {
+                evicted
+                    .entry(e.task.group.clone())
+                    .or_default()
+                    .push(format!("{} from {}: {reason}", marked.join(", "), e.node));
+            }
         }
     }
     for b in &plan.bindings {
         if let Some((_, _, job)) = index.get_mut(&b.task.group) {
+            // Counters survive a new placement; the rest starts afresh.
+            let old = job.status.tasks.get(&b.task.task);
+            if old.is_some_and(|o| o.state.is_some_and(TaskState::live)) {
+                // Its old tree is still being stopped: it cannot be placed twice.
+                continue;
+            }
+            let (attempt, restarts, evictions) = old
+                .map(|o| (o.attempt, o.restarts, o.evictions))
+                .unwrap_or_default();
             job.status.tasks.insert(
                 b.task.task.clone(),
                 TaskStatus {
                     node: b.node.clone(),
                     gpus: b.gpus.clone(),
+                    mig: b.mig.clone(),
+                    after_evictions: b.after_evictions,
+                    attempt,
+                    restarts,
+                    evictions,
                     ..TaskStatus::default()
                 },
             );
@@ -277,7 +414,6 @@ pub async fn run_once(
     let now = now_ms();
     let mut ops = Vec::new();
     for (name, (key, version, job)) in &mut index {
-        let min = job.spec.min_member.unwrap_or(job.spec.tasks.len() as u32) as usize;
         match pending.get(name.as_str()) {
             Some(p) => {
                 job.status.pending_reason = Some(p.reason.clone());
@@ -288,11 +424,7 @@ pub async fn run_once(
                 job.status.admitted = job.status.admitted || !job.status.tasks.is_empty();
             }
         }
-        job.status.phase = if job.status.tasks.len() >= min {
-            Phase::Running
-        } else {
-            Phase::Pending
-        };
+        job.status.phase = crate::jobs::phase(job);
         if old.get(name) == Some(job) {
             continue;
         }

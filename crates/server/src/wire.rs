@@ -80,6 +80,71 @@ pub struct JobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_topology: Option<tessera_model::NetworkTier>,
     pub tasks: Vec<TaskSpec>,
+    /// What happens when a task fails (Kubernetes' `restartPolicy`): `Never` (the
+    /// default) fails the job at once; `OnFailure` restarts the task in place, after
+    /// an exponential back-off, up to `backoff_limit` restarts in all.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub restart_policy: RestartPolicy,
+    /// Restarts allowed (all tasks together) before the job fails with
+    /// `BackoffLimitExceeded` (Kubernetes' default: 6). Only with `OnFailure`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff_limit: Option<u32>,
+    /// Seconds the job may run, counted from when it started running (time queued
+    /// does not count); then it fails with `DeadlineExceeded` and its trees are
+    /// stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_deadline_seconds: Option<u64>,
+    /// Seconds after the job finished (succeeded, failed or cancelled) when it is
+    /// deleted, with its logs, so that its name can be used again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds_after_finished: Option<u64>,
+    /// Seconds between SIGTERM and SIGKILL when a task is stopped (eviction,
+    /// cancel, deadline, delete, a failed sibling); default 30, 0 kills at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub termination_grace_period_seconds: Option<u64>,
+}
+
+fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
+}
+
+/// Kubernetes' words for what a failed task does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+pub enum RestartPolicy {
+    #[default]
+    Never,
+    OnFailure,
+}
+
+/// Kubernetes' default `backoffLimit`.
+pub const DEFAULT_BACKOFF_LIMIT: u32 = 6;
+/// Kubernetes' default `terminationGracePeriodSeconds`.
+pub const DEFAULT_GRACE_SECONDS: u64 = 30;
+
+impl JobSpec {
+    /// The grace period between SIGTERM and SIGKILL.
+    pub fn grace(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(
+            self.termination_grace_period_seconds
+                .unwrap_or(DEFAULT_GRACE_SECONDS),
+        )
+    }
+    pub fn backoff_limit(&self) -> u32 {
+        self.backoff_limit.unwrap_or(DEFAULT_BACKOFF_LIMIT)
+    }
+    /// Tasks that must run together.
+    pub fn min_member(&self) -> usize {
+        self.min_member.unwrap_or(self.tasks.len() as u32) as usize
+    }
+}
+
+/// One environment variable of a task (Kubernetes' `env` entry).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvVar {
+    pub name: String,
+    #[serde(default)]
+    pub value: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -106,6 +171,22 @@ pub struct TaskSpec {
     /// All GPUs in one NVLink domain / PCIe root / NUMA node, hard or soft.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topology: Option<tessera_model::GpuTopology>,
+    /// The task's environment, on top of Tessera's `TESSERA_*` variables and the GPU
+    /// variables (names of those are refused). Nothing of the server's reaches it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    /// Working folder inside the sandbox; default `/workspace` (writable, private).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_dir: Option<String>,
+    /// The root filesystem: `host` (the default: the host's `/usr` and libraries
+    /// read-only, a generated `/etc`, nothing else of the host) or the name of a
+    /// template the operator registered. Never a host path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
+    /// Limits above the requests (Kubernetes' `resources.limits`): the cgroup's
+    /// memory limit and CPU quota; each unset one is the request.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub limits: tessera_node::TaskLimits,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
@@ -131,13 +212,31 @@ impl Phase {
     }
 }
 
-/// Where a bound task's process is.
+/// Where a bound task's process is. No state: bound, not started yet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TaskState {
     Running,
     Succeeded,
     Failed,
+    /// The node is stopping its tree (cancel, deadline, delete, a failed sibling);
+    /// it still holds its resources.
+    Terminating,
+    /// The scheduler evicted it: SIGTERM, grace, SIGKILL under way; it still holds
+    /// its resources (a binding "after evictions" waits for it).
+    Evicting,
+    /// Evicted and its tree gone: it waits to be placed again (see `preemptor`).
+    Evicted,
+}
+
+impl TaskState {
+    /// A process of it may be alive (it holds its node's resources).
+    pub fn live(self) -> bool {
+        matches!(
+            self,
+            TaskState::Running | TaskState::Terminating | TaskState::Evicting
+        )
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Deserialize, Serialize)]
@@ -152,11 +251,62 @@ pub struct TaskStatus {
     pub exit_code: Option<i32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// A machine word for how it ended or why it stopped: `Completed`, `Error`,
+    /// `OOMKilled`, `Evicted`, `DeadlineExceeded`, `Cancelled`, `Lost`, …
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// For an evicted task: who took its place (a job of the same tenant by name,
+    /// else "a job of another tenant").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preemptor: Option<String>,
+    /// The MIG step of its binding (its instance's profile and first slice).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig: Option<tessera_model::MigStep>,
+    /// Bound in a plan that also evicts: it starts only once no task of its node is
+    /// being evicted any more.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub after_evictions: bool,
+    /// Starts so far (the next start is attempt `attempt`).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub attempt: u32,
+    /// Restarts after a failure (`OnFailure`).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub restarts: u32,
+    /// Times evicted.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub evictions: u32,
+    /// Milliseconds since the Unix epoch: the next (re)start not before (back-off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_before: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<u64>,
+    /// What the last run used, read from its cgroup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<tessera_node::Usage>,
+    /// The GPUs it sees, by UUID (the MIG device's for a MIG task).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Deserialize, Serialize)]
 pub struct JobStatus {
     pub phase: Phase,
+    /// Why the job ended as it did: `BackoffLimitExceeded`, `DeadlineExceeded`, …
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// When its first task started, and when it finished (ms since the epoch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<u64>,
+    /// `DELETE /v1/jobs/{name}` was asked while trees still ran: the job is deleted
+    /// once they are gone.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deleting: bool,
     /// Bound tasks: task name -> node and GPUs.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tasks: BTreeMap<String, TaskStatus>,

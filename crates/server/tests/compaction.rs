@@ -56,6 +56,11 @@ async fn watches_behind_compaction_get_410_and_the_loops_keep_up() {
 
     // The scheduler binds and the executor runs, although every change they
     // follow is compacted away within milliseconds.
+    if !common::can_run_tasks(
+        "watches_behind_compaction_get_410_and_the_loops_keep_up (executor part)",
+    ) {
+        return;
+    }
     for i in 0..3 {
         let mut j = job(&format!("j{i}"), 2);
         for t in j["tasks"].as_array_mut().unwrap() {

@@ -7,6 +7,7 @@ pub mod gateway;
 pub mod gpushare;
 pub mod guard;
 pub mod k8s;
+pub mod node;
 pub mod sandbox;
 pub mod sched;
 pub mod tools;
@@ -35,6 +36,9 @@ pub enum BenchCommand {
     /// Kubernetes mode: pods bound per second and created-to-bound p99 against a
     /// real kube-apiserver with fake nodes.
     K8s(k8s::Args),
+    /// Node runtime: sandboxed task start against plain fork+exec, eviction latency,
+    /// and jobs per second to running and to completion on this machine (root).
+    Node(node::Args),
     /// Inference gateway: its own time per request (request in to first byte
     /// forwarded, engine time excluded), plain and streaming, on loopback.
     Gateway(gateway::Args),
@@ -62,6 +66,7 @@ pub fn run(c: BenchCommand) -> i32 {
         BenchCommand::Tools(a) => tools::run(a),
         BenchCommand::K8s(a) => k8s::run(a),
         BenchCommand::Gateway(a) => gateway::run(a),
+        BenchCommand::Node(a) => node::run(a),
         BenchCommand::Gpushare(a) => gpushare::run(a),
     }
 }

@@ -81,6 +81,13 @@ pub enum JobCommand {
         #[command(flatten)]
         out: Out,
     },
+    /// Delete a job (and its logs) so that its name can be used again; running tasks
+    /// are stopped first (SIGTERM, the job's grace period, SIGKILL).
+    Delete {
+        name: String,
+        #[command(flatten)]
+        out: Out,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -283,7 +290,11 @@ fn job_table(v: &Value) -> String {
                 cell(&j["spec"]["queue"]),
                 cell(&j["status"]["phase"]),
                 format!("{bound}/{total}"),
-                cell(&j["status"]["pending_reason"]),
+                if j["status"]["pending_reason"].is_null() {
+                    cell(&j["status"]["reason"])
+                } else {
+                    cell(&j["status"]["pending_reason"])
+                },
             ]
         })
         .collect();
@@ -399,6 +410,12 @@ pub fn job(c: JobCommand) -> i32 {
                         other => print!("{other}"),
                     }
                     Ok(0)
+                }
+                JobCommand::Delete { name, out } => {
+                    let v = client
+                        .call(reqwest::Method::DELETE, &format!("/v1/jobs/{name}"), None)
+                        .await?;
+                    show(&v, out.format, job_table)
                 }
                 JobCommand::Cancel { name, out } => {
                     let v = client

@@ -566,28 +566,60 @@ pub fn spec_from(l: &LimitArgs) -> Result<SandboxSpec, String> {
     })
 }
 
-/// The init program: `tessera-sandbox-init` next to this binary when installed (small
-/// and fast to start), else this binary's hidden `sandbox __init`, with a warning
-/// printed once: every sandbox then starts this whole binary, which costs about
-/// half the creation rate and 3-4x the idle memory (measured in BENCHMARKS.md).
+/// The small sandbox init this binary carries (see `build.rs`): empty in dev and
+/// test builds, the whole `tessera-sandbox-init` in release builds.
+static EMBEDDED_INIT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/tessera-sandbox-init"));
+
+/// The init program: `tessera-sandbox-init` next to this binary (or
+/// `$TESSERA_SANDBOX_INIT`), else the copy this binary carries (release builds,
+/// run from a sealed memfd), else this binary's hidden `sandbox __init`, with a
+/// warning printed once: every sandbox then starts this whole binary, which costs
+/// about half the creation rate and 3-4x the idle memory (measured in BENCHMARKS.md).
 pub fn init_program() -> Option<InitProgram> {
-    InitProgram::locate().or_else(|| {
-        let exe = std::env::current_exe().ok()?;
-        static WARNED: std::sync::Once = std::sync::Once::new();
-        WARNED.call_once(|| {
-            eprintln!(
-                "warning: tessera-sandbox-init was not found next to {}; sandboxes will run \
-                 `tessera sandbox __init` instead, which starts slower and uses more memory. \
-                 Build it with `cargo build --release -p tessera-sandbox` (it lands next to \
-                 `tessera`) or point TESSERA_SANDBOX_INIT at it.",
-                exe.display()
-            );
-        });
-        Some(InitProgram {
-            path: exe,
-            args: vec!["sandbox".into(), "__init".into()],
-        })
+    if let Some(p) = InitProgram::locate() {
+        return Some(p);
+    }
+    if let Some(p) = embedded_init() {
+        return Some(p);
+    }
+    let exe = std::env::current_exe().ok()?;
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    WARNED.call_once(|| {
+        eprintln!(
+            "warning: tessera-sandbox-init was not found next to {}; sandboxes will run \
+             `tessera sandbox __init` instead, which starts slower and uses more memory. \
+             Build it with `cargo build --release -p tessera-sandbox` (it lands next to \
+             `tessera`) or point TESSERA_SANDBOX_INIT at it.",
+            exe.display()
+        );
+    });
+    Some(InitProgram {
+        path: exe,
+        args: vec!["sandbox".into(), "__init".into()],
     })
+}
+
+/// The embedded init, in a memfd made once per process.
+pub fn embedded_init() -> Option<InitProgram> {
+    static INIT: std::sync::OnceLock<Option<InitProgram>> = std::sync::OnceLock::new();
+    INIT.get_or_init(|| {
+        if EMBEDDED_INIT.is_empty() {
+            return None;
+        }
+        match InitProgram::from_bytes("tessera-sandbox-init", EMBEDDED_INIT) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                eprintln!("warning: the embedded sandbox init cannot be used: {e}");
+                None
+            }
+        }
+    })
+    .clone()
+}
+
+/// Bytes of the embedded init (0 when this build carries none).
+pub fn embedded_init_len() -> usize {
+    EMBEDDED_INIT.len()
 }
 
 pub fn runtime(guard: bool) -> Result<Arc<Runtime>, String> {

@@ -84,6 +84,15 @@ pub struct UpArgs {
     /// With --sandboxes: sandboxes one tenant may hold at once.
     #[arg(long, value_name = "N", default_value_t = 32)]
     pub sandbox_max_per_tenant: usize,
+    /// The live scheduler's configuration: `actions` and `tiers` as in `tessera sched
+    /// plan` files (Volcano's spelling accepted). Default: Volcano's usual actions and
+    /// plugins with `reservation` on for training gangs.
+    #[arg(long, value_name = "FILE")]
+    pub scheduler_config: Option<PathBuf>,
+    /// How fractions of a GPU are placed: a tessera-sched policy (random, dotprod,
+    /// clustering, packing, bestfit, fgd, fgd-mem). Default: the scheduler's own.
+    #[arg(long, value_name = "POLICY")]
+    pub gpu_share_policy: Option<String>,
 }
 
 /// The default data folder.
@@ -189,6 +198,56 @@ async fn serve(a: UpArgs, listen: SocketAddr) -> i32 {
         }
     };
     let backend = store.backend();
+    let mut sched = tessera_server::scheduler::SchedulerSettings::default();
+    if let Some(path) = &a.scheduler_config {
+        match tessera_sim::scenario::load_config(path) {
+            Ok(c) => sched.config = c,
+            Err(e) => return fail(EXIT_BAD_INPUT, format!("--scheduler-config: {e}")),
+        }
+    }
+    if let Some(p) = &a.gpu_share_policy {
+        if let Err(e) = tessera_server::scheduler::check_gpu_share_policy(p) {
+            return fail(EXIT_BAD_INPUT, format!("--gpu-share-policy: {e}"));
+        }
+        sched.gpu_share_policy = Some(p.clone());
+    }
+    let describe = format!(
+        "actions [{}], plugins [{}]",
+        sched
+            .config
+            .actions
+            .iter()
+            .map(|a| a.name())
+            .collect::<Vec<_>>()
+            .join(", "),
+        sched
+            .config
+            .tiers
+            .iter()
+            .map(|t| t.iter().map(|p| p.name()).collect::<Vec<_>>().join(" "))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    );
+    let init = crate::cmd::sandbox::init_program();
+    let init_where = init
+        .as_ref()
+        .map(|i| {
+            if i.path.starts_with("/proc/self/fd") {
+                format!(
+                    "the small init this binary carries ({} KiB, run from memory)",
+                    crate::cmd::sandbox::embedded_init_len() >> 10
+                )
+            } else if i.args.is_empty() {
+                format!("{}", i.path.display())
+            } else {
+                format!(
+                    "{} {} (the whole tessera binary: slower)",
+                    i.path.display(),
+                    i.args.join(" ")
+                )
+            }
+        })
+        .unwrap_or_else(|| "none found".into());
     let cfg = ServerConfig {
         listen,
         body_limit: a.body_limit,
@@ -208,9 +267,15 @@ async fn serve(a: UpArgs, listen: SocketAddr) -> i32 {
         agents: a.agents.config(),
         sandboxes: tessera_server::sandboxes::SandboxesConfig {
             enabled: a.sandboxes,
-            init: crate::cmd::sandbox::init_program(),
+            init: init.clone(),
             max_per_tenant: a.sandbox_max_per_tenant,
             warm: a.sandbox_warm,
+        },
+        scheduler: Some(tessera_server::scheduler::live_scheduler(sched.clone())),
+        node: tessera_server::NodeSettings {
+            init: init.clone(),
+            data_dir: Some(data.clone()),
+            ..Default::default()
         },
         ..ServerConfig::default()
     };
@@ -236,6 +301,13 @@ async fn serve(a: UpArgs, listen: SocketAddr) -> i32 {
     let url = format!("http://{}", running.addr);
     eprintln!("tessera: store {backend} at {where_}");
     eprintln!("tessera: listening on {url}");
+    eprintln!("tessera: scheduler: {describe}");
+    if let Some(p) = &sched.gpu_share_policy {
+        eprintln!(
+            "tessera: fractional-GPU policy {p} asked for; the live scheduler places fractions best-fit until tessera-sched's configuration takes a policy"
+        );
+    }
+    eprintln!("tessera: job tasks run in sandboxes; sandbox init: {init_where}");
     if otlp.is_some() {
         eprintln!("tessera: exporting session spans over OTLP (OTEL_EXPORTER_OTLP_* settings)");
     }

@@ -66,6 +66,39 @@ pub fn test_config(dir: &Path) -> ServerConfig {
     }
 }
 
+/// Whether job tasks can run here: they run in sandboxes of the node runtime, which
+/// need root (cgroups, the uid range) and `tessera-sandbox-init` built next to the
+/// tests (`cargo test --workspace` builds it). Says why when not; with `CI` set, a
+/// missing piece fails the test instead.
+pub fn can_run_tasks(test: &str) -> bool {
+    let why = if !nix_root() {
+        Some("job tasks run in sandboxes, which need root here")
+    } else if tessera_sandbox::InitProgram::locate().is_none() {
+        Some("tessera-sandbox-init is not built next to the tests (cargo build -p tessera-sandbox)")
+    } else {
+        None
+    };
+    match why {
+        None => true,
+        Some(w) if std::env::var_os("CI").is_some() => panic!("{test}: {w}"),
+        Some(w) => {
+            eprintln!("SKIPPED {test}: {w}");
+            false
+        }
+    }
+}
+
+fn nix_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
+        })
+        .unwrap_or(false)
+}
+
 /// A running server on a fresh SQLite store. Dropping it stops the server and
 /// removes its folder.
 pub struct Server {

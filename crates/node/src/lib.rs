@@ -1,0 +1,33 @@
+//! `tessera-node`: the node runtime, the one place that turns a binding into a
+//! running, contained workload on this machine. `tessera up` embeds it for its local
+//! node; the same crate is meant to run as the Kubernetes DaemonSet.
+//!
+//! - [`runtime`]: start, stop (SIGTERM, grace, SIGKILL to the whole tree) and meter
+//!   tasks, each in a sandbox of its own with the limits of its resources, a clean
+//!   environment, the guard, and only the GPUs of its binding.
+//! - [`spec`]: the pure parts: resources to limits (Kubernetes `limits` above
+//!   requests), the environment.
+//! - [`fence`]: GPU fencing (device nodes, device cgroup, `CUDA_VISIBLE_DEVICES` by
+//!   UUID) and the device-view check before every start.
+//! - [`mig`]: MIG actuation behind a backend trait, journaled and resumable.
+//! - [`gpu`]: what the driver says (NVML), mapped to the model's devices.
+//! - [`health`]: heartbeat and conditions.
+//! - [`bench`]: `tessera bench node`.
+//!
+//! Never knows: the store, HTTP, the scheduler's algorithms; the server decides,
+//! this crate carries out and reports.
+
+pub mod bench;
+pub mod fence;
+pub mod gpu;
+pub mod health;
+pub mod mig;
+pub mod runtime;
+pub mod spec;
+
+pub use fence::{DeviceDirs, GpuAssignment, Mismatch};
+pub use runtime::{
+    NodeConfig, NodeError, NodeRuntime, OnExit, Outcome, StartError, Started, TaskExit, Usage,
+    WorkloadSpec,
+};
+pub use spec::{Defaults, TaskKey, TaskLimits, TemplateRef};

@@ -50,11 +50,11 @@ pub use registry::{RegistryError, TemplateRecord, TemplateRegistry};
 pub use sandbox::{
     InitProgram, Runtime, RuntimeConfig, Sandbox, SandboxBuilder, Stream, pids_in_namespace,
 };
+pub use snapshot::{Snapshot, SnapshotMeta};
 pub use spec::{
     Bind, Command, DeviceRule, DirEntry, EgressPolicy, ExecOutput, ExecRequest, ExitStatus,
     FileKind, Limits, Network, PROXY_ADDR, PathAccess, Rlimits, SandboxSpec, Template,
 };
-pub use snapshot::{Snapshot, SnapshotMeta};
 pub use tarball::{TarError, TarLimits, TarSummary};
 pub use tier::{
     AnySandbox, Isolated, NamespaceTier, OnTimeout, PauseOptions, Phase, Stats, Tier, TierInfo,

@@ -151,7 +151,10 @@ pub fn take(
             .map_err(err)?;
     }
     let tmp = sibling(dir, "tmp");
-    fs::DirBuilder::new().mode(0o700).create(&tmp).map_err(err)?;
+    fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&tmp)
+        .map_err(err)?;
     let r = (|| {
         let parts = sb.snapshot(&tmp)?;
         let mut files = Vec::new();

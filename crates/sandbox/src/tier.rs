@@ -192,10 +192,7 @@ impl NamespaceTier {
 pub const WRITABLE_DIRS: &[&str] = &["/tmp", "/home/user", "/workspace", "/dev/shm"];
 
 fn layer_file(dir: &str) -> String {
-    format!(
-        "layer{}.tar",
-        dir.replace('/', "-").trim_end_matches('-').to_string()
-    )
+    format!("layer{}.tar", dir.replace('/', "-").trim_end_matches('-'))
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -886,9 +883,9 @@ impl AnySandbox {
                         drop(st);
                         let _ = match &on {
                             OnTimeout::Destroy => sb.destroy(),
-                            OnTimeout::PauseTo(dir) => sb
-                                .pause_to_disk(dir, &PauseOptions::default())
-                                .map(drop),
+                            OnTimeout::PauseTo(dir) => {
+                                sb.pause_to_disk(dir, &PauseOptions::default()).map(drop)
+                            }
                         };
                         return;
                     }

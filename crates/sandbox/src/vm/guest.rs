@@ -62,7 +62,13 @@ pub fn main() -> ! {
     power_off()
 }
 
-fn mnt(src: &str, target: &str, fstype: &str, flags: MsFlags, data: Option<&str>) -> Result<(), String> {
+fn mnt(
+    src: &str,
+    target: &str,
+    fstype: &str,
+    flags: MsFlags,
+    data: Option<&str>,
+) -> Result<(), String> {
     let _ = fs::create_dir_all(target);
     mount(Some(src), target, Some(fstype), flags, data)
         .map_err(|e| format!("mount {fstype} on {target}: {e}"))
@@ -130,9 +136,16 @@ fn copy_tree(from: &Path, to: &Path, skip: &[&str]) -> std::io::Result<()> {
 /// `switch_root` does, freeing the initramfs.
 fn switch_root() -> Result<(), String> {
     let new = "/newroot";
-    mnt("tmpfs", new, "tmpfs", MsFlags::empty(), Some("mode=0755,size=256m"))?;
+    mnt(
+        "tmpfs",
+        new,
+        "tmpfs",
+        MsFlags::empty(),
+        Some("mode=0755,size=256m"),
+    )?;
     let skip = ["newroot", "proc", "sys", "dev", "tessera"];
-    copy_tree(Path::new("/"), Path::new(new), &skip).map_err(|e| format!("copying the agent: {e}"))?;
+    copy_tree(Path::new("/"), Path::new(new), &skip)
+        .map_err(|e| format!("copying the agent: {e}"))?;
     for d in ["proc", "sys", "dev", "tmp", "run", "mnt/root", "etc"] {
         fs::create_dir_all(format!("{new}/{d}")).map_err(|e| format!("mkdir {d}: {e}"))?;
     }
@@ -158,7 +171,11 @@ fn switch_root() -> Result<(), String> {
 }
 
 /// Waits for a device the kernel is still probing.
-fn wait_for(what: &str, timeout: Duration, mut found: impl FnMut() -> Option<String>) -> Result<String, String> {
+fn wait_for(
+    what: &str,
+    timeout: Duration,
+    mut found: impl FnMut() -> Option<String>,
+) -> Result<String, String> {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(p) = found() {
@@ -198,12 +215,24 @@ fn boot() -> Result<fs::File, String> {
     mnt("sysfs", "/sys", "sysfs", nodev | MsFlags::MS_NOEXEC, None)?;
     mnt("devtmpfs", "/dev", "devtmpfs", MsFlags::MS_NOSUID, None)?;
     mnt("tmpfs", "/run", "tmpfs", nodev, Some("mode=0755"))?;
-    mnt("cgroup2", "/sys/fs/cgroup", "cgroup2", nodev | MsFlags::MS_NOEXEC, None)?;
+    mnt(
+        "cgroup2",
+        "/sys/fs/cgroup",
+        "cgroup2",
+        nodev | MsFlags::MS_NOEXEC,
+        None,
+    )?;
     // Guest /etc for the agent itself (the sandbox builds its own).
     let _ = fs::write("/etc/passwd", "root:x:0:0:root:/:/bin/sh\n");
-    let disk = wait_for("the template disk /dev/vda", Duration::from_secs(30), || {
-        Path::new("/dev/vda").exists().then(|| "/dev/vda".to_string())
-    })?;
+    let disk = wait_for(
+        "the template disk /dev/vda",
+        Duration::from_secs(30),
+        || {
+            Path::new("/dev/vda")
+                .exists()
+                .then(|| "/dev/vda".to_string())
+        },
+    )?;
     mnt(
         &disk,
         ROOT_MOUNT,
@@ -329,7 +358,10 @@ struct Busy {
 
 fn serve_call(sb: &Sandbox, tx: &Tx, id: u64, call: Call, body: Vec<u8>) {
     let (result, out): (Result<Answer, WireError>, Vec<u8>) = match call {
-        Call::Ping => (sb.ping().map(|_| Answer::Done).map_err(exec_error), Vec::new()),
+        Call::Ping => (
+            sb.ping().map(|_| Answer::Done).map_err(exec_error),
+            Vec::new(),
+        ),
         Call::Exec {
             argv,
             env,
@@ -385,15 +417,25 @@ fn serve_call(sb: &Sandbox, tx: &Tx, id: u64, call: Call, body: Vec<u8>) {
             Err(e) => (Err(file_error(e)), Vec::new()),
         },
         Call::WriteFile { path } => (
-            sb.write_file(&path, &body).map(|_| Answer::Done).map_err(file_error),
+            sb.write_file(&path, &body)
+                .map(|_| Answer::Done)
+                .map_err(file_error),
             Vec::new(),
         ),
-        Call::List { path } => (sb.list(&path).map(Answer::List).map_err(file_error), Vec::new()),
+        Call::List { path } => (
+            sb.list(&path).map(Answer::List).map_err(file_error),
+            Vec::new(),
+        ),
         Call::Remove { path, recursive } => (
-            sb.remove(&path, recursive).map(|_| Answer::Done).map_err(file_error),
+            sb.remove(&path, recursive)
+                .map(|_| Answer::Done)
+                .map_err(file_error),
             Vec::new(),
         ),
-        Call::Mkdir { path } => (sb.mkdir(&path).map(|_| Answer::Done).map_err(file_error), Vec::new()),
+        Call::Mkdir { path } => (
+            sb.mkdir(&path).map(|_| Answer::Done).map_err(file_error),
+            Vec::new(),
+        ),
         Call::UploadTar { dir, limits } => (
             sb.upload_tar_with(&dir, &body, &limits)
                 .map(Answer::Tar)
@@ -436,7 +478,12 @@ fn run() -> Result<(), String> {
             "protocol version {version} from the host, {} here",
             wire::VERSION
         );
-        tx.send(&Msg::SetupFailed { error: error.clone() }, &[]);
+        tx.send(
+            &Msg::SetupFailed {
+                error: error.clone(),
+            },
+            &[],
+        );
         return Err(error);
     }
     // SAFETY: still single-threaded here; nothing reads the environment concurrently.
@@ -465,7 +512,12 @@ fn run() -> Result<(), String> {
     let sb = match made {
         Ok(sb) => Arc::new(sb),
         Err(error) => {
-            tx.send(&Msg::SetupFailed { error: error.clone() }, &[]);
+            tx.send(
+                &Msg::SetupFailed {
+                    error: error.clone(),
+                },
+                &[],
+            );
             return Err(error);
         }
     };
@@ -485,7 +537,8 @@ fn run() -> Result<(), String> {
         cv: Condvar::new(),
     });
     loop {
-        let Some((msg, body)) = wire::read_msg(&mut rx).map_err(|e| format!("reading: {e}"))? else {
+        let Some((msg, body)) = wire::read_msg(&mut rx).map_err(|e| format!("reading: {e}"))?
+        else {
             return Ok(());
         };
         match msg {

@@ -145,11 +145,11 @@ impl Cpio {
         self.out.extend_from_slice(hdr.as_bytes());
         self.out.extend_from_slice(name.as_bytes());
         self.out.push(0);
-        while self.out.len() % 4 != 0 {
+        while !self.out.len().is_multiple_of(4) {
             self.out.push(0);
         }
         self.out.extend_from_slice(data);
-        while self.out.len() % 4 != 0 {
+        while !self.out.len().is_multiple_of(4) {
             self.out.push(0);
         }
     }
@@ -304,7 +304,11 @@ pub fn build_kernel_template(src: &Path, out: &Path) -> Result<KernelTemplate, I
         .map(|d| root.join(d).join(&version))
         .find(|d| d.is_dir())
         .ok_or_else(|| ImageError::File {
-            path: root.join("lib/modules").join(&version).display().to_string(),
+            path: root
+                .join("lib/modules")
+                .join(&version)
+                .display()
+                .to_string(),
             message: "the kernel's modules are not in the package".into(),
         })?;
     // Every module file by name (`virtio-blk` and `virtio_blk` are one name).
@@ -361,7 +365,14 @@ pub fn build_kernel_template(src: &Path, out: &Path) -> Result<KernelTemplate, I
         }
         for deps in modinfo(&data, "depends") {
             for d in deps.split(',').filter(|d| !d.is_empty()) {
-                visit(&d.replace('-', "_"), by_name, builtin, order, files, depth + 1)?;
+                visit(
+                    &d.replace('-', "_"),
+                    by_name,
+                    builtin,
+                    order,
+                    files,
+                    depth + 1,
+                )?;
             }
         }
         order.push(name.to_string());

@@ -158,8 +158,8 @@ pub struct JailReport {
 
 fn landlock_for(jail: &JailConfig) -> Option<landlock::RulesetCreated> {
     use landlock::{
-        ABI, Access, AccessFs, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
-        RulesetAttr, RulesetCreatedAttr,
+        ABI, Access, AccessFs, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset, RulesetAttr,
+        RulesetCreatedAttr,
     };
     let abi = ABI::V6;
     let read = AccessFs::from_read(abi);
@@ -248,8 +248,10 @@ pub fn spawn(
                 libc::close(high[i]);
             }
             if let Some((uid, gid, groups)) = &ids {
-                let flags =
-                    libc::CLONE_NEWNET | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS | libc::CLONE_NEWNS;
+                let flags = libc::CLONE_NEWNET
+                    | libc::CLONE_NEWIPC
+                    | libc::CLONE_NEWUTS
+                    | libc::CLONE_NEWNS;
                 if libc::unshare(flags) != 0 {
                     return fail();
                 }
@@ -302,7 +304,10 @@ pub fn probe_kvm(qemu: &Path) -> Result<(), String> {
         .map_err(|e| format!("/dev/kvm: {e}"))?;
     let (mine, theirs) = UnixStream::pair().map_err(|e| e.to_string())?;
     let dir = std::env::temp_dir();
-    let log = dir.join(format!("tessera-kvm-probe-{}.log", crate::registry::nonce()));
+    let log = dir.join(format!(
+        "tessera-kvm-probe-{}.log",
+        crate::registry::nonce()
+    ));
     let errf = std::fs::File::create(&log).map_err(|e| e.to_string())?;
     let args: Vec<OsString> = [
         "-M",
@@ -347,10 +352,7 @@ pub fn probe_kvm(qemu: &Path) -> Result<(), String> {
     let stderr = std::fs::read_to_string(&log).unwrap_or_default();
     let _ = std::fs::remove_file(&log);
     r.map_err(|e| {
-        let tail: Vec<&str> = stderr
-            .lines()
-            .filter(|l| !l.contains("warning:"))
-            .collect();
+        let tail: Vec<&str> = stderr.lines().filter(|l| !l.contains("warning:")).collect();
         if tail.is_empty() {
             e
         } else {

@@ -175,6 +175,16 @@ fn copy_with_libs(p: &Path, dest: &Path) -> Result<(), TemplateError> {
 /// load, with Python's standard library when `python3` is among them.
 pub fn host_closure(dest: &Path, programs: &[&str]) -> Result<(), TemplateError> {
     fs::create_dir_all(dest).map_err(io_err("mkdir", dest))?;
+    // A merged-/usr host's top-level links (`/bin -> usr/bin`): `/bin/sh` must resolve.
+    for top in ["bin", "sbin", "lib", "lib32", "lib64", "libx32"] {
+        let host = Path::new("/").join(top);
+        let here = dest.join(top);
+        if let Ok(target) = fs::read_link(&host)
+            && fs::symlink_metadata(&here).is_err()
+        {
+            std::os::unix::fs::symlink(&target, &here).map_err(io_err("symlink", &here))?;
+        }
+    }
     for name in programs {
         let Some(p) = find_program(name) else {
             continue; // not installed here: the template has what the host has
@@ -225,6 +235,8 @@ pub fn host_closure(dest: &Path, programs: &[&str]) -> Result<(), TemplateError>
 /// built on first use; rebuilt when the host's programs change.
 pub fn host_closure_cached(cache: &Path) -> Result<PathBuf, TemplateError> {
     let mut h = Sha256::new();
+    // The layout's version: bump when `host_closure` changes what it makes.
+    h.update(b"layout 2\n");
     for name in HOST_CLOSURE_PROGRAMS {
         if let Some(p) = find_program(name)
             && let Ok(real) = fs::canonicalize(&p)

@@ -288,9 +288,40 @@ pub fn spawn(
             Ok(())
         });
     }
-    let child = cmd.spawn()?;
+    let child = spawn_from_keeper(cmd)?;
     drop(fds);
     Ok((child, report))
+}
+
+/// Forks `cmd` from one thread that lives as long as the process: `PR_SET_PDEATHSIG`
+/// fires when the *thread* that forked the child ends, not the process, so forking
+/// from a caller's thread (a test's, a pool's worker) would kill QEMU with it.
+fn spawn_from_keeper(cmd: std::process::Command) -> io::Result<Child> {
+    use std::sync::mpsc;
+    type Job = (std::process::Command, mpsc::Sender<io::Result<Child>>);
+    static KEEPER: std::sync::OnceLock<std::sync::Mutex<mpsc::Sender<Job>>> =
+        std::sync::OnceLock::new();
+    let tx = KEEPER
+        .get_or_init(|| {
+            let (tx, rx) = mpsc::channel::<Job>();
+            std::thread::Builder::new()
+                .name("qemu-keeper".into())
+                .spawn(move || {
+                    for (mut cmd, back) in rx {
+                        let _ = back.send(cmd.spawn());
+                    }
+                })
+                .expect("spawn the qemu-keeper thread");
+            std::sync::Mutex::new(tx)
+        })
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let (back, rx) = mpsc::channel();
+    tx.send((cmd, back))
+        .map_err(|_| io::Error::other("the qemu-keeper thread is gone"))?;
+    rx.recv()
+        .map_err(|_| io::Error::other("the qemu-keeper thread is gone"))?
 }
 
 /// Whether QEMU can run a guest with KVM here: `/dev/kvm` opens, and a QEMU started with

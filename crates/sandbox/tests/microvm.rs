@@ -73,7 +73,11 @@ fn the_guest_runs_its_own_kernel() {
     let host = nix::sys::utsname::uname().unwrap();
     let host = host.release().to_string_lossy().into_owned();
     let guest = text(&sh(&*vm, "uname -r").stdout).trim().to_string();
-    assert_eq!(guest, vm.guest_kernel(), "the agent's report and uname disagree");
+    assert_eq!(
+        guest,
+        vm.guest_kernel(),
+        "the agent's report and uname disagree"
+    );
     assert_ne!(guest, host, "the guest shares the host's kernel");
     // Not the host's boot either: the guest has been up for seconds, not hours.
     let up: f64 = text(&sh(&*vm, "cut -d' ' -f1 /proc/uptime").stdout)
@@ -180,7 +184,11 @@ fn qemu_runs_confined() {
     };
     let pid = vm.host_pid();
     // seccomp filter mode, no new privileges, no capabilities, not root.
-    assert_eq!(status_field(pid, "Seccomp"), "2", "QEMU has no seccomp filter");
+    assert_eq!(
+        status_field(pid, "Seccomp"),
+        "2",
+        "QEMU has no seccomp filter"
+    );
     assert_eq!(status_field(pid, "NoNewPrivs"), "1");
     assert_eq!(status_field(pid, "CapEff"), "0000000000000000");
     assert_eq!(status_field(pid, "CapPrm"), "0000000000000000");
@@ -191,7 +199,11 @@ fn qemu_runs_confined() {
     );
     // Its own network namespace: none of the host's interfaces.
     let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/net")).unwrap();
-    assert_ne!(ns(&pid.to_string()), ns("self"), "QEMU shares the host's network");
+    assert_ne!(
+        ns(&pid.to_string()),
+        ns("self"),
+        "QEMU shares the host's network"
+    );
     // No network device: the guest has no way out but the control port.
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
     let cmdline = text(&cmdline).replace('\0', " ");
@@ -211,7 +223,11 @@ fn the_hosts_guard_judges_every_execve_in_the_guest() {
     let Some(vm) = shared("the_hosts_guard_judges_every_execve_in_the_guest") else {
         return;
     };
-    assert!(sh(&*vm, "echo still here > /workspace/canary").status.success());
+    assert!(
+        sh(&*vm, "echo still here > /workspace/canary")
+            .status
+            .success()
+    );
     // The command line says nothing; only the per-execve check sees `rm` inside.
     let out = sh(&*vm, "cp /bin/rm /tmp/del && echo made");
     assert_eq!(text(&out.stdout), "made\n", "{}", text(&out.stderr));

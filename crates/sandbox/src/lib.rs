@@ -19,6 +19,7 @@
 #![allow(unsafe_code)]
 
 pub mod cgroup;
+pub mod class;
 pub mod error;
 mod execcheck;
 pub mod guard;
@@ -39,6 +40,7 @@ pub mod tier;
 pub mod vm;
 
 pub use cgroup::{CgroupManager, SandboxCgroup};
+pub use class::{ClassError, RuntimeClasses};
 pub use error::{CgroupError, ExecError, FileError, LifecycleError, SpawnError, StepError};
 pub use guard::{
     AllowAll, CheckDecision, CommandCheck, FileAccess, PolicyGuard, RedactionEvent,

@@ -716,6 +716,8 @@ impl Host {
                     "gen_ai.agent.version": s.version,
                     "gen_ai.response.id": reply.header("x-tessera-response-id"),
                     "http.response.status_code": reply.status,
+                    "gen_ai.usage.input_tokens": usage.get("tokens_in"),
+                    "gen_ai.usage.output_tokens": usage.get("tokens_out"),
                     "usage": usage,
                 }),
             },

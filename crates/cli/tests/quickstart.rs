@@ -106,16 +106,76 @@ fn quick_start_from_the_docs() {
         out.contains("hello from worker-0") && out.contains("hello from worker-1"),
         "{out}"
     );
+    // Following a finished job prints every line under its task's name and ends.
+    let (c, out, err) = tessera(&server, &key, &["job", "logs", "hello", "--follow"]);
+    assert_eq!(c, 0, "{err}");
+    assert!(
+        out.contains("[worker-0] hello from worker-0")
+            && out.contains("[worker-1] hello from worker-1"),
+        "{out}"
+    );
+    // `job get` shows the job and one row per task.
+    let (c, out, err) = tessera(&server, &key, &["job", "get", "hello"]);
+    assert_eq!(c, 0, "{err}");
+    assert!(out.contains("phase:") && out.contains("succeeded"), "{out}");
+    assert!(out.contains("TASK") && out.contains("worker-1"), "{out}");
     let (c, out, _) = tessera(&server, &key, &["node", "list", "-o", "json"]);
     assert_eq!(c, 0);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["items"].as_array().unwrap().len(), 1);
+    let node = v["items"][0]["name"].as_str().unwrap().to_string();
+    let (c, out, err) = tessera(&server, &key, &["node", "get", &node]);
+    assert_eq!(c, 0, "{err}");
+    assert!(
+        out.contains("allocatable:") && out.contains("cpu "),
+        "{out}"
+    );
+    let (c, out, err) = tessera(&server, &key, &["queue", "get", "default"]);
+    assert_eq!(c, 0, "{err}");
+    assert!(out.contains("name:") && out.contains("default"), "{out}");
+    // Following a running job waits for its lines and ends when the job does.
+    let tick = dir.path().join("tick.yaml");
+    std::fs::write(
+        &tick,
+        "name: tick\nqueue: default\ntasks:\n  - name: t\n    resources: {cpu: 0.1, memory: 64Mi}\n    command: [sh, -c, \"for i in 1 2 3; do echo tick $i; sleep 0.4; done\"]\n",
+    )
+    .unwrap();
+    let (c, _, err) = tessera(
+        &server,
+        &key,
+        &["job", "submit", "-f", tick.to_str().unwrap()],
+    );
+    assert_eq!(c, 0, "{err}");
+    let o = Command::new("timeout")
+        .args(["60", BIN, "job", "logs", "tick", "-f"])
+        .env("TESSERA_URL", &server.url)
+        .env("TESSERA_API_KEY", &key)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{out} {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(
+        out, "tick 1\ntick 2\ntick 3\n",
+        "one task: no prefix, every line once"
+    );
+    // A queue with no jobs can be deleted; then it is gone.
+    let (c, _, err) = tessera(&server, &key, &["queue", "create", "spare"]);
+    assert_eq!(c, 0, "{err}");
+    let (c, _, err) = tessera(&server, &key, &["queue", "delete", "spare"]);
+    assert_eq!(c, 0, "{err}");
+    let (c, _, _) = tessera(&server, &key, &["queue", "get", "spare"]);
+    assert_eq!(c, 2, "a missing queue is a 404: exit 2");
 
     // Bad input: the file and field are named, exit 2.
     let bad = dir.path().join("bad.yaml");
     std::fs::write(
         &bad,
-        "name: x\nqueue: default\ntasks: [{name: t, resources: {cpu: 1}}]\n",
+        "name: x\nqueue: default\ntasks: [{name: t, resources: {cpus: 1}}]\n",
     )
     .unwrap();
     let (c, _, err) = tessera(
@@ -125,7 +185,7 @@ fn quick_start_from_the_docs() {
     );
     assert_eq!(c, 2, "{err}");
     assert!(
-        err.contains("bad.yaml") && err.contains("tasks[0].resources.cpu"),
+        err.contains("bad.yaml") && err.contains("tasks[0].resources.cpus"),
         "{err}"
     );
     // A wrong key: 401, exit 1, and a message that says so.

@@ -851,6 +851,15 @@ impl Gateway {
         axum::Json(json!({"object": "list", "data": data})).into_response()
     }
 
+    /// One model a pool serves, in OpenAI's shape (`models.retrieve`).
+    pub fn model(&self, id: &str) -> Option<Value> {
+        let p = self.pool_for_model(id)?;
+        let name = p.inner.lock().ok()?.spec.name.clone();
+        Some(
+            json!({"id": id, "object": "model", "created": 0, "owned_by": "tessera", "pool": name}),
+        )
+    }
+
     /// The redaction setting of the pool serving `model` (the default when none does).
     pub fn redact_mode(&self, model: &str) -> Redact {
         self.pool_for_model(model)

@@ -128,15 +128,41 @@ pub struct ClaimInfo {
     pub name: String,
     /// `(request name, count)` of the GPU requests, in order.
     pub gpu_requests: Vec<(String, u32)>,
+    /// A request with `firstAvailable` GPU subrequests (DRA's prioritized
+    /// list): `(request/subrequest, count)` in order of preference. The pod's
+    /// task takes the first count as its `gpu` and the others as
+    /// alternatives; the allocation names the subrequest the plan chose.
+    pub first_available: Vec<(String, u32)>,
     /// Already allocated (by Tessera or another scheduler).
     pub allocated: bool,
     /// The node the allocation pins the claim to, when allocated.
     pub allocated_node: Option<String>,
+    /// GPUs the allocation holds, when allocated.
+    pub allocated_gpus: Option<u32>,
 }
 
 impl ClaimInfo {
+    /// GPUs of the exact requests, plus the first choice of a prioritized list.
     pub fn gpus(&self) -> u32 {
-        self.gpu_requests.iter().map(|(_, c)| c).sum()
+        self.gpu_requests.iter().map(|(_, c)| c).sum::<u32>()
+            + self.first_available.first().map_or(0, |x| x.1)
+    }
+
+    /// GPUs the claim holds once allocated: what the allocation lists (the
+    /// choice taken of a prioritized list), else [`ClaimInfo::gpus`].
+    pub fn held_gpus(&self) -> u32 {
+        self.allocated_gpus.unwrap_or_else(|| self.gpus())
+    }
+
+    /// The GPU counts the claim accepts beyond [`ClaimInfo::gpus`], in order
+    /// (the other choices of its prioritized list, with the exact requests).
+    pub fn gpu_alternatives(&self) -> Vec<u32> {
+        let exact: u32 = self.gpu_requests.iter().map(|(_, c)| c).sum();
+        self.first_available
+            .iter()
+            .skip(1)
+            .map(|x| exact + x.1)
+            .collect()
     }
 }
 
@@ -148,6 +174,7 @@ pub fn claim(c: &res::ResourceClaim) -> Result<ClaimInfo, TranslateError> {
     let name = c.metadata.name.clone().unwrap_or_default();
     let object = format!("resourceclaim {namespace}/{name}");
     let mut gpu_requests = Vec::new();
+    let mut first_available = Vec::new();
     for (i, r) in c
         .spec
         .devices
@@ -157,6 +184,34 @@ pub fn claim(c: &res::ResourceClaim) -> Result<ClaimInfo, TranslateError> {
         .flatten()
         .enumerate()
     {
+        if let Some(subs) = r.first_available.as_ref().filter(|_| r.exactly.is_none()) {
+            // One prioritized list is read; GPU subrequests only, in order.
+            if !first_available.is_empty() {
+                continue;
+            }
+            for (k, sub) in subs.iter().enumerate() {
+                if sub.device_class_name != NVIDIA_DRIVER {
+                    continue;
+                }
+                if sub.allocation_mode.as_deref() == Some("All") {
+                    return Err(TranslateError {
+                        object,
+                        field: format!("spec.devices.requests[{i}].firstAvailable[{k}].allocationMode"),
+                        value: "All".into(),
+                        problem: "Tessera places GPU claims with an exact count; use allocationMode ExactCount".into(),
+                    });
+                }
+                let count = sub.count.unwrap_or(1);
+                let count = u32::try_from(count).map_err(|_| TranslateError {
+                    object: object.clone(),
+                    field: format!("spec.devices.requests[{i}].firstAvailable[{k}].count"),
+                    value: count.to_string(),
+                    problem: "not a device count".into(),
+                })?;
+                first_available.push((format!("{}/{}", r.name, sub.name), count));
+            }
+            continue;
+        }
         let Some(e) = &r.exactly else { continue };
         if e.device_class_name != NVIDIA_DRIVER {
             continue;
@@ -187,10 +242,17 @@ pub fn claim(c: &res::ResourceClaim) -> Result<ClaimInfo, TranslateError> {
         .and_then(|t| t.match_fields.as_ref())
         .and_then(|f| f.iter().find(|r| r.key == "metadata.name"))
         .and_then(|r| r.values.as_ref()?.first().cloned());
+    let allocated_gpus = alloc.and_then(|a| a.devices.as_ref()).map(|d| {
+        d.results.as_ref().map_or(0, |r| {
+            r.iter().filter(|x| x.driver == NVIDIA_DRIVER).count() as u32
+        })
+    });
     Ok(ClaimInfo {
+        allocated_gpus,
         namespace,
         name,
         gpu_requests,
+        first_available,
         allocated: alloc.is_some(),
         allocated_node,
     })
@@ -213,7 +275,27 @@ pub fn allocation_patch(
         .collect();
     let mut results = Vec::new();
     let mut used = 0;
-    for (req, count) in &claim.gpu_requests {
+    // Of a prioritized list, the choice the GPUs given make: the first whose
+    // count, with the exact requests, is what is left; else the first that fits.
+    let exact: usize = claim.gpu_requests.iter().map(|x| x.1 as usize).sum();
+    let left = indices.len().saturating_sub(exact);
+    let chosen = claim
+        .first_available
+        .iter()
+        .find(|x| x.1 as usize == left)
+        .or_else(|| {
+            claim
+                .first_available
+                .iter()
+                .find(|x| (x.1 as usize) <= left)
+        });
+    let requests: Vec<(String, u32)> = claim
+        .gpu_requests
+        .iter()
+        .cloned()
+        .chain(chosen.cloned())
+        .collect();
+    for (req, count) in &requests {
         for _ in 0..*count {
             let idx = *indices.get(used)?;
             let (s, d) = by_index.get(&idx)?;
@@ -234,4 +316,47 @@ pub fn allocation_patch(
         }}),
         used,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prioritized_list_is_read_and_the_allocation_names_the_choice() {
+        let c: res::ResourceClaim = serde_json::from_value(json!({
+            "metadata": {"name": "c", "namespace": "ns"},
+            "spec": {"devices": {"requests": [{"name": "gpus", "firstAvailable": [
+                {"name": "four", "deviceClassName": NVIDIA_DRIVER, "count": 4},
+                {"name": "two", "deviceClassName": NVIDIA_DRIVER, "count": 2}
+            ]}]}}
+        }))
+        .unwrap();
+        let ci = claim(&c).unwrap();
+        assert_eq!(
+            ci.first_available,
+            vec![("gpus/four".into(), 4), ("gpus/two".into(), 2)]
+        );
+        assert_eq!(ci.gpus(), 4);
+        assert_eq!(ci.gpu_alternatives(), vec![2]);
+        let slice = SliceInfo {
+            node: "n".into(),
+            driver: NVIDIA_DRIVER.into(),
+            pool: "p".into(),
+            devices: (0..4)
+                .map(|i| DraDevice {
+                    name: format!("gpu-{i}"),
+                    index: i,
+                    model: String::new(),
+                    memory: 0,
+                    pcie_root: None,
+                })
+                .collect(),
+        };
+        let (patch, used) = allocation_patch(&ci, "n", &[&slice], &[1, 3], "pod", "uid").unwrap();
+        assert_eq!(used, 2);
+        let results = &patch["status"]["allocation"]["devices"]["results"];
+        assert_eq!(results[0]["request"], "gpus/two");
+        assert_eq!(results[1]["device"], "gpu-3");
+    }
 }

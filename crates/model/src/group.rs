@@ -193,6 +193,16 @@ pub struct Task {
     /// its profile on its node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig_start: Option<u8>,
+    /// Device shapes the task also accepts, in order of preference after
+    /// `gpu` (Kubernetes DRA's `firstAvailable`): other MIG profiles, other
+    /// models, other whole-GPU counts. The scheduler takes the first that
+    /// fits, says which in the plan, and charges quota for it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_alternatives: Vec<GpuRequest>,
+    /// For a running task with alternatives: which one it holds (0: `gpu`,
+    /// `k`: `gpu_alternatives[k - 1]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_choice: Option<u32>,
 }
 
 impl Task {
@@ -208,6 +218,25 @@ impl Task {
             gpu_indices: Vec::new(),
             topology: None,
             mig_start: None,
+            gpu_alternatives: Vec::new(),
+            gpu_choice: None,
+        }
+    }
+
+    /// The device shapes the task accepts, in order of preference: `gpu`,
+    /// then `gpu_alternatives`.
+    pub fn gpu_options(&self) -> impl Iterator<Item = &GpuRequest> {
+        std::iter::once(&self.gpu).chain(self.gpu_alternatives.iter())
+    }
+
+    /// Shape `k` of [`Task::gpu_options`] (`gpu` when out of range).
+    pub fn gpu_option(&self, k: u32) -> &GpuRequest {
+        match k {
+            0 => &self.gpu,
+            k => self
+                .gpu_alternatives
+                .get(k as usize - 1)
+                .unwrap_or(&self.gpu),
         }
     }
 
@@ -218,9 +247,14 @@ impl Task {
 
     /// The full request, GPU included, with one pod slot.
     pub fn request(&self) -> Resources {
+        self.request_with(&self.gpu)
+    }
+
+    /// [`Task::request`] with the device shape `gpu` (one of the options).
+    pub fn request_with(&self, gpu: &GpuRequest) -> Resources {
         let mut r = self.resources.clone();
-        r.gpu_milli = self.gpu.milli();
-        if let GpuRequest::Shared { memory, .. } = &self.gpu {
+        r.gpu_milli = gpu.milli();
+        if let GpuRequest::Shared { memory, .. } = gpu {
             r.gpu_memory = *memory;
         }
         r.pods = 1;

@@ -19,9 +19,9 @@ pub mod topology;
 
 pub use group::{GpuRequest, GroupKind, PodGroup, Task, TaskId};
 pub use node::{GpuDevice, Node, Taint, TaintEffect, Toleration, TolerationOperator};
-pub use plan::{Binding, Eviction, MigRef, MigStep, Pending, Plan, Reservation};
+pub use plan::{Binding, Choice, Eviction, MigRef, MigStep, Pending, Plan, Reservation};
 pub use quantity::{QuantityError, parse_bytes, parse_count, parse_cpu_milli, parse_milli};
 pub use queue::Queue;
 pub use resources::{Dim, Resources};
-pub use snapshot::Snapshot;
+pub use snapshot::{IssueKind, Snapshot, SnapshotIssue};
 pub use topology::{GpuScope, GpuTopology, MigRequest, NetworkTier, Strength};

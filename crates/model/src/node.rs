@@ -74,6 +74,11 @@ pub struct GpuDevice {
     /// The GPU's MIG partitioning, when MIG is enabled on it (see [`crate::mig`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig: Option<crate::mig::MigLayout>,
+    /// Set by the node runtime after a fault that needs the GPU looked at (an Xid
+    /// or ECC error not confined to one task's context): the reason. No new work is
+    /// placed on it; what runs there stays until it ends. Cleared by an operator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unhealthy: Option<String>,
 }
 
 impl GpuDevice {
@@ -86,6 +91,7 @@ impl GpuDevice {
             pcie_root: None,
             numa: None,
             mig: None,
+            unhealthy: None,
         }
     }
 }

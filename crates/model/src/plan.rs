@@ -16,6 +16,44 @@ pub struct Plan {
     /// taking them (the `reservation` plugin).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reservations: Vec<Reservation>,
+    /// For bound tasks that list device alternatives: which one each got.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub choices: Vec<Choice>,
+}
+
+/// The device shape a binding takes, of those its task accepts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Choice {
+    pub task: TaskId,
+    /// 0: the task's `gpu`; `k`: its `gpu_alternatives[k - 1]`.
+    pub index: u32,
+    pub gpu: crate::group::GpuRequest,
+}
+
+impl fmt::Display for crate::group::GpuRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use crate::group::GpuRequest as G;
+        let models = |m: &[String]| {
+            if m.is_empty() {
+                String::new()
+            } else {
+                format!(" {}", m.join("|"))
+            }
+        };
+        match self {
+            G::None => f.write_str("no GPU"),
+            G::Whole { count, models: m } => write!(
+                f,
+                "{count} GPU{}{}",
+                if *count == 1 { "" } else { "s" },
+                models(m)
+            ),
+            G::Shared {
+                milli, models: m, ..
+            } => write!(f, "{milli}m of a GPU{}", models(m)),
+            G::Mig { profile, models: m } => write!(f, "MIG {profile}{}", models(m)),
+        }
+    }
 }
 
 /// Place `task` on `node`, holding the GPUs `gpus`.
@@ -113,6 +151,9 @@ impl fmt::Display for Plan {
             }
             if b.after_evictions {
                 f.write_str(" (after evictions)")?;
+            }
+            if let Some(c) = self.choices.iter().find(|c| c.task == b.task) {
+                write!(f, " (choice {}: {})", c.index + 1, c.gpu)?;
             }
             writeln!(f)?;
         }

@@ -6,7 +6,8 @@
 //! and `CUDA_VISIBLE_DEVICES` / `NVIDIA_VISIBLE_DEVICES` name them by UUID (the MIG
 //! device's UUID for a MIG task). A fractional task gets its GPU and its share in
 //! `TESSERA_GPU_MEMORY_LIMIT` / `TESSERA_GPU_COMPUTE_MILLI`, which the CUDA
-//! interposer (`crates/gpushare`) enforces through a [`GpuShareHook`].
+//! interposer (`crates/gpushare`) enforces through a [`GpuShareHook`]
+//! ([`crate::gpushare`]).
 //!
 //! Before every start the runtime compares what the sandbox will actually see (the
 //! driver's live view: UUIDs, PCI bus ids, MIG instances, the device nodes present)
@@ -378,7 +379,10 @@ pub struct Share {
     pub gpu: u32,
     pub uuid: String,
     pub milli: u32,
+    /// Bytes of GPU memory; 0: the request named none.
     pub memory: u64,
+    /// The GPU's memory (the cap when the request named none).
+    pub device_memory: u64,
 }
 
 /// What a [`GpuShareHook`] adds to a fractional task's sandbox.
@@ -388,16 +392,27 @@ pub struct ShareSetup {
     pub binds: Vec<Bind>,
 }
 
-/// The hook for GPU-share enforcement (the CUDA interposer of `crates/gpushare`):
-/// called before a fractional task starts (what to add: `LD_PRELOAD` of the
-/// interposer, its accounting region bound in, …) and after its tree is gone. The
-/// fence has already set `TESSERA_GPU_MEMORY_LIMIT` / `TESSERA_GPU_COMPUTE_MILLI`.
+/// The hook for GPU-share enforcement (the CUDA interposer of `crates/gpushare`,
+/// [`crate::gpushare::Interposer`]): called before a fractional task starts (what
+/// to add: the interposer and its `/etc/ld.so.preload`, its accounting region
+/// bound in, …) and after its tree is gone, however it ended. The fence has
+/// already set `TESSERA_GPU_MEMORY_LIMIT` / `TESSERA_GPU_COMPUTE_MILLI`; the
+/// hook's variables replace them.
 pub trait GpuShareHook: Send + Sync + std::fmt::Debug {
+    /// Sets the task's share up, or refuses it (the reason is the task's).
     fn prepare(&self, key: &TaskKey, share: &Share) -> Result<ShareSetup, String>;
-    fn release(&self, key: &TaskKey);
+    /// The task has ended: releases its share; returns its last usage.
+    fn release(&self, key: &TaskKey) -> Option<tessera_gpushare::usage::TaskUsage>;
+    /// A running task's usage (memory used against the cap, compute share).
+    fn usage(&self, _key: &TaskKey) -> Option<tessera_gpushare::usage::TaskUsage> {
+        None
+    }
+    /// One line for the node's start-up message and status.
+    fn describe(&self) -> String;
 }
 
-/// No enforcement beyond the two variables (until the interposer is wired in).
+/// No enforcement beyond the two variables: only where an operator turned it off
+/// (`tessera up --gpu-share-enforcement off`).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct EnvOnly;
 
@@ -405,7 +420,12 @@ impl GpuShareHook for EnvOnly {
     fn prepare(&self, _: &TaskKey, _: &Share) -> Result<ShareSetup, String> {
         Ok(ShareSetup::default())
     }
-    fn release(&self, _: &TaskKey) {}
+    fn release(&self, _: &TaskKey) -> Option<tessera_gpushare::usage::TaskUsage> {
+        None
+    }
+    fn describe(&self) -> String {
+        "off: fractional tasks see their share in TESSERA_GPU_MEMORY_LIMIT / TESSERA_GPU_COMPUTE_MILLI only; nothing holds them to it".into()
+    }
 }
 
 #[cfg(test)]

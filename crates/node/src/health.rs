@@ -19,6 +19,9 @@ pub enum ConditionKind {
     DiskPressure,
     /// No cgroups: tasks run in namespaces but their limits are not enforced.
     LimitsNotEnforced,
+    /// A GPU had a fault not confined to one task (Xid / ECC, [`crate::faults`]):
+    /// no new work goes there.
+    GpuUnhealthy,
 }
 
 /// One condition.

@@ -9,6 +9,10 @@
 //!   requests), the environment.
 //! - [`fence`]: GPU fencing (device nodes, device cgroup, `CUDA_VISIBLE_DEVICES` by
 //!   UUID) and the device-view check before every start.
+//! - [`gpushare`]: GPU-share enforcement of fractional tasks (the CUDA
+//!   interposer preloaded in their sandbox, an accounting region per task).
+//! - [`faults`]: Xid / ECC events (NVML, a fake in tests) to a node condition and
+//!   GPUs no new work goes to.
 //! - [`mig`]: MIG actuation behind a backend trait, journaled and resumable.
 //! - [`gpu`]: what the driver says (NVML), mapped to the model's devices.
 //! - [`health`]: heartbeat and conditions.
@@ -18,8 +22,10 @@
 //! this crate carries out and reports.
 
 pub mod bench;
+pub mod faults;
 pub mod fence;
 pub mod gpu;
+pub mod gpushare;
 pub mod health;
 pub mod mig;
 pub mod runtime;

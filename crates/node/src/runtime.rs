@@ -25,9 +25,7 @@ use tessera_sandbox::{
     SandboxSpec, Template, pids_in_namespace,
 };
 
-use crate::fence::{
-    self, DeviceDirs, EnvOnly, GpuAssignment, GpuShareHook, Mismatch, SeenDevice, Share,
-};
+use crate::fence::{self, DeviceDirs, GpuAssignment, GpuShareHook, Mismatch, SeenDevice, Share};
 use crate::gpu::{GpuSource, RawGpu};
 use crate::spec::{self, Defaults, LimitError, TaskKey, TaskLimits, TemplateRef};
 
@@ -53,8 +51,14 @@ pub struct NodeConfig {
     pub gpus: Arc<dyn GpuSource>,
     /// GPU-share enforcement for fractional tasks.
     pub gpushare: Arc<dyn GpuShareHook>,
+    /// Host folders of the GPU driver's user-space (`libcuda.so.1`, …) bound
+    /// read-only, at the same path and executable, into every GPU task; empty:
+    /// what the task's template shows (the host's `/usr` for the host template).
+    pub gpu_libs: Vec<PathBuf>,
     /// Limits of tasks that ask for nothing.
     pub defaults: Defaults,
+    /// GPU fault events (Xid / ECC); `None`: none are watched.
+    pub faults: Option<Arc<dyn crate::faults::FaultSource>>,
 }
 
 impl std::fmt::Debug for NodeConfig {
@@ -66,24 +70,33 @@ impl std::fmt::Debug for NodeConfig {
             .field("masked_paths", &self.masked_paths)
             .field("devices", &self.devices)
             .field("gpus", &self.gpus.name())
+            .field("gpushare", &self.gpushare.describe())
             .finish()
     }
 }
 
 impl NodeConfig {
-    /// A node named `name` with the shipped guard, cgroups on, the host's devices and
-    /// NVML.
+    /// A node named `name` with the shipped guard, cgroups on, the host's devices,
+    /// NVML, and GPU shares enforced by the CUDA interposer where it is found
+    /// ([`crate::gpushare::find_interposer`]; fractional tasks are refused, with the
+    /// fix, where it is not).
     pub fn new(name: impl Into<String>) -> Self {
+        let name = name.into();
         NodeConfig {
-            name: name.into(),
+            gpushare: crate::gpushare::hook(
+                &crate::gpushare::Enforcement::Interposer,
+                &crate::gpushare::private_state_dir(&name),
+            ),
+            name,
             init: None,
             guard: Arc::new(tessera_sandbox::PolicyGuard::default()),
             cgroups: true,
             masked_paths: Vec::new(),
             devices: DeviceDirs::default(),
             gpus: Arc::new(crate::gpu::NvmlSource),
-            gpushare: Arc::new(EnvOnly),
+            gpu_libs: Vec::new(),
             defaults: Defaults::default(),
+            faults: None,
         }
     }
 }
@@ -119,6 +132,34 @@ pub struct Usage {
     pub peak_memory: Option<u64>,
     /// Allocated GPUs (or fractions) × wall time.
     pub gpu_seconds: f64,
+    /// A fractional task's GPU memory: its cap, the most it held, and the
+    /// allocations refused over the cap (from its region; `None` for other tasks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_memory_limit: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_memory_peak: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_oom_events: Option<u64>,
+    /// A fractional task's compute share (milli-GPU) and the device time it used
+    /// as the compute monitor measured it (0 where no monitor ran).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_compute_milli: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_busy_seconds: Option<f64>,
+}
+
+impl Usage {
+    /// Adds what a fractional task's region recorded.
+    pub fn with_share(mut self, u: Option<&tessera_gpushare::usage::TaskUsage>) -> Usage {
+        if let Some(d) = u.and_then(|u| u.devices.first()) {
+            self.gpu_memory_limit = Some(d.memory_limit_bytes);
+            self.gpu_memory_peak = Some(d.memory_peak_bytes);
+            self.gpu_oom_events = Some(d.oom_events);
+            self.gpu_compute_milli = Some(d.compute_milli);
+            self.gpu_busy_seconds = Some(d.compute_busy_ns as f64 / 1e9);
+        }
+        self
+    }
 }
 
 /// How a task ended.
@@ -181,6 +222,10 @@ pub struct TaskExit {
     /// Processes of the task's pid namespace still alive after the sandbox was
     /// removed: always empty (a check, reported rather than assumed).
     pub leftovers: Vec<i32>,
+    /// A fractional task's GPU share as its region last recorded it: memory used
+    /// and peak against the cap, refusals, compute share used (`None` for other
+    /// tasks and where enforcement is off).
+    pub gpushare: Option<tessera_gpushare::usage::TaskUsage>,
 }
 
 /// What a start made.
@@ -255,6 +300,7 @@ impl Running {
             cpu_seconds: cg.and_then(|c| c.cpu_usage_ns()).map(|ns| ns as f64 / 1e9),
             peak_memory: cg.and_then(|c| c.memory_peak()),
             gpu_seconds: self.fraction * wall,
+            ..Usage::default()
         };
         *u = Some(usage);
         let _ = self.sb.destroy();
@@ -283,6 +329,7 @@ pub struct NodeRuntime {
     live: Mutex<Result<Vec<RawGpu>, String>>,
     /// The last refusal for a device-view mismatch, until a check matches again.
     mismatch: Mutex<Option<Mismatch>>,
+    faults: crate::faults::FaultBook,
     nofile: u64,
 }
 
@@ -321,6 +368,7 @@ impl NodeRuntime {
             tasks: Mutex::new(HashMap::new()),
             live: Mutex::new(live),
             mismatch: Mutex::new(None),
+            faults: Default::default(),
             nofile,
         }))
     }
@@ -351,6 +399,37 @@ impl NodeRuntime {
         self.live.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// Reads the fault events since the last call and takes them in: GPU faults
+    /// mark the GPU unhealthy. Returns each event with its verdict.
+    pub fn poll_faults(&self) -> Vec<(crate::faults::GpuFault, crate::faults::Verdict)> {
+        let Some(src) = &self.cfg.faults else {
+            return Vec::new();
+        };
+        match src.poll() {
+            Ok(v) => v
+                .into_iter()
+                .map(|f| {
+                    let verdict = self.faults.record(&f);
+                    (f, verdict)
+                })
+                .collect(),
+            Err(e) => {
+                eprintln!("tessera-node: GPU fault events ({}): {e}", src.name());
+                Vec::new()
+            }
+        }
+    }
+
+    /// GPUs marked unhealthy by a fault, with the reason.
+    pub fn unhealthy_gpus(&self) -> std::collections::BTreeMap<u32, String> {
+        self.faults.unhealthy()
+    }
+
+    /// The node's fault book (counts by verdict, GPUs marked).
+    pub fn fault_book(&self) -> &crate::faults::FaultBook {
+        &self.faults
+    }
+
     /// The last device-view mismatch that refused a start, if no check has matched
     /// since.
     pub fn mismatch(&self) -> Option<Mismatch> {
@@ -374,6 +453,11 @@ impl NodeRuntime {
         };
         *self.mismatch.lock().unwrap_or_else(|p| p.into_inner()) = r.clone().err();
         r
+    }
+
+    /// A running fractional task's GPU-share usage, from its region.
+    pub fn gpu_share_usage(&self, key: &TaskKey) -> Option<tessera_gpushare::usage::TaskUsage> {
+        self.cfg.gpushare.usage(key)
     }
 
     /// Tasks running now.
@@ -431,6 +515,17 @@ impl NodeRuntime {
                 Template::Dir(p.clone())
             }
         };
+        let unhealthy = self.faults.unhealthy();
+        if let Some((i, why)) = w
+            .gpus
+            .gpus()
+            .iter()
+            .find_map(|i| unhealthy.get(i).map(|w| (i, w)))
+        {
+            return Err(StartError::Gpu(format!(
+                "GPU {i} is unhealthy ({why}): no new work starts on it"
+            )));
+        }
         let fence = if w.gpus == GpuAssignment::None {
             fence::plan(&w.gpus, &w.record, &[], &self.cfg.devices)?
         } else {
@@ -457,14 +552,39 @@ impl NodeRuntime {
                     .unwrap_or_default(),
                 milli: *milli,
                 memory: *memory,
+                device_memory: w
+                    .record
+                    .iter()
+                    .find(|g| g.index == *gpu)
+                    .map(|g| g.memory)
+                    .unwrap_or(0),
             };
             let s = self
                 .cfg
                 .gpushare
                 .prepare(&w.key, &share)
                 .map_err(StartError::Gpu)?;
+            // The hook's variables replace the fence's of the same name.
+            gpu_env.retain(|(k, _)| !s.env.iter().any(|(n, _)| n == k));
             gpu_env.extend(s.env);
             binds.extend(s.binds);
+        }
+        let mut extra_rules = Vec::new();
+        if w.gpus != GpuAssignment::None {
+            for d in &self.cfg.gpu_libs {
+                let path = d.display().to_string();
+                binds.push(tessera_sandbox::Bind {
+                    host: d.clone(),
+                    path: path.clone(),
+                    writable: false,
+                });
+                extra_rules.push(tessera_sandbox::PathAccess {
+                    path,
+                    read: true,
+                    write: false,
+                    execute: true,
+                });
+            }
         }
         let env = spec::task_env(&w.key, &self.cfg.name, &gpu_env, &w.env);
         let sbspec = SandboxSpec {
@@ -473,7 +593,7 @@ impl NodeRuntime {
             limits,
             hostname: spec::hostname(&w.key),
             env: Vec::new(),
-            extra_rules: Vec::new(),
+            extra_rules,
             rlimits: tessera_sandbox::Rlimits {
                 nofile: self.nofile,
                 ..Default::default()
@@ -503,6 +623,26 @@ impl NodeRuntime {
             return Err(StartError::AlreadyRunning(w.key));
         }
         let (sbspec, env, view) = self.prepare(&w)?;
+        let shared = matches!(w.gpus, GpuAssignment::Shared { .. });
+        // Whatever fails from here on gives the task's GPU share back.
+        let key = w.key.clone();
+        let undo = |e: StartError| {
+            if shared {
+                self.cfg.gpushare.release(&key);
+            }
+            e
+        };
+        self.launch(w, sbspec, env, view, on_exit).map_err(undo)
+    }
+
+    fn launch(
+        self: &Arc<Self>,
+        w: WorkloadSpec,
+        sbspec: SandboxSpec,
+        env: Vec<(String, String)>,
+        view: Vec<SeenDevice>,
+        on_exit: OnExit,
+    ) -> Result<Started, StartError> {
         let log_err = |source| StartError::Log {
             path: w.log.display().to_string(),
             source,
@@ -617,9 +757,12 @@ impl NodeRuntime {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .remove(&running.key);
-                if shared {
-                    me.cfg.gpushare.release(&running.key);
-                }
+                // The tree is gone (the sandbox was removed above): its share goes back.
+                let gpushare = if shared {
+                    me.cfg.gpushare.release(&running.key)
+                } else {
+                    None
+                };
                 {
                     let (m, cv) = &running.done;
                     *m.lock().unwrap_or_else(|p| p.into_inner()) = true;
@@ -628,8 +771,9 @@ impl NodeRuntime {
                 on_exit(TaskExit {
                     key: running.key.clone(),
                     outcome,
-                    usage,
+                    usage: usage.with_share(gpushare.as_ref()),
                     leftovers,
+                    gpushare,
                 });
             });
         if let Err(e) = spawned {

@@ -161,6 +161,36 @@ pub enum Profile {
     Spread,
 }
 
+/// How a task asking for a fraction of one GPU is placed.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum SharePolicy {
+    /// By the workload kind's profile (binpack or spread), on the fullest GPU
+    /// that fits.
+    #[default]
+    Profile,
+    /// Tessera's fragmentation-aware policy (`tessera sim --policy tessera`):
+    /// among the first feasible nodes in binpack order, the node and GPU that
+    /// FGD's fragmentation, the lookahead on shares, stranding and model
+    /// pressure score best (see `gpu::outlook`).
+    Tessera,
+}
+
+impl FromStr for SharePolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "profile" => Ok(SharePolicy::Profile),
+            "tessera" => Ok(SharePolicy::Tessera),
+            _ => Err(format!(
+                "unknown share policy `{s}`; known: profile, tessera"
+            )),
+        }
+    }
+}
+
 /// The placement profile per workload kind, by default training binpacks and
 /// inference spreads; kinds not listed follow the `binpack` / `spread` plugin.
 pub fn default_profiles() -> BTreeMap<GroupKind, Profile> {
@@ -180,6 +210,8 @@ pub struct Config {
     /// Placement profile per workload kind (see [`default_profiles`]); a kind
     /// not listed follows the `binpack` / `spread` plugin.
     pub profiles: BTreeMap<GroupKind, Profile>,
+    /// How fractions of a GPU are placed.
+    pub share_policy: SharePolicy,
 }
 
 impl Default for Config {
@@ -204,6 +236,7 @@ impl Default for Config {
                 ],
             ],
             profiles: default_profiles(),
+            share_policy: SharePolicy::Profile,
         }
     }
 }
@@ -240,6 +273,7 @@ impl Config {
             actions: acts,
             tiers: out,
             profiles: default_profiles(),
+            share_policy: SharePolicy::Profile,
         };
         if c.enabled(PluginName::Binpack) && c.enabled(PluginName::Spread) {
             return Err(ConfigError::Conflicting);

@@ -16,9 +16,12 @@ mod index;
 pub mod proportion;
 mod session;
 mod state;
+mod victims;
 
-pub use config::{Action, Config, ConfigError, PluginName, Profile};
-pub use session::{NoObserver, Observer};
+pub use config::{Action, Config, ConfigError, PluginName, Profile, SharePolicy};
+pub use session::{Explanation, NoObserver, NodeVerdict, Observer, explain};
+/// The bounds of the victim search (see the `victims` module).
+pub use victims::{DECISION_STEPS, JOINT_MAX, NODE_STEPS};
 
 use tessera_model::{Plan, Snapshot};
 

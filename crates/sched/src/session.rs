@@ -9,17 +9,24 @@ use tessera_model::{
     Plan, Reservation, Resources, Snapshot, Strength, TaskId,
 };
 
-use crate::config::{Action, Config, PluginName, Profile};
+use crate::config::{Action, Config, PluginName, Profile, SharePolicy};
 use crate::gpu::Pick;
 use crate::index::{NodeIndex, cpu_mag};
 use crate::proportion::water_fill_resources;
 use crate::state::{JobId, NodeId, QueueId, State, TaskStatus, class_failure};
+use crate::victims;
 
 /// Hooks a caller can observe the session through (benchmarks time decisions
 /// with it; the scheduler itself never reads a clock).
 pub trait Observer {
     /// Called after each placement decision for one task, placed or not.
     fn decision(&mut self) {}
+    /// Called when a victim search (preempt or reclaim, for one task or one
+    /// gang) begins.
+    fn search_begin(&mut self) {}
+    /// Called when that search ends, with the number of victims it chose (0:
+    /// none, or no set makes the task fit).
+    fn search_end(&mut self, _victims: usize) {}
 }
 
 /// An observer that does nothing.
@@ -27,12 +34,133 @@ pub trait Observer {
 pub struct NoObserver;
 impl Observer for NoObserver {}
 
+/// What candidates are ranked by (lower is better): topology fit (outside the
+/// gang's network domain, domains spanned beyond one), GPU memory fit,
+/// communication load, CPU/memory fill, node id.
+type ScoreKey = ((u8, u32), u64, usize, u64, NodeId);
+
+/// Allocation rounds at most: each further round follows groups parked in the
+/// one before (see `allocate`).
+const MAX_ROUNDS: usize = 8;
+
 /// How many feasible nodes of the best bucket are scored before choosing.
 const CANDIDATES: usize = 4;
 
 /// How many feasible nodes a task with an imperfect topology fit collects
 /// (over several buckets) before choosing.
 const TOPO_CANDIDATES: usize = 64;
+
+/// How many feasible nodes (in binpack order) the `tessera` share policy
+/// scores for a fraction of a GPU.
+const SHARE_CANDIDATES: usize = 32;
+
+/// What the `tessera` share policy scores with, built once per session from
+/// the snapshot's tasks (the observed shapes) and nodes.
+struct ShareScorer {
+    /// GPU model id of each node (`u16::MAX`: none).
+    node_model: Vec<u16>,
+    /// Model ids by name.
+    models: BTreeMap<String, u16>,
+    workload: crate::gpu::Workload,
+    outlook: crate::gpu::Outlook,
+}
+
+impl ShareScorer {
+    fn new(st: &State<'_>) -> ShareScorer {
+        let mut names: Vec<&str> = st
+            .nodes
+            .iter()
+            .flat_map(|n| n.gpus.slots.iter().map(|g| g.model.as_str()))
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        let models: BTreeMap<String, u16> = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.to_string(), i as u16))
+            .collect();
+        let node_model = st
+            .nodes
+            .iter()
+            .map(|n| {
+                n.gpus
+                    .slots
+                    .first()
+                    .and_then(|g| models.get(&g.model).copied())
+                    .unwrap_or(u16::MAX)
+            })
+            .collect();
+        let mut sc = ShareScorer {
+            node_model,
+            models,
+            workload: crate::gpu::Workload::default(),
+            outlook: crate::gpu::Outlook::default(),
+        };
+        let shapes: Vec<crate::gpu::PodShape> = (0..st.tasks.len() as u32)
+            .filter_map(|t| sc.shape(st, t))
+            .collect();
+        let nodes: Vec<crate::gpu::NodeState> = (0..st.nodes.len())
+            .map(|n| sc.node(st, n as NodeId, false))
+            .collect();
+        sc.workload = crate::gpu::Workload::typical(&shapes, 0.95, true);
+        sc.outlook = crate::gpu::Outlook::new(&shapes, &nodes);
+        sc
+    }
+
+    /// Task `t` as the placement policies see it (MIG tasks are left out).
+    fn shape(&self, st: &State<'_>, t: u32) -> Option<crate::gpu::PodShape> {
+        let ts = &st.tasks[t as usize];
+        let (num_gpu, milli) = match &ts.gpu {
+            GpuRequest::None => (0, 0),
+            GpuRequest::Whole { count, .. } => (*count, 1000),
+            GpuRequest::Shared { milli, .. } => (1, *milli),
+            GpuRequest::Mig { .. } => return None,
+        };
+        let models = ts
+            .src
+            .gpu
+            .models()
+            .iter()
+            .filter_map(|m| self.models.get(m))
+            .filter(|&&m| m < 64)
+            .fold(0u64, |a, &m| a | (1 << m));
+        let cpu = i64::try_from(ts.request.cpu_milli).unwrap_or(i64::MAX);
+        Some(crate::gpu::PodShape {
+            cpu: if cpu == 0 { 100 } else { cpu },
+            cpu_req: cpu,
+            mem: i64::try_from(ts.request.memory).unwrap_or(i64::MAX),
+            num_gpu,
+            milli,
+            models,
+        })
+    }
+
+    /// Node `n` as the placement policies see it: free now (`current`), or
+    /// as allocatable.
+    fn node(&self, st: &State<'_>, n: NodeId, current: bool) -> crate::gpu::NodeState {
+        let ns = &st.nodes[n as usize];
+        let r = if current {
+            &ns.free
+        } else {
+            &ns.src.allocatable
+        };
+        let mut out = crate::gpu::NodeState::new(
+            i64::try_from(ns.src.allocatable.cpu_milli).unwrap_or(i64::MAX),
+            i64::try_from(r.memory).unwrap_or(i64::MAX),
+            ns.gpus.slots.len() as u32,
+            self.node_model[n as usize],
+        );
+        out.cpu_left = i64::try_from(r.cpu_milli).unwrap_or(i64::MAX);
+        for (k, g) in ns.gpus.slots.iter().enumerate() {
+            out.gpu_left[k] = match (&g.mig, current) {
+                (Some(_), _) => 0,
+                (None, true) => g.free_milli,
+                (None, false) => 1000,
+            };
+        }
+        out
+    }
+}
 
 /// An undo log for gang placement: either the whole group lands, or nothing does.
 #[derive(Debug, Default)]
@@ -87,10 +215,24 @@ struct Session<'s, 'c, 'o> {
     victim_nodes: Vec<NodeId>,
     /// Evictions in the plan so far, per node.
     releasing: Vec<u32>,
+    /// The `tessera` share policy, when configured.
+    share: Option<ShareScorer>,
+    /// The current attempt may use only these nodes (a gang's joint victim
+    /// search, beyond its queue's deserved share).
+    only_nodes: Option<Vec<NodeId>>,
 }
 
 /// Runs a session; see [`crate::schedule`].
 pub fn run(snapshot: &Snapshot, cfg: &Config, obs: &mut dyn Observer) -> Plan {
+    run_session(snapshot, cfg, obs).into_plan()
+}
+
+/// Runs the configured actions; the session, for the plan or an explanation.
+fn run_session<'s, 'c, 'o>(
+    snapshot: &'s Snapshot,
+    cfg: &'c Config,
+    obs: &'o mut dyn Observer,
+) -> Session<'s, 'c, 'o> {
     let st = State::new(snapshot, cfg.enabled(PluginName::Predicates));
     let max_cpu_mag = st
         .nodes
@@ -117,7 +259,12 @@ pub fn run(snapshot: &Snapshot, cfg: &Config, obs: &mut dyn Observer) -> Plan {
         diag_cache: HashMap::new(),
         victim_nodes: Vec::new(),
         releasing: Vec::new(),
+        only_nodes: None,
+        share: None,
     };
+    if cfg.share_policy == SharePolicy::Tessera {
+        s.share = Some(ShareScorer::new(&s.st));
+    }
     s.releasing = vec![0; s.st.nodes.len()];
     s.victim_nodes = (0..s.st.nodes.len() as NodeId)
         .filter(|&n| {
@@ -147,7 +294,198 @@ pub fn run(snapshot: &Snapshot, cfg: &Config, obs: &mut dyn Observer) -> Plan {
             Action::Reclaim => s.reclaim(),
         }
     }
-    s.into_plan()
+    s
+}
+
+/// Why task `task` went where it went, or did not go: the session is run as
+/// [`run`] does; then, on the cluster as the session leaves it (the task
+/// itself taken off its node, if it was placed), every node is judged for it:
+/// the nodes it fits ranked by the scoring rules (best first, the chosen one
+/// marked), then the others with the rule that drops each. `None` when the
+/// snapshot has no such task.
+pub fn explain(snapshot: &Snapshot, cfg: &Config, task: &TaskId) -> Option<Explanation> {
+    let mut obs = NoObserver;
+    let mut s = run_session(snapshot, cfg, &mut obs);
+    let t = (0..s.st.tasks.len() as u32).find(|&t| s.task_id(t) == *task)?;
+    let j = s.st.tasks[t as usize].job;
+    let ts = &s.st.tasks[t as usize];
+    let node_name = |n: Option<NodeId>| {
+        n.map(|n| s.st.nodes[n as usize].src.name.clone())
+            .unwrap_or_default()
+    };
+    let (outcome, chosen) = match ts.status {
+        TaskStatus::Bound | TaskStatus::Pipelined => (
+            format!(
+                "bound to {}{}{}",
+                node_name(ts.node),
+                if ts.gpus.is_empty() {
+                    String::new()
+                } else {
+                    let g: Vec<String> = ts.gpus.iter().map(u32::to_string).collect();
+                    format!(" gpus [{}]", g.join(","))
+                },
+                if ts.status == TaskStatus::Pipelined {
+                    " (after evictions)"
+                } else {
+                    ""
+                }
+            ),
+            ts.node,
+        ),
+        TaskStatus::Running => (
+            format!("already running on {}", node_name(ts.node)),
+            ts.node,
+        ),
+        TaskStatus::Evicted => (
+            format!(
+                "evicted from {}: {}",
+                node_name(ts.node),
+                s.evicted
+                    .iter()
+                    .find(|e| e.0 == t)
+                    .map(|e| e.1.clone())
+                    .unwrap_or_default()
+            ),
+            None,
+        ),
+        TaskStatus::Pending => {
+            let mut cache = HashMap::new();
+            let why = s
+                .pending_reason(j, &mut cache)
+                .map(|p| p.reason)
+                .unwrap_or_else(|| "pending".into());
+            (format!("pending: {why}"), None)
+        }
+    };
+    // Judge the nodes as if the task were not placed.
+    let saved = match ts.status {
+        TaskStatus::Bound | TaskStatus::Pipelined | TaskStatus::Running => {
+            let status = ts.status;
+            let n = ts.node;
+            let pick = Pick {
+                gpus: ts.gpus.clone(),
+                mig: ts.mig.clone(),
+            };
+            s.st.unplace(t, TaskStatus::Pending);
+            Some((status, n, pick))
+        }
+        _ => None,
+    };
+    let mut fits: Vec<(ScoreKey, NodeVerdict)> = Vec::new();
+    let mut dropped: Vec<NodeVerdict> = Vec::new();
+    for n in 0..s.st.nodes.len() as NodeId {
+        let name = s.st.nodes[n as usize].src.name.clone();
+        match s.node_rule(t, n) {
+            Ok(pick) => {
+                let key = s.score_key(t, n, &pick);
+                let spread = s.spread_for(t);
+                let gpus: Vec<String> = pick.gpus.iter().map(u32::to_string).collect();
+                let rule = format!(
+                    "fits{}: {} GPU domain{} beyond one{}, {} GPU memory {}, {} tasks of other gangs, CPU/memory {}",
+                    if gpus.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" on gpus [{}]", gpus.join(","))
+                    },
+                    key.0.1,
+                    if key.0.1 == 1 { "" } else { "s" },
+                    if key.0.0 > 0 {
+                        ", outside the gang's network domain"
+                    } else {
+                        ""
+                    },
+                    tessera_model::quantity::format_bytes(if spread {
+                        u64::MAX - key.1
+                    } else {
+                        key.1
+                    }),
+                    if spread {
+                        "left (spread: most)"
+                    } else {
+                        "left (binpack: least)"
+                    },
+                    key.2,
+                    if spread {
+                        format!("{}‰ used after", key.3 / 2)
+                    } else {
+                        format!("{}‰ used after", (u64::MAX - key.3) / 2)
+                    }
+                );
+                fits.push((
+                    key,
+                    NodeVerdict {
+                        node: name,
+                        fits: true,
+                        chosen: Some(n) == chosen,
+                        rule,
+                    },
+                ));
+            }
+            Err(rule) => dropped.push(NodeVerdict {
+                node: name,
+                fits: false,
+                chosen: false,
+                rule,
+            }),
+        }
+    }
+    if let Some((status, Some(n), pick)) = saved {
+        s.st.place(t, n, pick, status);
+    }
+    fits.sort_by(|a, b| b.1.chosen.cmp(&a.1.chosen).then_with(|| a.0.cmp(&b.0)));
+    let mut nodes: Vec<NodeVerdict> = fits.into_iter().map(|x| x.1).collect();
+    nodes.extend(dropped);
+    Some(Explanation {
+        task: task.clone(),
+        outcome,
+        nodes,
+    })
+}
+
+/// What [`explain`] says about one task.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Explanation {
+    pub task: TaskId,
+    /// Where it went, or why it waits, as the plan says.
+    pub outcome: String,
+    /// Every node: those it fits, best first (the chosen one first of all),
+    /// then the others with the rule that drops each.
+    pub nodes: Vec<NodeVerdict>,
+}
+
+/// One node's verdict for a task.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct NodeVerdict {
+    pub node: String,
+    pub fits: bool,
+    pub chosen: bool,
+    /// For a node it fits, the scoring figures; otherwise the rule that
+    /// drops it, with the numbers.
+    pub rule: String,
+}
+
+impl std::fmt::Display for Explanation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "{}: {}", self.task, self.outcome)?;
+        let w = self
+            .nodes
+            .iter()
+            .map(|n| n.node.len())
+            .max()
+            .unwrap_or(4)
+            .max(4);
+        for n in &self.nodes {
+            let mark = if n.chosen {
+                "chosen "
+            } else if n.fits {
+                "fits   "
+            } else {
+                "dropped"
+            };
+            writeln!(f, "  {mark} {:<w$}  {}", n.node, n.rule)?;
+        }
+        Ok(())
+    }
 }
 
 impl Session<'_, '_, '_> {
@@ -161,7 +499,7 @@ impl Session<'_, '_, '_> {
         for j in 0..self.st.jobs.len() {
             let job = &self.st.jobs[j];
             let Some(q) = job.queue else { continue };
-            if !job.admitted {
+            if !job.admitted || job.parked {
                 continue;
             }
             let mut want = Resources::default();
@@ -235,12 +573,23 @@ impl Session<'_, '_, '_> {
             let qs = &self.st.queues[c as usize];
             if let Some(cap) = &qs.capability {
                 if let Some(d) = over(&qs.allocated, req, cap) {
-                    return Err(format!(
-                        "queue {} would exceed its capability of {d} ({} of {})",
+                    let mut msg = format!(
+                        "queue {} would exceed its capability of {d} ({} of {}: {} held, {} asked)",
                         qs.name,
                         fmt_dim(&d, qs.allocated.get(&d).saturating_add(req.get(&d))),
-                        fmt_dim(&d, cap.get(&d))
-                    ));
+                        fmt_dim(&d, cap.get(&d)),
+                        fmt_dim(&d, qs.allocated.get(&d)),
+                        fmt_dim(&d, req.get(&d)),
+                    );
+                    if c != q {
+                        let leaf = &self.st.queues[q as usize];
+                        msg.push_str(&format!(
+                            "; it is an ancestor of queue {}, which holds {}",
+                            leaf.name,
+                            fmt_dim(&d, leaf.allocated.get(&d))
+                        ));
+                    }
+                    return Err(msg);
                 }
             }
             cur = qs.parent;
@@ -257,12 +606,23 @@ impl Session<'_, '_, '_> {
                 }
             }
             if let Some(d) = over(&qs.allocated, req, &limit) {
-                return Err(format!(
-                    "queue {} is at its deserved share of {d} ({} held, {} deserved)",
+                let mut msg = format!(
+                    "queue {} is at its deserved share of {d} ({} held, {} deserved, {} asked)",
                     qs.name,
                     fmt_dim(&d, qs.allocated.get(&d)),
-                    fmt_dim(&d, qs.deserved.get(&d))
-                ));
+                    fmt_dim(&d, qs.deserved.get(&d)),
+                    fmt_dim(&d, req.get(&d)),
+                );
+                if let Some(p) = qs.parent {
+                    let ps = &self.st.queues[p as usize];
+                    msg.push_str(&format!(
+                        "; parent {} deserves {}, holds {}",
+                        ps.name,
+                        fmt_dim(&d, ps.deserved.get(&d)),
+                        fmt_dim(&d, ps.allocated.get(&d))
+                    ));
+                }
+                return Err(msg);
             }
         }
         Ok(())
@@ -381,7 +741,7 @@ impl Session<'_, '_, '_> {
     /// Devices for task `t` on node `n` as things stand, under the current
     /// tier restriction and reservations.
     fn fits_now(&self, t: u32, n: NodeId) -> Option<Pick> {
-        if !self.tier_ok(n) {
+        if !self.tier_ok(n) || self.only_nodes.as_ref().is_some_and(|o| !o.contains(&n)) {
             return None;
         }
         let ex = self.excluded_for(t, n);
@@ -398,9 +758,12 @@ impl Session<'_, '_, '_> {
     /// its gang's network domain) keeps looking, up to [`TOPO_CANDIDATES`].
     fn find_node(&self, t: u32) -> Option<(NodeId, Pick)> {
         let task = &self.st.tasks[t as usize];
+        if let (Some(sc), GpuRequest::Shared { .. }) = (&self.share, &task.gpu) {
+            return self.find_node_share(t, sc);
+        }
         let ix = &self.st.index;
         let max_g = ix.max_gpus();
-        let (g_lo, shared) = match &task.src.gpu {
+        let (g_lo, shared) = match &task.gpu {
             GpuRequest::None => (0, false),
             GpuRequest::Whole { count, .. } => (*count, false),
             GpuRequest::Shared { .. } | GpuRequest::Mig { .. } => (0, true),
@@ -462,6 +825,85 @@ impl Session<'_, '_, '_> {
         }
     }
 
+    /// The `tessera` share policy: the first [`SHARE_CANDIDATES`] feasible
+    /// nodes in binpack order, scored by [`crate::gpu::tessera_score_on`] on
+    /// the GPUs that can hold the share (memory, model, reservations); the
+    /// best score wins, the lower node id among equals.
+    fn find_node_share(&self, t: u32, sc: &ShareScorer) -> Option<(NodeId, Pick)> {
+        let task = &self.st.tasks[t as usize];
+        let GpuRequest::Shared {
+            milli,
+            memory,
+            models,
+        } = &task.gpu
+        else {
+            return None;
+        };
+        let ix = &self.st.index;
+        let classes: &[u32] = if self.st.predicates {
+            &self.st.sig_class_list[task.sig as usize]
+        } else {
+            &self.st.all_classes
+        };
+        let c_lo = cpu_mag(task.request.cpu_milli);
+        let c_hi = self.max_cpu_mag.max(c_lo);
+        let mut found: Vec<NodeId> = Vec::new();
+        'scan: for g in 0..=ix.max_gpus() {
+            for c in c_lo..=c_hi.min(NodeIndex::MAX_CPU_MAG) {
+                for &class in classes {
+                    for &n in ix.bucket(class, g, c) {
+                        if self.fits_now(t, n).is_some() {
+                            found.push(n);
+                            if found.len() >= SHARE_CANDIDATES {
+                                break 'scan;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let pod = sc.shape(&self.st, t)?;
+        let mut scratch = Vec::new();
+        let mut best: Option<(f64, NodeId, u32)> = None;
+        for n in found {
+            let ns = &self.st.nodes[n as usize];
+            let view = sc.node(&self.st, n, true);
+            let ex = self.excluded_for(t, n);
+            let slots = &ns.gpus.slots;
+            let eligible = |k: usize| {
+                let g = &slots[k];
+                g.mig.is_none()
+                    && g.free_milli >= *milli
+                    && g.free_memory >= *memory
+                    && (models.is_empty() || models.contains(&g.model))
+                    && !(g.index < 64 && ex & (1u64 << g.index) != 0)
+            };
+            let before = sc.workload.frag(&view);
+            let (score, gpu) = crate::gpu::tessera_score_on(
+                &sc.workload,
+                &sc.outlook,
+                &view,
+                before,
+                &pod,
+                &eligible,
+                &mut scratch,
+            );
+            let Some(k) = gpu else { continue };
+            if best.as_ref().is_none_or(|b| score > b.0) {
+                best = Some((score, n, slots[k as usize].index));
+            }
+        }
+        best.map(|(_, n, g)| {
+            (
+                n,
+                Pick {
+                    gpus: vec![g],
+                    mig: None,
+                },
+            )
+        })
+    }
+
     /// Topology fit of task `t` on node `n` with `p` (lower is better): whether
     /// the node is outside the network domain its gang prefers, and how many
     /// domains beyond one its GPUs span (0 on nodes that state no domains).
@@ -499,6 +941,14 @@ impl Session<'_, '_, '_> {
     /// the node), then CPU and memory (binpack: the node left fullest; spread:
     /// emptiest); ties go to the lower node id.
     fn best(&self, t: u32, found: Vec<(NodeId, Pick)>) -> Option<(NodeId, Pick)> {
+        found
+            .into_iter()
+            .min_by_key(|(n, p)| self.score_key(t, *n, p))
+    }
+
+    /// The key [`Session::best`] ranks candidates by (lower is better):
+    /// topology fit, GPU memory fit, communication load, CPU/memory fill, node.
+    fn score_key(&self, t: u32, n: NodeId, p: &Pick) -> ScoreKey {
         let task = &self.st.tasks[t as usize];
         let req = &task.request;
         let spread = self.spread_for(t);
@@ -518,7 +968,7 @@ impl Session<'_, '_, '_> {
         };
         let gpu_mem_left = |n: NodeId, p: &Pick| -> u64 {
             let g = &self.st.nodes[n as usize].gpus;
-            let taken: u64 = match &task.src.gpu {
+            let taken: u64 = match &task.gpu {
                 GpuRequest::Whole { .. } => p
                     .gpus
                     .iter()
@@ -543,14 +993,12 @@ impl Session<'_, '_, '_> {
                 })
                 .count()
         };
-        found.into_iter().min_by_key(|(n, p)| {
-            let (mem, util) = if spread {
-                (u64::MAX - gpu_mem_left(*n, p), score(*n))
-            } else {
-                (gpu_mem_left(*n, p), u64::MAX - score(*n))
-            };
-            (self.topo_key(t, *n, p), mem, comm(*n), util, *n)
-        })
+        let (mem, util) = if spread {
+            (u64::MAX - gpu_mem_left(n, p), score(n))
+        } else {
+            (gpu_mem_left(n, p), u64::MAX - score(n))
+        };
+        (self.topo_key(t, n, p), mem, comm(n), util, n)
     }
 
     /// Places a task; on a node where this plan evicts, the binding waits for
@@ -577,7 +1025,10 @@ impl Session<'_, '_, '_> {
     fn rollback(&mut self, stmt: Stmt) {
         for op in stmt.ops.into_iter().rev() {
             match op {
-                Op::Placed(t) => self.st.unplace(t, TaskStatus::Pending),
+                Op::Placed(t) => {
+                    self.st.unplace(t, TaskStatus::Pending);
+                    self.st.set_choice(t, 0);
+                }
                 Op::Evicted(t) => {
                     let n = self.st.tasks[t as usize].node.unwrap_or(0);
                     self.releasing[n as usize] -= 1;
@@ -646,11 +1097,26 @@ impl Session<'_, '_, '_> {
                     if let Some(cap) = &qs.capability {
                         let held = qs.allocated.checked_add(&qs.inqueue).unwrap_or_default();
                         if let Some(d) = over(&held, &min, cap) {
+                            // A parent's cap: say which child asks, and what
+                            // that child holds of it.
+                            let leaf = if c as usize == q {
+                                String::new()
+                            } else {
+                                let lq = &self.st.queues[q];
+                                format!(
+                                    "; it is an ancestor of queue {}, which holds {}",
+                                    lq.name,
+                                    fmt_dim(&d, lq.allocated.get(&d))
+                                )
+                            };
                             reserved_ok = Err(format!(
-                                "queue {} capability of {d} is {}; held and admitted would be {}",
+                                "queue {} capability of {d} is {}; held and admitted would be {} ({} held, {} admitted and waiting to start, {} for this group){leaf}",
                                 qs.name,
                                 fmt_dim(&d, cap.get(&d)),
-                                fmt_dim(&d, held.get(&d).saturating_add(min.get(&d)))
+                                fmt_dim(&d, held.get(&d).saturating_add(min.get(&d))),
+                                fmt_dim(&d, qs.allocated.get(&d)),
+                                fmt_dim(&d, qs.inqueue.get(&d)),
+                                fmt_dim(&d, min.get(&d)),
                             ));
                             break;
                         }
@@ -660,6 +1126,7 @@ impl Session<'_, '_, '_> {
                 match reserved_ok {
                     Ok(()) => {
                         self.st.jobs[j as usize].admitted = true;
+                        self.enqueue_reason.remove(&j);
                         let mut cur = Some(q as QueueId);
                         while let Some(c) = cur {
                             self.st.queues[c as usize]
@@ -697,7 +1164,7 @@ impl Session<'_, '_, '_> {
                     && job
                         .tasks
                         .iter()
-                        .any(|&t| self.st.tasks[t as usize].src.gpu.whole() > 0)
+                        .any(|&t| self.st.tasks[t as usize].gpu.whole() > 0)
             })
             .collect();
         cands.sort_by_key(|&j| {
@@ -759,7 +1226,7 @@ impl Session<'_, '_, '_> {
         let mut chosen: Vec<Unit> = Vec::new();
         for t in pending {
             let ts = &self.st.tasks[t as usize];
-            let g = ts.src.gpu.whole();
+            let g = ts.gpu.whole();
             if g == 0 {
                 continue;
             }
@@ -794,7 +1261,7 @@ impl Session<'_, '_, '_> {
                         });
                         u
                     } else {
-                        ns.gpus.domain_units(scope, ts.src.gpu.models())
+                        ns.gpus.domain_units(scope, ts.gpu.models())
                     };
                     for u in units {
                         if (u.gpus.len() as u32) < g
@@ -843,7 +1310,7 @@ impl Session<'_, '_, '_> {
                 node: node.name.clone(),
                 gpus: if whole { Vec::new() } else { u.gpus.clone() },
                 reason: format!(
-                    "{} held for a queued training gang (priority {}), {} of {} GPUs free; lower-priority tasks stay off",
+                    "{} held for a queued training gang (priority {}), {} of {} GPUs free; lower-priority tasks stay off, and the gang keeps its queue's quota",
                     if whole { "whole node" } else { &u.label },
                     job.src.priority,
                     u.free,
@@ -859,10 +1326,54 @@ impl Session<'_, '_, '_> {
     }
 
     /// Places admitted groups, queue by queue in fair-share order, gang by gang.
+    /// Quota is charged for what is placed: a group admitted but placeable on
+    /// no node this session is parked (it gives back its admission reservation
+    /// and its demand, and waits with its reason), and the groups its quota
+    /// held back get another turn; until nothing more is parked.
     fn allocate(&mut self) {
         self.elect_reservation();
-        let mut per =
-            self.jobs_by_queue(|s, j| s.st.jobs[j as usize].admitted && s.has_pending(j, false));
+        let mut round = 0;
+        let mut tried = vec![false; self.st.jobs.len()];
+        let mut parked = false;
+        loop {
+            let mut per = self.jobs_by_queue(|s, j| {
+                let job = &s.st.jobs[j as usize];
+                job.admitted
+                    && !job.parked
+                    && s.has_pending(j, false)
+                    && (round == 0 || !tried[j as usize] || job.quota_blocked)
+            });
+            for jobs in &per {
+                for &j in jobs {
+                    tried[j as usize] = true;
+                }
+            }
+            self.allocate_queues(&mut per);
+            round += 1;
+            if round >= MAX_ROUNDS || !self.park_unplaceable() {
+                break;
+            }
+            parked = true;
+            // The parked groups' quota goes back: admission again, shares again.
+            self.recompute_inqueue();
+            if self.cfg.runs(Action::Enqueue) {
+                self.enqueue();
+            }
+            self.compute_deserved();
+        }
+        if parked {
+            // Parking is for allocation on free room only: preempt and reclaim
+            // make room by eviction, and a parked group's demand is what
+            // entitles its queue to that.
+            for job in &mut self.st.jobs {
+                job.parked = false;
+            }
+            self.compute_deserved();
+        }
+    }
+
+    /// One pass of allocation over `per` (admitted jobs per queue, in order).
+    fn allocate_queues(&mut self, per: &mut [VecDeque<JobId>]) {
         let mut heap: BinaryHeap<Reverse<(u64, QueueId)>> = BinaryHeap::new();
         let mut turns = vec![0u64; per.len()];
         for (q, jobs) in per.iter().enumerate() {
@@ -882,6 +1393,55 @@ impl Session<'_, '_, '_> {
         }
     }
 
+    /// Parks admitted groups that hold nothing and that no node can hold:
+    /// those that found no node, and those stopped by quota that would not
+    /// fit anyway. The gang the `reservation` plugin holds for keeps its
+    /// quota. Returns whether any group was parked.
+    fn park_unplaceable(&mut self) -> bool {
+        let held = self.reserve.as_ref().map(|r| r.job);
+        let mut changed = false;
+        for j in 0..self.st.jobs.len() as JobId {
+            let job = &self.st.jobs[j as usize];
+            if !job.admitted
+                || job.parked
+                || job.occupied > 0
+                || Some(j) == held
+                || !(job.no_room || job.quota_blocked)
+                || !self.has_pending(j, false)
+            {
+                continue;
+            }
+            if job.no_room || !self.dry_run(j) {
+                self.st.jobs[j as usize].parked = true;
+                changed = true;
+            }
+        }
+        changed
+    }
+
+    /// Admission reservations again: what admitted groups that hold nothing
+    /// yet (and are not parked) need to start.
+    fn recompute_inqueue(&mut self) {
+        for q in &mut self.st.queues {
+            q.inqueue = Resources::default();
+        }
+        for j in 0..self.st.jobs.len() {
+            let job = &self.st.jobs[j];
+            let Some(q) = job.queue else { continue };
+            if !job.admitted || job.parked || job.occupied > 0 {
+                continue;
+            }
+            let min = job.min_request.clone();
+            let mut cur = Some(q);
+            while let Some(c) = cur {
+                self.st.queues[c as usize]
+                    .inqueue
+                    .add_assign_saturating(&min);
+                cur = self.st.queues[c as usize].parent;
+            }
+        }
+    }
+
     fn order_key(&self, q: QueueId, turns: u64) -> u64 {
         if self.proportion {
             self.queue_share(q)
@@ -897,6 +1457,9 @@ impl Session<'_, '_, '_> {
     /// falls back to any nodes, preferring the domain of the first member.
     fn allocate_job(&mut self, j: JobId) {
         self.tier_pref = None;
+        let job = &mut self.st.jobs[j as usize];
+        job.no_room = false;
+        job.quota_blocked = false;
         let Some(nt) = self.st.jobs[j as usize].src.network_topology else {
             self.allocate_job_once(j);
             return;
@@ -904,6 +1467,11 @@ impl Session<'_, '_, '_> {
         let (domains, roomiest, need) = self.tier_domains(j, nt);
         let tried = domains.len();
         let roomiest_none = roomiest.is_none();
+        let most = roomiest
+            .as_ref()
+            .map(|(d, f)| format!(" (most: {f} in {d})"))
+            .unwrap_or_default();
+        let roomiest = roomiest.map(|(d, _)| d);
         let before = self.st.jobs[j as usize].occupied;
         for d in domains {
             self.tier_filter = Some((nt.tier, d.clone()));
@@ -924,6 +1492,9 @@ impl Session<'_, '_, '_> {
             self.tier_pref = None;
             return;
         }
+        if self.st.jobs[j as usize].occupied == before && !self.st.jobs[j as usize].quota_blocked {
+            self.st.jobs[j as usize].no_room = true;
+        }
         if self.st.jobs[j as usize].reason.is_none() && self.st.jobs[j as usize].occupied == before
         {
             self.st.jobs[j as usize].reason = Some(if roomiest_none {
@@ -933,7 +1504,7 @@ impl Session<'_, '_, '_> {
                 )
             } else if tried == 0 {
                 format!(
-                    "needs its tasks within one tier-{} network domain (hard), and no domain has the {need} free GPUs it needs",
+                    "needs its tasks within one tier-{} network domain (hard), and no domain has the {need} free GPUs it needs{most}",
                     nt.tier
                 )
             } else {
@@ -949,7 +1520,7 @@ impl Session<'_, '_, '_> {
     /// Network-tier domains a gang may try, in order (with members running,
     /// only theirs); the domain with the most free GPUs; and the whole GPUs
     /// the gang needs to start.
-    fn tier_domains(&self, j: JobId, nt: NetworkTier) -> (Vec<String>, Option<String>, u32) {
+    fn tier_domains(&self, j: JobId, nt: NetworkTier) -> (Vec<String>, Option<(String, u32)>, u32) {
         let job = &self.st.jobs[j as usize];
         let domain = |n: NodeId| {
             let src = self.st.nodes[n as usize].src;
@@ -961,7 +1532,7 @@ impl Session<'_, '_, '_> {
             .find_map(|&t| self.st.tasks[t as usize].node)
             .and_then(domain);
         if let Some(d) = running {
-            return (vec![d.clone()], Some(d), 0);
+            return (vec![d.clone()], Some((d, 0)), 0);
         }
         // Whole GPUs the gang needs to start, and free whole GPUs per domain.
         let need: u32 = job
@@ -969,7 +1540,7 @@ impl Session<'_, '_, '_> {
             .iter()
             .filter(|&&t| self.st.tasks[t as usize].status == TaskStatus::Pending)
             .take(job.src.min_member.saturating_sub(job.occupied) as usize)
-            .map(|&t| self.st.tasks[t as usize].src.gpu.whole())
+            .map(|&t| self.st.tasks[t as usize].gpu.whole())
             .sum();
         let mut free: BTreeMap<String, u32> = BTreeMap::new();
         for n in 0..self.st.nodes.len() as NodeId {
@@ -985,7 +1556,7 @@ impl Session<'_, '_, '_> {
         let roomiest = free
             .iter()
             .max_by(|a, b| a.1.cmp(b.1).then_with(|| b.0.cmp(a.0)))
-            .map(|(d, _)| d.clone());
+            .map(|(d, f)| (d.clone(), *f));
         let mut v: Vec<(String, u32)> = free.into_iter().filter(|(_, f)| *f >= need).collect();
         if spread {
             v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
@@ -1008,8 +1579,16 @@ impl Session<'_, '_, '_> {
             if ts.status != TaskStatus::Pending {
                 continue;
             }
+            if !ts.src.gpu_alternatives.is_empty() {
+                if !self.try_place_options(j, t, q, &mut stmt) {
+                    break;
+                }
+                continue;
+            }
             if let Err(r) = self.queue_allows(q, &ts.request, true) {
-                self.st.jobs[j as usize].reason = Some(r);
+                let job = &mut self.st.jobs[j as usize];
+                job.reason = Some(r);
+                job.quota_blocked = true;
                 self.obs.decision();
                 break;
             }
@@ -1018,6 +1597,43 @@ impl Session<'_, '_, '_> {
             }
         }
         self.finish(j, stmt);
+    }
+
+    /// One placement decision for a task with device alternatives: the first
+    /// shape, in the task's order, that the queue's quota allows and some node
+    /// holds is taken (and charged). If none, the task waits on the first
+    /// shape, with the quota's reason when quota stopped every shape.
+    fn try_place_options(&mut self, j: JobId, t: u32, q: QueueId, stmt: &mut Stmt) -> bool {
+        let n = self.st.tasks[t as usize].src.gpu_alternatives.len() as u32;
+        let mut quota: Option<String> = None;
+        let mut room = false;
+        for k in 0..=n {
+            self.st.set_choice(t, k);
+            let req = self.st.tasks[t as usize].request.clone();
+            if let Err(r) = self.queue_allows(q, &req, true) {
+                quota.get_or_insert(r);
+                continue;
+            }
+            room = true;
+            if let Some((node, pick)) = self.find_node(t) {
+                self.obs.decision();
+                self.place_task(t, node, pick);
+                stmt.ops.push(Op::Placed(t));
+                return true;
+            }
+        }
+        self.obs.decision();
+        self.st.set_choice(t, 0);
+        if !room {
+            let job = &mut self.st.jobs[j as usize];
+            job.reason = quota;
+            job.quota_blocked = true;
+        } else {
+            let partial = !stmt.ops.is_empty();
+            self.st.jobs[j as usize].no_room = true;
+            self.record_failure(j, t, partial);
+        }
+        false
     }
 
     /// One placement decision: finds a node for task `t` of job `j` and places
@@ -1041,6 +1657,7 @@ impl Session<'_, '_, '_> {
             }
             None => {
                 let partial = !stmt.ops.is_empty();
+                self.st.jobs[j as usize].no_room = true;
                 self.record_failure(j, t, partial);
                 false
             }
@@ -1086,8 +1703,8 @@ impl Session<'_, '_, '_> {
     }
 
     /// Within a queue: a group with pending tasks may evict running tasks of
-    /// strictly lower priority, fewest victims first, only when that makes the
-    /// whole gang fit.
+    /// strictly lower priority, only when that makes the whole gang fit; the
+    /// victim set is the smallest (see [`crate::victims`]).
     fn preempt(&mut self) {
         let per =
             self.jobs_by_queue(|s, j| s.st.jobs[j as usize].admitted && s.has_pending(j, false));
@@ -1098,14 +1715,15 @@ impl Session<'_, '_, '_> {
                 let name = self.st.jobs[j as usize].src.name.clone();
                 self.evicting_attempt(
                     j,
-                    |s, t, v, _taken| {
+                    &|s, t, v| {
                         let vt = &s.st.tasks[v as usize];
                         let vj = &s.st.jobs[vt.job as usize];
                         vj.queue == Some(q)
                             && vt.job != s.st.tasks[t as usize].job
                             && vt.priority < s.st.tasks[t as usize].priority
                     },
-                    |s, v| {
+                    &|_, _| true,
+                    &|s, v| {
                         let vt = &s.st.tasks[v as usize];
                         format!("preempted by {name} (priority {prio} > {})", vt.priority)
                     },
@@ -1132,7 +1750,9 @@ impl Session<'_, '_, '_> {
             for &j in &per[q as usize] {
                 self.evicting_attempt(
                     j,
-                    |s, _t, v, taken| {
+                    &|s, _t, v| {
+                        // The victim's queue is reclaimable and above its
+                        // deserved share in something the victim holds.
                         let vt = &s.st.tasks[v as usize];
                         let Some(vq) = s.st.jobs[vt.job as usize].queue else {
                             return false;
@@ -1140,26 +1760,35 @@ impl Session<'_, '_, '_> {
                         if vq == q || !s.st.queues[vq as usize].reclaimable {
                             return false;
                         }
-                        // Only what the victim's queue holds above its deserved share.
                         let vs = &s.st.queues[vq as usize];
-                        let already = taken.get(&vq).cloned().unwrap_or_default();
-                        let mut any_over = false;
-                        for (d, r) in vt.request.dims() {
-                            if r == 0 || d == Dim::Pods {
-                                continue;
-                            }
-                            let held = vs.allocated.get(&d).saturating_sub(already.get(&d));
-                            let des = vs.deserved.get(&d);
-                            if held > des {
-                                any_over = true;
-                                if held - r < des {
-                                    return false;
-                                }
+                        vt.request.dims().any(|(d, r)| {
+                            r > 0 && d != Dim::Pods && vs.allocated.get(&d) > vs.deserved.get(&d)
+                        })
+                    },
+                    &|s, victims| {
+                        // Only down to the deserved share: per victim queue,
+                        // what the set takes leaves it at or above deserved in
+                        // every dimension it is above in.
+                        let mut taken: BTreeMap<QueueId, Resources> = BTreeMap::new();
+                        for &v in victims {
+                            let vt = &s.st.tasks[v as usize];
+                            if let Some(vq) = s.st.jobs[vt.job as usize].queue {
+                                taken
+                                    .entry(vq)
+                                    .or_default()
+                                    .add_assign_saturating(&vt.request);
                             }
                         }
-                        any_over
+                        taken.iter().all(|(&vq, t)| {
+                            let vs = &s.st.queues[vq as usize];
+                            t.dims().all(|(d, r)| {
+                                let held = vs.allocated.get(&d);
+                                let des = vs.deserved.get(&d);
+                                r == 0 || d == Dim::Pods || held <= des || held - r.min(held) >= des
+                            })
+                        })
                     },
-                    |s, v| {
+                    &|s, v| {
                         let vt = &s.st.tasks[v as usize];
                         let vq = s.st.jobs[vt.job as usize]
                             .queue
@@ -1176,14 +1805,16 @@ impl Session<'_, '_, '_> {
     }
 
     /// Tries to place the pending tasks of job `j`, evicting victims accepted by
-    /// `eligible` where free room is lacking. Gang rules apply to the whole
-    /// attempt. `taken` in the callback is what this node's trial already takes,
-    /// per victim queue.
+    /// `ok` (per task) and `set_ok` (per victim set) where free room is lacking.
+    /// Gang rules apply to the whole attempt: a gang that needs several tasks
+    /// placed is searched jointly when few victims are eligible, else task by
+    /// task (see [`crate::victims`]).
     fn evicting_attempt(
         &mut self,
         j: JobId,
-        eligible: impl Fn(&Self, u32, u32, &BTreeMap<QueueId, Resources>) -> bool,
-        reason: impl Fn(&Self, u32) -> String,
+        ok: &dyn Fn(&Self, u32, u32) -> bool,
+        set_ok: &dyn Fn(&Self, &[u32]) -> bool,
+        reason: &dyn Fn(&Self, u32) -> String,
         check_deserved: bool,
     ) {
         let Some(q) = self.st.jobs[j as usize].queue else {
@@ -1195,6 +1826,13 @@ impl Session<'_, '_, '_> {
             .src
             .network_topology
             .is_some_and(|nt| nt.strength == Strength::Hard)
+        {
+            return;
+        }
+        let job = &self.st.jobs[j as usize];
+        if self.gang
+            && job.src.min_member.saturating_sub(job.occupied) >= 2
+            && self.joint_attempt(j, q, ok, set_ok, reason, check_deserved)
         {
             return;
         }
@@ -1218,132 +1856,152 @@ impl Session<'_, '_, '_> {
             if req.is_best_effort() || self.queue_allows(q, &req, check_deserved).is_err() {
                 break;
             }
-            let Some((n, victims)) = self.find_victims(t, &eligible) else {
+            self.obs.search_begin();
+            let found = {
+                let ok_t = |v: u32| ok(self, t, v);
+                let set_ok_t = |vs: &[u32]| set_ok(self, vs);
+                let search = victims::Search {
+                    st: &self.st,
+                    task: t,
+                    gang: self.gang,
+                    ok: &ok_t,
+                    set_ok: &set_ok_t,
+                    nodes: &self.victim_nodes,
+                };
+                let mut stats = victims::Stats::default();
+                search.run(&mut stats)
+            };
+            self.obs
+                .search_end(found.as_ref().map_or(0, |f| f.victims.len()));
+            let Some(found) = found else {
                 break;
             };
-            for v in victims {
-                let r = reason(self, v);
-                self.st.unplace(v, TaskStatus::Evicted);
-                self.releasing[n as usize] += 1;
-                stmt.ops.push(Op::Evicted(v));
-                self.pending_evictions.push((v, r));
-            }
-            let Some(pick) = self.st.fits(t, n) else {
+            self.evict_set(&found.victims, &found.whole_jobs, reason, &mut stmt);
+            let Some(pick) = self.st.fits(t, found.node) else {
                 break;
             };
-            self.place_task(t, n, pick);
+            self.place_task(t, found.node, pick);
             stmt.ops.push(Op::Placed(t));
         }
         self.finish(j, stmt);
     }
 
-    /// The node where evicting the fewest eligible victims (lowest priority,
-    /// youngest first) makes task `t` fit; ties go to the node whose highest
-    /// victim priority is lowest, then to the lower node id.
-    fn find_victims(
-        &self,
-        t: u32,
-        eligible: &impl Fn(&Self, u32, u32, &BTreeMap<QueueId, Resources>) -> bool,
-    ) -> Option<(NodeId, Vec<u32>)> {
-        let task = &self.st.tasks[t as usize];
-        let mut best: Option<(usize, i32, NodeId, Vec<u32>)> = None;
+    /// Evicts `victims` in `stmt`; members of `whole` jobs go because the gang
+    /// rule takes the whole gang, and their reason says so.
+    fn evict_set(
+        &mut self,
+        victims: &[u32],
+        whole: &[JobId],
+        reason: &dyn Fn(&Self, u32) -> String,
+        stmt: &mut Stmt,
+    ) {
+        let reasons: Vec<String> = victims
+            .iter()
+            .map(|&v| {
+                let mut r = reason(self, v);
+                let vj = self.st.tasks[v as usize].job;
+                if whole.contains(&vj) {
+                    let job = &self.st.jobs[vj as usize];
+                    r.push_str(&format!(
+                        "; with its whole gang ({} running, min_member {})",
+                        job.occupied, job.src.min_member
+                    ));
+                }
+                r
+            })
+            .collect();
+        for (&v, r) in victims.iter().zip(reasons) {
+            let n = self.st.tasks[v as usize].node.unwrap_or(0);
+            self.st.unplace(v, TaskStatus::Evicted);
+            self.releasing[n as usize] += 1;
+            stmt.ops.push(Op::Evicted(v));
+            self.pending_evictions.push((v, r));
+        }
+    }
+
+    /// The joint victim search of a gang that needs several tasks placed: when
+    /// at most [`victims::JOINT_MAX`] running tasks are eligible, every victim
+    /// set in key order, the first with which the whole gang fits taken.
+    /// Returns false when there are too many eligible victims (the caller then
+    /// goes task by task).
+    fn joint_attempt(
+        &mut self,
+        j: JobId,
+        q: QueueId,
+        ok: &dyn Fn(&Self, u32, u32) -> bool,
+        set_ok: &dyn Fn(&Self, &[u32]) -> bool,
+        reason: &dyn Fn(&Self, u32) -> String,
+        check_deserved: bool,
+    ) -> bool {
+        let job = &self.st.jobs[j as usize];
+        let pending: Vec<u32> = job
+            .tasks
+            .iter()
+            .copied()
+            .filter(|&t| self.st.tasks[t as usize].status == TaskStatus::Pending)
+            .collect();
+        let Some(&lowest) = pending.last() else {
+            return true;
+        };
+        let mut eligible = Vec::new();
         for &n in &self.victim_nodes {
-            let ns = &self.st.nodes[n as usize];
-            if ns.tasks.is_empty()
-                || ns.src.unschedulable
-                || !self.st.class_ok(t, n)
-                || !task.request.fits_in(&ns.src.allocatable)
-            {
-                continue;
-            }
-            let mut cands: Vec<u32> = ns
-                .tasks
-                .iter()
-                .copied()
-                .filter(|&v| {
-                    let vt = &self.st.tasks[v as usize];
-                    vt.status == TaskStatus::Running
-                        && self.st.jobs[vt.job as usize].src.preemptable
-                })
-                .collect();
-            if cands.is_empty() {
-                continue;
-            }
-            cands.sort_by(|&a, &b| {
-                let (ta, tb) = (&self.st.tasks[a as usize], &self.st.tasks[b as usize]);
-                let (ja, jb) = (
-                    &self.st.jobs[ta.job as usize],
-                    &self.st.jobs[tb.job as usize],
-                );
-                ta.priority
-                    .cmp(&tb.priority)
-                    .then_with(|| jb.src.creation.cmp(&ja.src.creation))
-                    .then_with(|| b.cmp(&a))
-            });
-            let mut free = ns.free.clone();
-            let mut gpus = ns.gpus.clone();
-            let mut taken: BTreeMap<QueueId, Resources> = BTreeMap::new();
-            let mut from_job: BTreeMap<JobId, u32> = BTreeMap::new();
-            let mut chosen = Vec::new();
-            let mut fits = false;
-            for v in cands {
-                if let Some((c, ..)) = &best {
-                    if chosen.len() >= *c {
-                        break;
-                    }
-                }
+            for &v in &self.st.nodes[n as usize].tasks {
                 let vt = &self.st.tasks[v as usize];
-                if !eligible(self, t, v, &taken) {
-                    continue;
-                }
-                if self.gang {
-                    // Never leave a gang running below its minimum: a victim
-                    // either keeps its gang at min_member, or is its last task.
-                    let vj = &self.st.jobs[vt.job as usize];
-                    let left = vj.occupied - from_job.get(&vt.job).copied().unwrap_or(0) - 1;
-                    if left < vj.src.min_member && left > 0 {
-                        continue;
-                    }
-                }
-                *from_job.entry(vt.job).or_insert(0) += 1;
-                if let Some(vq) = self.st.jobs[vt.job as usize].queue {
-                    taken
-                        .entry(vq)
-                        .or_default()
-                        .add_assign_saturating(&vt.request);
-                }
-                free.add_assign_saturating(&vt.request);
-                match (&vt.src.gpu, &vt.mig) {
-                    (GpuRequest::Mig { profile, .. }, Some(c)) => {
-                        gpus.release_mig(c.gpu, profile, c.start)
-                    }
-                    (r, _) => gpus.release(r, &vt.gpus),
-                }
-                chosen.push(v);
-                if task.request.fits_in(&free)
-                    && gpus.pick(&task.src.gpu, task.src.topology, 0).is_some()
+                if vt.status == TaskStatus::Running
+                    && self.st.jobs[vt.job as usize].src.preemptable
+                    && ok(self, lowest, v)
                 {
-                    fits = true;
-                    break;
+                    eligible.push(v);
+                    if eligible.len() > victims::JOINT_MAX {
+                        return false;
+                    }
                 }
-            }
-            if !fits {
-                continue;
-            }
-            let top = chosen
-                .iter()
-                .map(|&v| self.st.tasks[v as usize].priority)
-                .max()
-                .unwrap_or(i32::MIN);
-            let better = match &best {
-                None => true,
-                Some((c, p, ..)) => (chosen.len(), top) < (*c, *p),
-            };
-            if better {
-                best = Some((chosen.len(), top, n, chosen));
             }
         }
-        best.map(|(_, _, n, v)| (n, v))
+        eligible.sort_unstable();
+        let want = job.src.min_member.saturating_sub(job.occupied) as usize;
+        let mut need = Resources::default();
+        for &t in pending.iter().take(want) {
+            need.add_assign_saturating(&self.st.tasks[t as usize].request);
+        }
+        self.obs.search_begin();
+        let sets = {
+            let ok_t = |v: u32| ok(self, lowest, v);
+            let set_ok_t = |vs: &[u32]| set_ok(self, vs);
+            victims::joint_sets(&self.st, &eligible, self.gang, &ok_t, &set_ok_t, &need)
+        };
+        for (_, vs, whole) in sets {
+            let mut stmt = Stmt::default();
+            self.evict_set(&vs, &whole, reason, &mut stmt);
+            let freed: Vec<NodeId> = vs
+                .iter()
+                .filter_map(|&v| self.st.tasks[v as usize].node)
+                .collect();
+            for &t in &pending {
+                let req = self.st.tasks[t as usize].request.clone();
+                if self.queue_allows(q, &req, check_deserved).is_err() {
+                    break;
+                }
+                // Beyond the deserved share, only on room the victims free.
+                let within = self.queue_allows(q, &req, true).is_ok();
+                self.only_nodes = (!within).then(|| freed.clone());
+                let found = self.find_node(t);
+                self.only_nodes = None;
+                let Some((n, pick)) = found else { break };
+                self.place_task(t, n, pick);
+                stmt.ops.push(Op::Placed(t));
+            }
+            if self.st.jobs[j as usize].ready() {
+                self.obs.search_end(vs.len());
+                self.finish(j, stmt);
+                return true;
+            }
+            let job = &mut self.st.jobs[j as usize];
+            job.placeable = job.placeable.max(job.occupied);
+            self.rollback(stmt);
+        }
+        self.obs.search_end(0);
+        true
     }
 
     // ----- the plan ---------------------------------------------------------
@@ -1368,7 +2026,7 @@ impl Session<'_, '_, '_> {
             return;
         }
         let ts = &self.st.tasks[t as usize];
-        let key = (ts.sig, ts.request.clone(), ts.src.gpu.clone());
+        let key = (ts.sig, ts.request.clone(), ts.gpu.clone());
         let diag = match self.diag_cache.get(&key) {
             Some((g, d)) if *g == self.generation => d.clone(),
             _ => {
@@ -1401,7 +2059,7 @@ impl Session<'_, '_, '_> {
                 node: self.st.nodes[n as usize].src.name.clone(),
                 gpus: ts.gpus.clone(),
                 after_evictions: ts.status == TaskStatus::Pipelined,
-                mig: match (&ts.src.gpu, &ts.mig) {
+                mig: match (&ts.gpu, &ts.mig) {
                     (GpuRequest::Mig { profile, .. }, Some(c)) => Some(MigStep {
                         profile: profile.clone(),
                         start: c.start,
@@ -1420,6 +2078,18 @@ impl Session<'_, '_, '_> {
             });
         }
         plan.reservations = self.reservations.clone();
+        for &t in &self.placed {
+            let ts = &self.st.tasks[t as usize];
+            if matches!(ts.status, TaskStatus::Bound | TaskStatus::Pipelined)
+                && !ts.src.gpu_alternatives.is_empty()
+            {
+                plan.choices.push(tessera_model::Choice {
+                    task: self.task_id(t),
+                    index: ts.choice,
+                    gpu: ts.gpu.clone(),
+                });
+            }
+        }
         let mut cache = HashMap::new();
         for j in 0..self.st.jobs.len() as JobId {
             if let Some(p) = self.pending_reason(j, &mut cache) {
@@ -1473,7 +2143,7 @@ impl Session<'_, '_, '_> {
         } else if let Some(t) = job.failed_task.or(first_real) {
             if self.cfg.runs(Action::Allocate) || job.failed_task.is_some() {
                 let ts = &self.st.tasks[t as usize];
-                let key = (ts.sig, ts.request.clone(), ts.src.gpu.clone());
+                let key = (ts.sig, ts.request.clone(), ts.gpu.clone());
                 cache.entry(key).or_insert_with(|| self.diagnose(t)).clone()
             } else {
                 "the allocate action is not configured".into()
@@ -1500,6 +2170,95 @@ impl Session<'_, '_, '_> {
         })
     }
 
+    /// Whether task `t` fits on node `n` as things stand (the devices it would
+    /// get), or the rule that drops the node, with the numbers.
+    fn node_rule(&self, t: u32, n: NodeId) -> Result<Pick, String> {
+        let ts = &self.st.tasks[t as usize];
+        let ns = &self.st.nodes[n as usize];
+        if ns.src.unschedulable {
+            return Err("cordoned".into());
+        }
+        if self.st.predicates {
+            if let Some(r) = class_failure(
+                &self.st.classes[ns.class as usize],
+                &self.st.sigs[ts.sig as usize],
+            ) {
+                return Err(format!("predicates: {}", singular(&r)));
+            }
+        }
+        let mut lack = Vec::new();
+        for d in ts.request.exceeding(&ns.free) {
+            if matches!(d, Dim::Gpu | Dim::GpuMemory) {
+                continue;
+            }
+            lack.push(format!(
+                "{d}: needs {}, {} free",
+                fmt_dim(&d, ts.request.get(&d)),
+                fmt_dim(&d, ns.free.get(&d))
+            ));
+        }
+        if !lack.is_empty() {
+            return Err(format!("resources: {}", lack.join("; ")));
+        }
+        if let Some(p) = self.st.fits(t, n) {
+            let ex = self.excluded_for(t, n);
+            if ex == u64::MAX || (ex != 0 && self.st.fits_excluding(t, n, ex).is_none()) {
+                let r = self.reserve.as_ref().map(|r| r.job).unwrap_or(0);
+                return Err(format!(
+                    "reservation: held for queued gang {}",
+                    self.st.jobs[r as usize].src.name
+                ));
+            }
+            return Ok(p);
+        }
+        Err(match &ts.gpu {
+            GpuRequest::Whole { count, .. } if ns.gpus.whole_free() < *count => {
+                format!("GPUs: needs {count} free, has {}", ns.gpus.whole_free())
+            }
+            GpuRequest::Whole { count, .. } => {
+                let scope = ts.src.topology.map_or(GpuScope::NvlinkDomain, |x| x.scope);
+                let best = ns
+                    .gpus
+                    .domain_units(scope, ts.gpu.models())
+                    .into_iter()
+                    .max_by_key(|u| u.free);
+                format!(
+                    "topology: no {} with {count} free GPUs{}",
+                    match scope {
+                        GpuScope::NvlinkDomain => "NVLink domain",
+                        GpuScope::PcieRoot => "PCIe root",
+                        GpuScope::Numa => "NUMA node",
+                    },
+                    best.map(|u| format!(" (best: {} free in {})", u.free, u.label))
+                        .unwrap_or_default()
+                )
+            }
+            GpuRequest::Shared { milli, memory, .. } => {
+                let best = ns
+                    .gpus
+                    .slots
+                    .iter()
+                    .filter(|g| g.mig.is_none())
+                    .max_by_key(|g| (g.free_milli, g.free_memory));
+                format!(
+                    "GPUs: no GPU with {milli}m and {} free{}",
+                    tessera_model::quantity::format_bytes(*memory),
+                    best.map(|g| format!(
+                        " (most free: {}m and {} on GPU {})",
+                        g.free_milli,
+                        tessera_model::quantity::format_bytes(g.free_memory),
+                        g.index
+                    ))
+                    .unwrap_or_default()
+                )
+            }
+            GpuRequest::Mig { profile, .. } => {
+                format!("GPUs: no room for a MIG {profile} instance")
+            }
+            GpuRequest::None => "no room".into(),
+        })
+    }
+
     /// Why task `t` fits on no node, counted over the nodes: "0/5 nodes fit: 3
     /// lack 8 free GPUs, 2 have untolerated taint dedicated=infer:NoSchedule".
     fn diagnose(&self, t: u32) -> String {
@@ -1508,6 +2267,11 @@ impl Session<'_, '_, '_> {
         let mut class_reason: Vec<Option<Option<String>>> = vec![None; self.st.classes.len()];
         let sig = &self.st.sigs[ts.sig as usize];
         let mut fit = 0usize;
+        // The numbers behind the GPU reasons: free whole GPUs per node that
+        // lacks them; the best topology domain; the roomiest GPU for a share.
+        let mut whole: Vec<(u32, &str)> = Vec::new();
+        let mut topo_best: Option<(u32, String, &str)> = None;
+        let mut share_best: Option<(u32, u64, u32, &str)> = None;
         for (n, ns) in self.st.nodes.iter().enumerate() {
             let r = if ns.src.unschedulable {
                 Some("are cordoned".to_string())
@@ -1526,23 +2290,27 @@ impl Session<'_, '_, '_> {
                 Some(cr)
             } else {
                 let lack = ts.request.exceeding(&ns.free);
-                let gpu_lack = match &ts.src.gpu {
+                let name = ns.src.name.as_str();
+                let gpu_lack = match &ts.gpu {
                     GpuRequest::Whole { count, .. } if ns.gpus.whole_free() < *count => {
+                        whole.push((ns.gpus.whole_free(), name));
                         Some(format!(
                             "lack {count} free GPU{}",
                             if *count == 1 { "" } else { "s" }
                         ))
                     }
-                    GpuRequest::Mig { profile, .. }
-                        if ns.gpus.pick(&ts.src.gpu, None, 0).is_none() =>
-                    {
+                    GpuRequest::Mig { profile, .. } if ns.gpus.pick(ts.gpu, None, 0).is_none() => {
                         Some(format!("have no room for a MIG {profile} instance"))
                     }
                     GpuRequest::Whole { count, .. }
-                        if *count > 1
-                            && ns.gpus.pick(&ts.src.gpu, ts.src.topology, 0).is_none() =>
+                        if *count > 1 && ns.gpus.pick(ts.gpu, ts.src.topology, 0).is_none() =>
                     {
                         let scope = ts.src.topology.map_or(GpuScope::NvlinkDomain, |x| x.scope);
+                        for u in ns.gpus.domain_units(scope, ts.gpu.models()) {
+                            if topo_best.as_ref().is_none_or(|b| u.free > b.0) {
+                                topo_best = Some((u.free, u.label, name));
+                            }
+                        }
                         Some(format!(
                             "have no {} with {count} free GPUs",
                             match scope {
@@ -1552,9 +2320,19 @@ impl Session<'_, '_, '_> {
                             }
                         ))
                     }
-                    GpuRequest::Shared { milli, memory, .. }
-                        if ns.gpus.select(&ts.src.gpu).is_none() =>
-                    {
+                    GpuRequest::Shared {
+                        milli,
+                        memory,
+                        models,
+                    } if ns.gpus.select(ts.gpu).is_none() => {
+                        for g in ns.gpus.slots.iter().filter(|g| {
+                            g.mig.is_none() && (models.is_empty() || models.contains(&g.model))
+                        }) {
+                            let k = (g.free_milli, g.free_memory);
+                            if share_best.as_ref().is_none_or(|b| k > (b.0, b.1)) {
+                                share_best = Some((g.free_milli, g.free_memory, g.index, name));
+                            }
+                        }
                         Some(format!(
                             "have no GPU with {}m and {} free",
                             milli,
@@ -1611,13 +2389,33 @@ impl Session<'_, '_, '_> {
         }
         let mut v: Vec<(String, usize)> = counts.into_iter().collect();
         v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        let detail = |r: &str| -> String {
+            if r.starts_with("lack ") && (r.ends_with(" free GPU") || r.ends_with(" free GPUs")) {
+                return whole_detail(&whole);
+            }
+            if r.starts_with("have no ") && r.ends_with(" free GPUs") {
+                if let Some((f, label, node)) = &topo_best {
+                    return format!(" (best: {f} free in {label} on {node})");
+                }
+            }
+            if r.starts_with("have no GPU with ") {
+                if let Some((m, mem, g, node)) = &share_best {
+                    return format!(
+                        " (most free: {m}m and {} on GPU {g} of {node})",
+                        tessera_model::quantity::format_bytes(*mem)
+                    );
+                }
+            }
+            String::new()
+        };
         let parts: Vec<String> = v
             .into_iter()
             .map(|(r, c)| {
+                let d = detail(&r);
                 if c == 1 {
-                    format!("1 node {}", singular(&r))
+                    format!("1 node {}{d}", singular(&r))
                 } else {
-                    format!("{c} nodes {r}")
+                    format!("{c} nodes {r}{d}")
                 }
             })
             .collect();
@@ -1645,6 +2443,43 @@ fn fmt_dim(d: &Dim, v: u64) -> String {
         Dim::Memory | Dim::GpuMemory => format_bytes(v),
         _ => v.to_string(),
     }
+}
+
+/// " (most free is 2, on node-b; 1 node has 2, 2 have 1)": the largest free
+/// block of whole GPUs among the nodes that lack enough, where, and how many
+/// nodes have how many (the three largest counts).
+fn whole_detail(nodes: &[(u32, &str)]) -> String {
+    let Some(&(max, at)) = nodes
+        .iter()
+        .max_by(|a, b| a.0.cmp(&b.0).then_with(|| b.1.cmp(a.1)))
+    else {
+        return String::new();
+    };
+    if max == 0 {
+        return if nodes.len() == 1 {
+            " (it has no free GPU)".into()
+        } else {
+            " (none has a free GPU)".into()
+        };
+    }
+    let mut hist: BTreeMap<u32, usize> = BTreeMap::new();
+    for (f, _) in nodes {
+        *hist.entry(*f).or_insert(0) += 1;
+    }
+    let parts: Vec<String> = hist
+        .iter()
+        .rev()
+        .take(3)
+        .enumerate()
+        .map(|(i, (f, c))| match (i, *c) {
+            (0, 1) => format!("1 node has {f}"),
+            (0, c) => format!("{c} nodes have {f}"),
+            (_, 1) => format!("1 has {f}"),
+            (_, c) => format!("{c} have {f}"),
+        })
+        .collect();
+    let more = if hist.len() > 3 { ", …" } else { "" };
+    format!(" (most free is {max}, on {at}; {}{more})", parts.join(", "))
 }
 
 /// Turns a plural verb phrase ("lack 4 free GPUs") into its singular ("lacks 4 free GPUs").

@@ -32,6 +32,12 @@ pub enum TaskStatus {
 pub struct TaskState<'s> {
     pub src: &'s Task,
     pub job: JobId,
+    /// The device shape in force: the task's `gpu`, or the alternative being
+    /// tried or taken (`choice`).
+    pub gpu: &'s GpuRequest,
+    /// Index of `gpu` in the task's options (0: `gpu`).
+    pub choice: u32,
+    /// The full request with `gpu`.
     pub request: Resources,
     pub priority: i32,
     /// Interned (selector, tolerations, models) signature.
@@ -64,6 +70,14 @@ pub struct JobState<'s> {
     pub diag: Option<String>,
     /// Original priority-ordered position used for tie breaks.
     pub order: u32,
+    /// The last allocate attempt found no node for a task.
+    pub no_room: bool,
+    /// The last allocate attempt was stopped by the queue's quota.
+    pub quota_blocked: bool,
+    /// Admitted, holding nothing, and placeable on no node this session: it
+    /// holds no quota (no admission reservation, no demand) and waits with
+    /// its reason.
+    pub parked: bool,
 }
 
 impl JobState<'_> {
@@ -257,10 +271,18 @@ impl<'s> State<'s> {
             ts.dedup_by(|a, b| a.name == b.name);
             let mut ids = Vec::with_capacity(ts.len());
             for t in ts {
+                // With alternatives of different models, the class-level
+                // model check is left to device selection, which checks the
+                // shape in force.
+                let models: &[String] = if t.gpu_options().all(|g| g.models() == t.gpu.models()) {
+                    t.gpu.models()
+                } else {
+                    &[]
+                };
                 let sig = Sig {
                     selector: &t.node_selector,
                     tolerations: &t.tolerations,
-                    models: t.gpu.models(),
+                    models,
                 };
                 let next = sigs.len() as u32;
                 let sig = *sig_ids.entry(sig.clone()).or_insert_with(|| {
@@ -268,10 +290,17 @@ impl<'s> State<'s> {
                     next
                 });
                 ids.push(tasks.len() as u32);
+                let choice = match (&t.node, t.gpu_choice) {
+                    (Some(_), Some(k)) if (k as usize) <= t.gpu_alternatives.len() => k,
+                    _ => 0,
+                };
+                let gpu = t.gpu_option(choice);
                 tasks.push(TaskState {
                     src: t,
                     job: j as JobId,
-                    request: t.request(),
+                    gpu,
+                    choice,
+                    request: t.request_with(gpu),
                     priority: t.priority.unwrap_or(g.priority),
                     sig,
                     status: TaskStatus::Pending,
@@ -283,9 +312,17 @@ impl<'s> State<'s> {
             let min_request = match &g.min_resources {
                 Some(r) => r.clone(),
                 None => {
+                    // A task with alternatives counts as the least of them.
                     let mut r = Resources::default();
                     for &t in ids.iter().take(g.min_member as usize) {
-                        r.add_assign_saturating(&tasks[t as usize].request);
+                        let ts = &tasks[t as usize];
+                        let least = ts
+                            .src
+                            .gpu_options()
+                            .map(|o| ts.src.request_with(o))
+                            .reduce(|a, b| a.min(&b))
+                            .unwrap_or_else(|| ts.request.clone());
+                        r.add_assign_saturating(&least);
                     }
                     r
                 }
@@ -303,6 +340,9 @@ impl<'s> State<'s> {
                 failed_task: None,
                 diag: None,
                 order: j as u32,
+                no_room: false,
+                quota_blocked: false,
+                parked: false,
             });
         }
 
@@ -345,7 +385,7 @@ impl<'s> State<'s> {
                 ns.free.sub_assign_saturating(&st.tasks[t].request);
                 let task = &st.tasks[t];
                 let mut mig = None;
-                let gpus = if let GpuRequest::Mig { profile, .. } = &task.src.gpu {
+                let gpus = if let GpuRequest::Mig { profile, .. } = &task.gpu {
                     // The recorded instance; else an in-use instance of the
                     // profile no other task claimed; else a fresh selection.
                     let recorded = match (task.src.gpu_indices.as_slice(), task.src.mig_start) {
@@ -363,7 +403,7 @@ impl<'s> State<'s> {
                                 .find(|&(g, s)| !claimed.contains(&(n, g, s)))
                         })
                         .or_else(|| {
-                            let c = ns.gpus.pick(&task.src.gpu, None, 0)?.mig?;
+                            let c = ns.gpus.pick(task.gpu, None, 0)?.mig?;
                             ns.gpus.assign_mig(profile, &c).then_some((c.gpu, c.start))
                         });
                     match found {
@@ -385,11 +425,10 @@ impl<'s> State<'s> {
                     // snapshot), charge what a fresh selection picks, so
                     // accounting stays whole.
                     let mut gpus = task.gpus.clone();
-                    if gpus.len() != task.src.gpu.devices() as usize
-                        || !ns.gpus.assign(&task.src.gpu, &gpus)
+                    if gpus.len() != task.gpu.devices() as usize || !ns.gpus.assign(task.gpu, &gpus)
                     {
-                        gpus = ns.gpus.select(&task.src.gpu).unwrap_or_default();
-                        ns.gpus.assign(&task.src.gpu, &gpus);
+                        gpus = ns.gpus.select(task.gpu).unwrap_or_default();
+                        ns.gpus.assign(task.gpu, &gpus);
                     }
                     gpus
                 };
@@ -438,6 +477,15 @@ impl<'s> State<'s> {
         }
     }
 
+    /// Puts option `k` of task `t`'s device shapes in force (the task must
+    /// not be placed).
+    pub fn set_choice(&mut self, t: u32, k: u32) {
+        let ts = &mut self.tasks[t as usize];
+        ts.choice = k;
+        ts.gpu = ts.src.gpu_option(k);
+        ts.request = ts.src.request_with(ts.gpu);
+    }
+
     /// Whether the task passes the class-level predicates on this node.
     pub fn class_ok(&self, t: u32, n: NodeId) -> bool {
         !self.predicates
@@ -457,7 +505,7 @@ impl<'s> State<'s> {
         if ns.src.unschedulable || !task.request.fits_in(&ns.free) {
             return None;
         }
-        ns.gpus.pick(&task.src.gpu, task.src.topology, exclude)
+        ns.gpus.pick(task.gpu, task.src.topology, exclude)
     }
 
     /// Places task `t` on node `n` with the devices of `pick`.
@@ -465,7 +513,7 @@ impl<'s> State<'s> {
         let req = self.tasks[t as usize].request.clone();
         let ns = &mut self.nodes[n as usize];
         ns.free.sub_assign_saturating(&req);
-        let gpu_req = &self.tasks[t as usize].src.gpu;
+        let gpu_req = &self.tasks[t as usize].gpu;
         let assigned = match (gpu_req, &pick.mig) {
             (GpuRequest::Mig { profile, .. }, Some(c)) => ns.gpus.assign_mig(profile, c),
             _ => ns.gpus.assign(gpu_req, &pick.gpus),
@@ -499,7 +547,7 @@ impl<'s> State<'s> {
         let ns = &mut self.nodes[n as usize];
         ns.free.add_assign_saturating(&req);
         ns.free = ns.free.min(&ns.src.allocatable);
-        match (&self.tasks[t as usize].src.gpu, &mut mig) {
+        match (&self.tasks[t as usize].gpu, &mut mig) {
             (GpuRequest::Mig { profile, .. }, Some(c)) => {
                 if to == TaskStatus::Evicted {
                     // The instance stays, idle; putting the task back reuses it.

@@ -254,12 +254,32 @@ async fn delete_job(State(a): State<App>, c: Caller, Path(n): Path<String>) -> R
 struct LogsQuery {
     #[serde(default)]
     task: Option<String>,
+    /// With `task`: the log from this byte on, and `X-Tessera-Log-Offset` the next one.
+    #[serde(default)]
+    from: Option<u64>,
 }
 
 async fn job_logs(State(a): State<App>, c: Caller, Path(n): Path<String>, Q(q): Q<LogsQuery>) -> R {
-    let text = a.plane.job_logs(&c, &n, q.task.as_deref()).await?;
-    Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response())
+    let plain = (header::CONTENT_TYPE, "text/plain; charset=utf-8");
+    match (q.from, q.task.as_deref()) {
+        (Some(from), Some(task)) => {
+            let (text, next) = a.plane.job_log_from(&c, &n, task, from).await?;
+            let next = header::HeaderValue::from(next);
+            Ok(([plain], [(LOG_OFFSET, next)], text).into_response())
+        }
+        (Some(_), None) => Err(ApiError::invalid(
+            "from",
+            "from reads one task's log: give task=NAME too",
+        )),
+        (None, task) => {
+            let text = a.plane.job_logs(&c, &n, task).await?;
+            Ok(([plain], text).into_response())
+        }
+    }
 }
+
+/// The byte offset to ask for next (`?from=`) when reading a growing log.
+const LOG_OFFSET: header::HeaderName = header::HeaderName::from_static("x-tessera-log-offset");
 async fn list_templates(State(a): State<App>, c: Caller) -> R {
     items(a.plane.list_templates(&c)?)
 }
@@ -387,6 +407,7 @@ pub const ROUTE_TABLES: &[&[RouteDoc]] = &[
     crate::tools::ROUTES,
     crate::gateway::ROUTES,
     crate::guardpol::ROUTES,
+    crate::queuecaps::ROUTES,
 ];
 
 routes! {
@@ -414,7 +435,7 @@ routes! {
     get "/v1/jobs/{name}" get_job "Get a job" None, 200;
     post "/v1/jobs/{name}/cancel" cancel_job "Cancel a job" None, 200;
     delete "/v1/jobs/{name}" delete_job "Delete a job so its name can be used again (202 while its trees are being stopped, then it is gone)" None, 200;
-    get "/v1/jobs/{name}/logs" job_logs "Output of the job's tasks on this machine (?task=NAME for one)" None, 200;
+    get "/v1/jobs/{name}/logs" job_logs "Output of the job's tasks on this machine (?task=NAME for one; with &from=BYTES the log from there on and X-Tessera-Log-Offset the next offset)" None, 200;
     get "/v1/events" list_events "List events" None, 200;
     get "/v1/audit" list_audit "The audit log: who changed what (admins)" None, 200;
     get "/v1/templates" list_templates "Templates an operator registered (name, digest): what sandboxes, runtimes and jobs may name" None, 200;
@@ -431,11 +452,13 @@ pub fn router(app: App) -> Router {
         .merge(crate::tools::routes())
         .merge(crate::gateway::routes())
         .merge(crate::guardpol::routes())
+        .merge(crate::queuecaps::routes())
         .route("/v1/openapi.json", get(openapi))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .fallback(no_route)
         .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn(crate::gateway::openai_errors))
         .layer(axum::middleware::from_fn_with_state(app.clone(), count))
         .with_state(app)
 }
@@ -502,8 +525,10 @@ pub fn openapi_document() -> Value {
                 "Role": {"type": "string", "enum": ["viewer", "developer", "operator", "admin"]},
                 "RoleBindingSpec": {"type": "object", "additionalProperties": false, "required": ["role"], "properties": {"role": {"$ref": "#/components/schemas/Role"}}},
                 "Resources": {"type": "object", "additionalProperties": false, "properties": {
-                    "cpu_milli": {"type": "integer"}, "memory": {"type": "integer"}, "gpu_milli": {"type": "integer"},
-                    "gpu_memory": {"type": "integer"}, "pods": {"type": "integer"}, "extended": {"type": "object"}}},
+                    "cpu_milli": {"type": "integer"}, "memory": {"description": "bytes; in requests also a quantity (16Gi, 512M)"}, "gpu_milli": {"type": "integer"},
+                    "gpu_memory": {"description": "bytes; in requests also a quantity"}, "pods": {"type": "integer"}, "extended": {"type": "object"},
+                    "cpu": {"description": "requests only: cores (4, 0.5, \"500m\"), instead of cpu_milli"},
+                    "gpu": {"description": "queue limits only: GPUs, fractions allowed (8, 0.5), instead of gpu_milli"}}},
                 "Node": {"type": "object", "additionalProperties": false, "required": ["name", "allocatable"], "properties": {
                     "name": {"type": "string"}, "labels": {"type": "object"}, "taints": {"type": "array"},
                     "allocatable": {"$ref": "#/components/schemas/Resources"}, "gpus": {"type": "array"}, "unschedulable": {"type": "boolean"},
@@ -514,7 +539,15 @@ pub fn openapi_document() -> Value {
                     "reclaimable": {"type": "boolean"}, "resource_version": {"type": "integer"}}},
                 "TaskSpec": {"type": "object", "additionalProperties": false, "required": ["name"], "properties": {
                     "name": {"type": "string"}, "resources": {"$ref": "#/components/schemas/Resources"},
-                    "gpu": {"description": "\"none\", {\"whole\": {\"count\": N}}, {\"shared\": {\"milli\": M, \"memory\": BYTES}} or {\"mig\": {\"profile\": \"3g.40gb\"}}"},
+                    "replicas": {"type": "integer", "minimum": 1, "description": "This many tasks alike, named NAME-0 .. NAME-{N-1} (at most 10,000 tasks in a job)"},
+                    "gpu": {"description": "A number of whole GPUs (8), \"none\", {\"whole\": {\"count\": N}}, {\"shared\": {\"milli\": M, \"memory\": BYTES}} or {\"mig\": {\"profile\": \"3g.40gb\"}}"},
+                    "gpu_milli": {"type": "integer", "minimum": 1, "maximum": 999, "description": "A fraction of one GPU (instead of gpu)"},
+                    "gpu_memory": {"description": "The fraction's device memory: bytes or a quantity (20Gi)"},
+                    "gpu_models": {"type": "array", "items": {"type": "string"}, "description": "Only these GPU models"},
+                    "mig": {"type": "string", "description": "One MIG instance of this profile, e.g. 3g.40gb (instead of gpu)"},
+                    "env": {"type": "array", "items": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}, "value": {"type": "string"}}}},
+                    "working_dir": {"type": "string"}, "template": {"type": "string", "description": "host or a registered template name (NAME[@sha256:HEX])"},
+                    "limits": {"type": "object", "description": "cpu_milli, memory, pids, disk: Kubernetes limits above the requests"},
                     "node_selector": {"type": "object"}, "tolerations": {"type": "array"}, "priority": {"type": "integer"},
                     "command": {"type": "array", "items": {"type": "string"}},
                     "duration": {"type": "number", "description": "Simulated seconds the task runs on a simulated node (tessera up --cluster)"},
@@ -524,7 +557,10 @@ pub fn openapi_document() -> Value {
                     "min_resources": {"$ref": "#/components/schemas/Resources"}, "priority": {"type": "integer"},
                     "kind": {"type": "string", "enum": ["training", "inference", "batch", "agent"]},
                     "preemptable": {"type": "boolean"}, "tasks": {"type": "array", "items": {"$ref": "#/components/schemas/TaskSpec"}},
-                    "network_topology": {"description": "{\"tier\": N, \"strength\": \"hard\"|\"soft\"}: all tasks within one tier-N network domain"}}},
+                    "network_topology": {"description": "{\"tier\": N, \"strength\": \"hard\"|\"soft\"}: all tasks within one tier-N network domain"},
+                    "restart_policy": {"type": "string", "enum": ["Never", "OnFailure"]}, "backoff_limit": {"type": "integer"},
+                    "active_deadline_seconds": {"type": "integer"}, "ttl_seconds_after_finished": {"type": "integer"},
+                    "termination_grace_period_seconds": {"type": "integer"}}},
             },
         },
     });
@@ -536,6 +572,7 @@ pub fn openapi_document() -> Value {
         .chain(crate::tools::schemas())
         .chain(crate::gateway::schemas())
         .chain(crate::guardpol::schemas())
+        .chain(crate::queuecaps::schemas())
     {
         schemas[name] = schema;
     }

@@ -140,7 +140,7 @@ pub async fn run_executor(
         && let Ok(node) = &n.node
         && let Some(name) = cfg.nodes.iter().next()
     {
-        tokio::spawn(heartbeat(
+        tokio::spawn(crate::heartbeat::heartbeat(
             store.clone(),
             node.clone(),
             name.clone(),
@@ -898,100 +898,4 @@ impl Executor {
     }
 }
 
-/// The store kind of node heartbeats (cluster-scoped, named by node).
-pub const NODESTATUS: &str = "nodestatus";
-/// The taint a node carries while its device view does not match its record.
-pub const MISMATCH_TAINT: &str = "tessera.io/device-view-mismatch";
-
-/// Reports the node's heartbeat and conditions every `n.heartbeat`; keeps the
-/// mismatch taint on the node record while its device view and record disagree.
-async fn heartbeat(
-    store: AnyStore,
-    node: Arc<NodeRuntime>,
-    name: String,
-    n: NodeRunner,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) {
-    loop {
-        let record: Option<(u64, Node)> = match store.get(&Key::new(kind::NODE, "", &name)).await {
-            Ok(Some(o)) => serde_json::from_value::<Node>(o.body)
-                .ok()
-                .map(|b| (o.version, b)),
-            _ => None,
-        };
-        let gpus = record
-            .as_ref()
-            .map(|(_, r)| r.gpus.clone())
-            .unwrap_or_default();
-        let nd = node.clone();
-        let data = n.data_dir.clone();
-        let status = tokio::task::spawn_blocking(move || {
-            let live = if gpus.is_empty() {
-                Ok(vec![])
-            } else {
-                nd.refresh_devices()
-            };
-            let mismatch = nd.check_devices(&gpus).err();
-            let disk = data.as_deref().and_then(tessera_node::health::disk_space);
-            tessera_node::health::NodeStatus {
-                node: nd.config().name.clone(),
-                heartbeat_ms: now_ms(),
-                conditions: tessera_node::health::conditions(
-                    &gpus,
-                    &live,
-                    mismatch.as_ref(),
-                    disk,
-                    nd.enforces_limits(),
-                ),
-                running: nd.running().len(),
-                cgroups: nd
-                    .sandbox_runtime()
-                    .cgroups()
-                    .map(|c| c.version().to_string()),
-                device_cgroup: nd.sandbox_runtime().fences_devices(),
-            }
-        })
-        .await;
-        if let Ok(status) = status {
-            let mismatch = status.has(tessera_node::health::ConditionKind::DeviceViewMismatch);
-            if let Ok(body) = serde_json::to_value(&status) {
-                let key = Key::new(NODESTATUS, "", &name);
-                let r = match store.get(&key).await {
-                    Ok(Some(o)) => store.update(key, Some(o.version), body).await.map(drop),
-                    Ok(None) => store.create(key, body).await.map(drop),
-                    Err(e) => Err(e),
-                };
-                if let Err(e) = r
-                    && !matches!(
-                        e,
-                        StoreError::Conflict { .. } | StoreError::AlreadyExists(_)
-                    )
-                {
-                    eprintln!("node {name}: heartbeat not written: {e}");
-                }
-            }
-            if let Some((v, mut rec)) = record {
-                let has = rec.taints.iter().any(|t| t.key == MISMATCH_TAINT);
-                if has != mismatch {
-                    rec.taints.retain(|t| t.key != MISMATCH_TAINT);
-                    if mismatch {
-                        rec.taints.push(tessera_model::Taint {
-                            key: MISMATCH_TAINT.into(),
-                            value: "true".into(),
-                            effect: tessera_model::TaintEffect::NoSchedule,
-                        });
-                    }
-                    if let Ok(b) = serde_json::to_value(&rec) {
-                        let _ = store
-                            .update(Key::new(kind::NODE, "", &name), Some(v), b)
-                            .await;
-                    }
-                }
-            }
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(n.heartbeat) => {}
-            _ = stop.changed() => return,
-        }
-    }
-}
+pub use crate::heartbeat::{MISMATCH_TAINT, NODESTATUS};

@@ -397,6 +397,125 @@ async fn models(State(a): State<App>, SessionCaller(c): SessionCaller) -> Respon
     a.gateway.gateway.models()
 }
 
+/// `models.retrieve`: one model a pool serves, or OpenAI's 404.
+async fn model(
+    State(a): State<App>,
+    SessionCaller(c): SessionCaller,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Response {
+    if let Err(e) = c.require(Role::Viewer) {
+        return e.into_response();
+    }
+    match a.gateway.gateway.model(&id) {
+        Some(m) => axum::Json(m).into_response(),
+        None => gw::openai_error(
+            axum::http::StatusCode::NOT_FOUND,
+            "model_not_found",
+            format!(
+                "The model {} does not exist: no pool serves it (GET /v1/models lists those that do)",
+                crate::problem::quote(&id)
+            ),
+        ),
+    }
+}
+
+/// Embeddings, passed through to the pool serving `model` (an engine that serves none
+/// answers its own 404).
+async fn embeddings(
+    State(a): State<App>,
+    SessionCaller(c): SessionCaller,
+    h: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Err(e) = c.require(Role::Developer) {
+        return e.into_response();
+    }
+    let w = match checked_who(&c, &h) {
+        Ok(w) => w,
+        Err(m) => return bad_request(m),
+    };
+    // Vectors carry no text: nothing to redact on the way back.
+    a.gateway.gateway.forward(w, "/v1/embeddings", body).await
+}
+
+/// The Responses API, passed through like chat completions (and redacted the same way).
+async fn responses(
+    State(a): State<App>,
+    SessionCaller(c): SessionCaller,
+    h: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Err(e) = c.require(Role::Developer) {
+        return e.into_response();
+    }
+    let w = match checked_who(&c, &h) {
+        Ok(w) => w,
+        Err(m) => return bad_request(m),
+    };
+    let mode = a.gateway.gateway.redact_mode(&model_of(&body));
+    let r = a.gateway.gateway.forward(w, "/v1/responses", body).await;
+    redact_completion(&a, &c.tenant, mode, r).await
+}
+
+/// Whether `path` is one of the OpenAI-compatible routes, whose errors must be in
+/// OpenAI's shape so that OpenAI's clients show them.
+pub(crate) fn is_openai_path(path: &str) -> bool {
+    matches!(
+        path,
+        "/v1/chat/completions"
+            | "/v1/completions"
+            | "/v1/embeddings"
+            | "/v1/responses"
+            | "/v1/models"
+    ) || path.starts_with("/v1/models/")
+}
+
+/// Every error on the OpenAI routes in OpenAI's shape, whatever produced it (the key
+/// check, the role check, a body limit, a handler): a problem document there becomes
+/// `{"error": {"message", "type", "param", "code"}}` with the same status.
+pub(crate) async fn openai_errors(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if !is_openai_path(req.uri().path()) {
+        return next.run(req).await;
+    }
+    let r = next.run(req).await;
+    let problem = r
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/problem+json"));
+    if !problem {
+        return r;
+    }
+    let (parts, body) = r.into_parts();
+    let bytes = axum::body::to_bytes(body, 64 * 1024)
+        .await
+        .unwrap_or_default();
+    let p: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+    let kind = match parts.status.as_u16() {
+        401 => "invalid_api_key",
+        403 => "permission_denied",
+        404 => "not_found",
+        413 | 400 | 422 => "invalid_request_error",
+        429 => "rate_limit_exceeded",
+        _ => "api_error",
+    };
+    let body = serde_json::json!({"error": {
+        "message": p["detail"].as_str().unwrap_or("request failed"),
+        "type": if parts.status.as_u16() == 401 { "invalid_request_error" } else { kind },
+        "param": p["field"],
+        "code": p["code"].as_str().unwrap_or(kind),
+    }});
+    let mut out = (parts.status, axum::Json(body)).into_response();
+    for (k, v) in parts.headers.iter() {
+        if k != axum::http::header::CONTENT_TYPE && k != axum::http::header::CONTENT_LENGTH {
+            out.headers_mut().insert(k.clone(), v.clone());
+        }
+    }
+    out
+}
+
 type R = Result<Response, ApiError>;
 
 async fn put_pool_spec(a: &App, spec: PoolSpec) -> Result<bool, ApiError> {
@@ -502,6 +621,9 @@ crate::api::routes! {
     post "/v1/chat/completions" chat "OpenAI chat completions through the inference pool serving `model` (streaming with SSE)" Some("ChatCompletionRequest"), 200;
     post "/v1/completions" completions "OpenAI completions through the inference pool serving `model`" Some("CompletionRequest"), 200;
     get "/v1/models" models "Models served by the registered pools (OpenAI shape)" None, 200;
+    get "/v1/models/{id}" model "One model a pool serves (OpenAI's models.retrieve)" None, 200;
+    post "/v1/embeddings" embeddings "OpenAI embeddings, passed through to the pool serving `model`" None, 200;
+    post "/v1/responses" responses "The OpenAI Responses API, passed through to the pool serving `model` (redacted like completions)" None, 200;
     post "/v1/pools" create_pool "Register an inference pool (system operators)" Some("PoolSpec"), 201;
     get "/v1/pools" list_pools "Pools with endpoint health, load and recommended replicas" None, 200;
     get "/v1/pools/{name}" get_pool "One pool's state and scaling signal" None, 200;

@@ -14,15 +14,19 @@ pub mod exec;
 pub mod gateway;
 pub mod gpu;
 pub mod guardpol;
+pub mod heartbeat;
 pub mod identity;
+pub mod jobfile;
 pub mod jobs;
 pub mod mcp;
 pub mod metrics;
 pub mod node;
 pub mod oidc;
 pub mod otlp;
+pub mod placement;
 pub mod plane;
 pub mod problem;
+pub mod queuecaps;
 pub mod redact;
 pub mod sandboxes;
 pub mod scheduler;
@@ -125,6 +129,14 @@ pub struct NodeSettings {
     pub mig: Option<std::sync::Arc<dyn tessera_node::mig::MigBackend>>,
     /// Heartbeat period.
     pub heartbeat: Duration,
+    /// GPU-share enforcement of fractional tasks (default: the CUDA interposer;
+    /// a fractional task is refused, with the fix, where it is missing).
+    pub gpushare: tessera_node::gpushare::Enforcement,
+    /// The CPU and memory the local node gives API sandboxes, which the agent
+    /// scheduler places within (`None`: the node's allocatable).
+    pub sandbox_capacity: Option<tessera_sched::agent::Demand>,
+    /// GPU fault events (`None`: NVML's Xid / ECC events where the node has GPUs).
+    pub faults: Option<std::sync::Arc<dyn tessera_node::faults::FaultSource>>,
 }
 
 impl Default for NodeSettings {
@@ -137,6 +149,9 @@ impl Default for NodeSettings {
             devices: Default::default(),
             mig: None,
             heartbeat: Duration::from_secs(5),
+            gpushare: Default::default(),
+            sandbox_capacity: None,
+            faults: None,
         }
     }
 }
@@ -364,6 +379,15 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
             .into_iter()
             .map(|p| std::fs::canonicalize(&p).unwrap_or(p))
             .collect();
+        let share_dir = data
+            .clone()
+            .unwrap_or_else(|| logs.clone())
+            .join("node")
+            .join("gpushare");
+        let gpushare = tessera_node::gpushare::hook(&cfg.node.gpushare, &share_dir);
+        if !local.gpus.is_empty() {
+            eprintln!("tessera: GPU shares {}", gpushare.describe());
+        }
         let ncfg = tessera_node::NodeConfig {
             name: local.name.clone(),
             init: cfg.node.init.clone(),
@@ -372,8 +396,22 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
             masked_paths: masked,
             devices: cfg.node.devices.clone(),
             gpus: gpus.clone(),
-            gpushare: std::sync::Arc::new(tessera_node::fence::EnvOnly),
+            gpushare,
+            gpu_libs: Vec::new(),
             defaults: Default::default(),
+            faults: cfg.node.faults.clone().or_else(|| {
+                if local.gpus.is_empty() {
+                    return None;
+                }
+                let idx: Vec<u32> = local.gpus.iter().map(|g| g.index).collect();
+                match tessera_node::faults::NvmlFaults::open(&idx) {
+                    Ok(f) => Some(std::sync::Arc::new(f) as _),
+                    Err(e) => {
+                        eprintln!("tessera: GPU fault events are not watched: {e}");
+                        None
+                    }
+                }
+            }),
         };
         let node = tokio::task::spawn_blocking(move || tessera_node::NodeRuntime::new(ncfg))
             .await
@@ -446,7 +484,24 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
             stop_rx.clone(),
         )));
     }
-    let (sandboxes, t) = sandboxes::SandboxesState::start(&plane, &cfg.sandboxes, &stop_rx).await?;
+    // API sandboxes are placed on the local node by the agent scheduler, within
+    // the capacity it gives them (its allocatable; unbounded where the machine is
+    // not registered as a node).
+    let sandbox_cap = cfg.node.sandbox_capacity.unwrap_or_else(|| {
+        let a = &local.allocatable;
+        if a.cpu_milli == 0 && a.memory == 0 {
+            placement::capacity(u64::MAX / 2, u64::MAX / 2)
+        } else {
+            placement::capacity(a.cpu_milli, a.memory)
+        }
+    });
+    let (sandboxes, t) = sandboxes::SandboxesState::start(
+        &plane,
+        &cfg.sandboxes,
+        &stop_rx,
+        vec![(local.name.clone(), sandbox_cap)],
+    )
+    .await?;
     tasks.extend(t);
     // The agent platform forwards each sandbox's control socket to this address.
     let mut agents_cfg = cfg.agents.clone();

@@ -1,6 +1,8 @@
 //! The MCP endpoint `/v1/mcp` (Streamable HTTP, served by the official `rmcp`
-//! crate): `tools/list` lists the calling session's granted tools, `tools/call`
-//! goes through the same ledger as `POST /v1/tools/{name}/call`.
+//! crate): `tools/list` lists the calling session's granted tools (a key without a
+//! session: the tools its role is granted in any runtime, to browse), `tools/call`
+//! goes through the same ledger as `POST /v1/tools/{name}/call`; arguments a model
+//! got wrong come back as a tool result with `isError`, not a protocol error.
 //!
 //! The request is authenticated by the API (bearer key) before rmcp sees it; the
 //! handler reads the [`Caller`] from the HTTP request parts rmcp passes along.
@@ -14,9 +16,9 @@
 //! MCP 2026-07-28 or later with `resultType: "input_required"` and a
 //! `requestState` (`approval:<ledger id>`, only a handle: the state is the
 //! ledger entry, checked again on the retry); the client retries with it and
-//! gets the outcome once someone decided. Older clients get a successful
-//! result whose `structuredContent.status` is `pending_approval` and call
-//! again with the same tool call id.
+//! gets the outcome once someone decided. Older clients get a result with
+//! `isError` (nothing ran yet) whose `structuredContent.status` is
+//! `pending_approval` and call again with the same tool call id.
 
 use std::sync::Arc;
 
@@ -70,14 +72,23 @@ pub(crate) fn service(gateway: Gateway<AnyStore>) -> McpService {
 
 /// Hands an authenticated request to rmcp.
 pub(crate) async fn handle(a: &App, c: Caller, mut req: Request) -> Response {
+    let closing = req.method() == axum::http::Method::DELETE;
     req.extensions_mut().insert(c);
-    a.tools
+    let mut resp = a
+        .tools
         .mcp
         .0
         .handle(req)
         .await
         .map(axum::body::Body::new)
-        .into_response()
+        .into_response();
+    // Closing a session is done when it answers: 204, as clients expect (rmcp says 202,
+    // which the official SDK reports as a failed termination).
+    if closing && resp.status() == axum::http::StatusCode::ACCEPTED {
+        *resp.status_mut() = axum::http::StatusCode::NO_CONTENT;
+        *resp.body_mut() = axum::body::Body::empty();
+    }
+    resp
 }
 
 #[derive(Clone)]
@@ -95,8 +106,9 @@ fn header<'a>(p: &'a axum::http::request::Parts, name: &str) -> Option<&'a str> 
     p.headers.get(name).and_then(|v| v.to_str().ok())
 }
 
-/// The caller and the session a request is for.
-fn who(ctx: &RequestContext<RoleServer>) -> Result<(Caller, String), ErrorData> {
+/// The caller and the session a request is for, if it names one: a session key's own,
+/// else the `Tessera-Session-Id` header.
+fn who_maybe(ctx: &RequestContext<RoleServer>) -> Result<(Caller, Option<String>), ErrorData> {
     let p = parts(ctx)?;
     let c = p
         .extensions
@@ -104,17 +116,36 @@ fn who(ctx: &RequestContext<RoleServer>) -> Result<(Caller, String), ErrorData> 
         .cloned()
         .ok_or_else(|| ErrorData::internal_error("unauthenticated MCP request", None))?;
     let session = match c.subject.strip_prefix("session:") {
-        Some(s) => s.to_string(),
-        None => header(p, "tessera-session-id")
-            .map(str::to_string)
-            .ok_or_else(|| {
-                ErrorData::invalid_request(
-                    "which session? use a session key, or send the Tessera-Session-Id header",
-                    None,
-                )
-            })?,
+        Some(s) => Some(s.to_string()),
+        None => header(p, "tessera-session-id").map(str::to_string),
     };
     Ok((c, session))
+}
+
+/// The caller and the session a call is for (a call always needs one).
+fn who(ctx: &RequestContext<RoleServer>) -> Result<(Caller, String), ErrorData> {
+    let (c, session) = who_maybe(ctx)?;
+    let session = session.ok_or_else(|| {
+        ErrorData::invalid_request(
+            "which session? a tool is called for an agent session: use a session key, or send the Tessera-Session-Id header (tools/list works without one)",
+            None,
+        )
+    })?;
+    Ok((c, session))
+}
+
+/// A mistake the model can correct (bad arguments): a tool result with `isError`, so
+/// an agent sees the message instead of a protocol failure.
+fn correctable(e: &CallError) -> Option<CallToolResult> {
+    let detail = match e {
+        CallError::InvalidArguments(v) => json!({"path": v.path}),
+        CallError::Invalid { field, .. } => json!({"field": field}),
+        _ => return None,
+    };
+    let mut r = CallToolResult::error(vec![ContentBlock::text(format!("invalid arguments: {e}"))]);
+    r.structured_content =
+        Some(json!({"status": "invalid_arguments", "error": e.to_string(), "detail": detail}));
+    Some(r)
 }
 
 fn refusal(e: CallError) -> ErrorData {
@@ -192,12 +223,12 @@ impl ServerHandler for McpTools {
         _request: Option<PaginatedRequestParams>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        let (c, session) = who(&ctx)?;
-        let tools = self
-            .gateway
-            .granted_tools(&gw_caller(&c), &session)
-            .await
-            .map_err(refusal)?;
+        let (c, session) = who_maybe(&ctx)?;
+        let tools = match session {
+            Some(session) => self.gateway.granted_tools(&gw_caller(&c), &session).await,
+            None => self.gateway.browsable_tools(&gw_caller(&c)).await,
+        }
+        .map_err(refusal)?;
         Ok(ListToolsResult::with_all_items(
             tools.iter().map(to_tool).collect(),
         ))
@@ -262,7 +293,10 @@ impl ServerHandler for McpTools {
                 .await;
                 return Err(refusal(e));
             }
-            Err(e) => return Err(refusal(e)),
+            Err(e) => match correctable(&e) {
+                Some(r) => return Ok(CallToolResponse::Complete(r)),
+                None => return Err(refusal(e)),
+            },
         };
         let structured = serde_json::to_value(&out).unwrap_or_default();
         let mrtr = ctx
@@ -289,9 +323,9 @@ impl ServerHandler for McpTools {
             }
             Status::PendingApproval | Status::InProgress => {
                 // A client before MCP 2026-07-28 has no `input_required`: it
-                // polls with the same tool call id.
-                let mut r = CallToolResult::success(vec![ContentBlock::text(format!(
-                    "{}: call again with the same tool_call_id later",
+                // polls with the same tool call id. Not a success: nothing ran yet.
+                let mut r = CallToolResult::error(vec![ContentBlock::text(format!(
+                    "{}: not done yet; call again with the same tool_call_id later",
                     match out.status {
                         Status::PendingApproval => "waiting for an approval",
                         _ => "in progress",

@@ -212,14 +212,34 @@ async fn run(exporter: opentelemetry_otlp::SpanExporter, mut rx: mpsc::Receiver<
     }
 }
 
+/// The caller's trace and span from a span's `trace_id` / `parent_span_id`
+/// attributes (a `traceparent` it came with), when both are valid and non-zero.
+fn caller_context(attrs: &Value) -> Option<(TraceId, SpanId)> {
+    let t = TraceId::from_hex(attrs.get("trace_id")?.as_str()?).ok()?;
+    let p = SpanId::from_hex(attrs.get("parent_span_id")?.as_str()?).ok()?;
+    (t != TraceId::INVALID && p != SpanId::INVALID).then_some((t, p))
+}
+
 /// One recorded span as OpenTelemetry span data, with the ids derived from
-/// tenant, session and step.
+/// tenant, session and step (or the caller's, for a call that sent a
+/// `traceparent`).
 pub fn to_span_data(tenant: &str, span: &Span) -> SpanData {
-    let trace_id = TraceId::from_bytes(trace::otel_trace_id(tenant, &span.session));
+    let session_trace = TraceId::from_bytes(trace::otel_trace_id(tenant, &span.session));
     let span_id = SpanId::from_bytes(trace::otel_span_id(tenant, &span.session, &span.span_id));
-    let parent_span_id = span.parent.as_deref().map_or(SpanId::INVALID, |p| {
-        SpanId::from_bytes(trace::otel_span_id(tenant, &span.session, p))
-    });
+    // A call that came with a W3C `traceparent` (kept as `trace_id` and
+    // `parent_span_id`) continues the caller's trace under the caller's span; the
+    // session's own trace id stays on it as `tessera.session.trace_id`.
+    let caller = caller_context(&span.attributes);
+    let (trace_id, parent_span_id, remote) = match caller {
+        Some((t, p)) => (t, p, true),
+        None => (
+            session_trace,
+            span.parent.as_deref().map_or(SpanId::INVALID, |p| {
+                SpanId::from_bytes(trace::otel_span_id(tenant, &span.session, p))
+            }),
+            false,
+        ),
+    };
     let start = UNIX_EPOCH + Duration::from_millis(span.start_ms);
     let end = start + Duration::from_secs_f64((span.duration_ms / 1000.0).clamp(0.0, 1e9));
     let mut attributes = vec![
@@ -228,6 +248,12 @@ pub fn to_span_data(tenant: &str, span: &Span) -> SpanData {
         KeyValue::new("tessera.tenant", tenant.to_string()),
         KeyValue::new("tessera.span_id", span.span_id.clone()),
     ];
+    if remote {
+        attributes.push(KeyValue::new(
+            "tessera.session.trace_id",
+            format!("{session_trace}"),
+        ));
+    }
     if span.cost != 0.0 {
         attributes.push(KeyValue::new("tessera.cost", span.cost));
     }
@@ -266,7 +292,7 @@ pub fn to_span_data(tenant: &str, span: &Span) -> SpanData {
             TraceState::default(),
         ),
         parent_span_id,
-        parent_span_is_remote: false,
+        parent_span_is_remote: remote,
         // The agent and the model are called across a process boundary.
         span_kind: match span.operation.as_str() {
             "invoke_agent" | "chat" | "text_completion" => SpanKind::Client,

@@ -28,6 +28,25 @@ pub mod kind {
     pub const AUDIT: &str = "audit";
     pub const USER: &str = "user";
     pub const SERVICEACCOUNT: &str = "serviceaccount";
+    /// The operator's caps on a tenant's top-level queues (one per tenant).
+    pub const QUEUECAPS: &str = "queuecaps";
+}
+
+/// Caps the cluster operator (an operator of the system tenant) sets on a
+/// tenant's top-level queues, summed over them, which the tenant's own admins
+/// and operators cannot exceed. Unset: not capped.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueueCaps {
+    /// Most total weight of the top-level queues.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u64>,
+    /// Most total guarantee.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guarantee: Option<tessera_model::Resources>,
+    /// Most total capability; a top-level queue then must state one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capability: Option<tessera_model::Resources>,
 }
 
 /// Kinds a tenant may watch.
@@ -709,9 +728,145 @@ impl ControlPlane {
         })
     }
 
+    /// Sets the caps on `tenant`'s top-level queues (system operators only).
+    pub async fn put_queue_caps(
+        &self,
+        c: &Caller,
+        tenant: &str,
+        caps: QueueCaps,
+    ) -> Result<Value, ApiError> {
+        c.require_system(Role::Operator)?;
+        check_name("tenant", tenant)?;
+        let key = Key::new(kind::QUEUECAPS, tenant, "caps");
+        let body = to_value(&caps)?;
+        let now = now_ms();
+        let op = match self.store.get(&key).await? {
+            Some(o) => Op::Update {
+                key,
+                expected: Some(o.version),
+                body,
+            },
+            None => Op::Create { key, body },
+        };
+        let out = self
+            .store
+            .commit(vec![
+                op,
+                self.audit(c, "update", format!("queuecaps/{tenant}"), now)?,
+            ])
+            .await?;
+        Ok(render(&out[0]))
+    }
+
+    /// The caps on `tenant`'s top-level queues (its own viewers, or system
+    /// operators); `None` when the operator set none.
+    pub async fn get_queue_caps(
+        &self,
+        c: &Caller,
+        tenant: &str,
+    ) -> Result<Option<QueueCaps>, ApiError> {
+        if c.tenant != tenant {
+            c.require_system(Role::Operator)?;
+        } else {
+            c.require(Role::Viewer)?;
+        }
+        self.queue_caps(tenant).await
+    }
+
+    async fn queue_caps(&self, tenant: &str) -> Result<Option<QueueCaps>, ApiError> {
+        match self
+            .store
+            .get(&Key::new(kind::QUEUECAPS, tenant, "caps"))
+            .await?
+        {
+            Some(o) => Ok(Some(from_value(&o)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Checks a top-level queue against the operator's caps for the caller's
+    /// tenant, summed with the tenant's other top-level queues.
+    async fn check_caps(&self, c: &Caller, spec: &QueueSpec) -> Result<(), ApiError> {
+        if spec.parent.is_some() {
+            return Ok(());
+        }
+        let Some(caps) = self.queue_caps(&c.tenant).await? else {
+            return Ok(());
+        };
+        let mut weight = u64::from(spec.weight);
+        let mut guarantee = spec.guarantee.clone();
+        let mut capability = spec.capability.clone();
+        let others = self.store.list(kind::QUEUE, Some(&c.tenant)).await?;
+        for o in &others.objects {
+            let q: Queue = from_value(o)?;
+            if q.name == spec.name || q.parent.is_some() {
+                continue;
+            }
+            weight += u64::from(q.weight);
+            guarantee.add_assign_saturating(&q.guarantee);
+            capability = match (capability, q.capability) {
+                (Some(mut a), Some(b)) => {
+                    a.add_assign_saturating(&b);
+                    Some(a)
+                }
+                _ => None,
+            };
+        }
+        let what = |field: &str| {
+            format!(
+                "the operator caps the {field} of tenant {:?}'s top-level queues",
+                c.tenant
+            )
+        };
+        if let Some(max) = caps.weight {
+            if weight > max {
+                return Err(ApiError::forbidden(format!(
+                    "{} at {max} in all; with queue {:?} they would be {weight}",
+                    what("weight"),
+                    spec.name
+                )));
+            }
+        }
+        if let Some(max) = &caps.guarantee {
+            if let Some(d) = guarantee.exceeding(max).first() {
+                return Err(ApiError::forbidden(format!(
+                    "{} at {d} {} in all; with queue {:?} they would be {}",
+                    what("guarantee"),
+                    max.get(d),
+                    spec.name,
+                    guarantee.get(d)
+                )));
+            }
+        }
+        if let Some(max) = &caps.capability {
+            match &capability {
+                None => {
+                    return Err(ApiError::forbidden(format!(
+                        "{} at {max} in all; queue {:?} (or another top-level queue) states no capability, which is unbounded: give it one",
+                        what("capability"),
+                        spec.name
+                    )));
+                }
+                Some(cap) => {
+                    if let Some(d) = cap.exceeding(max).first() {
+                        return Err(ApiError::forbidden(format!(
+                            "{} at {d} {} in all; with queue {:?} they would be {}",
+                            what("capability"),
+                            max.get(d),
+                            spec.name,
+                            cap.get(d)
+                        )));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     pub async fn create_queue(&self, c: &Caller, spec: QueueSpec) -> Result<Value, ApiError> {
         c.require(Role::Operator)?;
         let body = Self::queue_body(&spec)?;
+        self.check_caps(c, &spec).await?;
         let now = now_ms();
         let out = self
             .store
@@ -741,6 +896,7 @@ impl ControlPlane {
             ));
         }
         let body = Self::queue_body(&spec)?;
+        self.check_caps(c, &spec).await?;
         let now = now_ms();
         let out = self
             .store
@@ -876,6 +1032,9 @@ impl ControlPlane {
     /// Submits a job; the scheduler loop picks it up.
     pub async fn submit_job(&self, c: &Caller, spec: JobSpec) -> Result<Value, ApiError> {
         c.require(Role::Developer)?;
+        let spec = spec
+            .normalize()
+            .map_err(|(field, m)| ApiError::invalid(field, m))?;
         Self::check_job(&spec)?;
         // A template is a registered name (or `host`), never a host path.
         for (i, t) in spec.tasks.iter().enumerate() {
@@ -1025,6 +1184,47 @@ impl ControlPlane {
     }
 
     /// The output of a job's tasks that ran on this machine (the last 1 MiB of each).
+    /// One task's log from byte `from` of its file (at most 1 MiB, ending on a whole
+    /// UTF-8 character), redacted, and the offset to ask for next: how `tessera job logs
+    /// --follow` reads a growing log without reading it all again.
+    pub async fn job_log_from(
+        &self,
+        c: &Caller,
+        name: &str,
+        task: &str,
+        from: u64,
+    ) -> Result<(String, u64), ApiError> {
+        c.require(Role::Viewer)?;
+        check_name("name", name).map_err(|_| ApiError::not_found(format!("job {name:?}")))?;
+        let o = self
+            .store
+            .get(&Key::new(kind::JOB, &c.tenant, name))
+            .await?
+            .ok_or_else(|| ApiError::not_found(format!("job {name:?}")))?;
+        let job: JobBody = from_value(&o)?;
+        let Some(logs) = &self.logs else {
+            return Err(ApiError::not_found("logs: this server runs no executor"));
+        };
+        if !job.spec.tasks.iter().any(|x| x.name == task) {
+            return Err(ApiError::not_found(format!(
+                "task {task:?} of job {name:?}"
+            )));
+        }
+        let path = crate::exec::log_path(logs, &c.tenant, name, job.created_at, task);
+        let bytes = std::fs::read(&path).unwrap_or_default();
+        let start = (from as usize).min(bytes.len());
+        let mut end = bytes.len().min(start + (1 << 20));
+        // End on a whole character; the rest comes with the next call.
+        if let Err(e) = std::str::from_utf8(&bytes[start..end])
+            && e.error_len().is_none()
+        {
+            end = start + e.valid_up_to();
+        }
+        let text = String::from_utf8_lossy(&bytes[start..end]).into_owned();
+        let text = self.redact_text(&c.tenant, &format!("job {name}/{task} log"), text);
+        Ok((text, end as u64))
+    }
+
     pub async fn job_logs(
         &self,
         c: &Caller,
@@ -1160,5 +1360,94 @@ pub fn event_op(
 impl From<Code> for ApiError {
     fn from(c: Code) -> Self {
         ApiError::new(c, c.as_str())
+    }
+}
+
+#[cfg(test)]
+mod queue_caps_tests {
+    use super::*;
+
+    fn caller(tenant: &str, role: Role) -> Caller {
+        Caller {
+            tenant: tenant.into(),
+            subject: "someone".into(),
+            key_id: "k".into(),
+            role,
+        }
+    }
+
+    fn spec(name: &str, weight: u32, gpus: Option<u64>) -> QueueSpec {
+        QueueSpec {
+            name: name.into(),
+            parent: None,
+            weight,
+            guarantee: tessera_model::Resources::default(),
+            capability: gpus.map(|g| tessera_model::Resources::default().with_gpu_milli(g * 1000)),
+            reclaimable: true,
+            resource_version: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn tenant_admins_cannot_exceed_the_operators_caps() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = tessera_store::SqliteStore::open(dir.path().join("data")).unwrap();
+        let plane = ControlPlane::new(store.into());
+        let admin = caller("team", Role::Admin);
+        let caps = QueueCaps {
+            weight: Some(4),
+            guarantee: None,
+            capability: Some(tessera_model::Resources::default().with_gpu_milli(8000)),
+        };
+        // Only the system tenant's operators set caps.
+        assert!(
+            plane
+                .put_queue_caps(&admin, "team", caps.clone())
+                .await
+                .is_err()
+        );
+        let op = caller(SYSTEM_TENANT, Role::Operator);
+        plane
+            .put_queue_caps(&op, "team", caps.clone())
+            .await
+            .unwrap();
+        assert_eq!(
+            plane.get_queue_caps(&admin, "team").await.unwrap(),
+            Some(caps)
+        );
+        plane
+            .create_queue(&admin, spec("a", 2, Some(6)))
+            .await
+            .unwrap();
+        // Over the capability cap in all (6 + 4 > 8), over the weight cap, unbounded.
+        let e = plane
+            .create_queue(&admin, spec("b", 1, Some(4)))
+            .await
+            .unwrap_err();
+        assert!(format!("{e:?}").contains("capability"), "{e:?}");
+        let e = plane
+            .create_queue(&admin, spec("b", 3, Some(2)))
+            .await
+            .unwrap_err();
+        assert!(format!("{e:?}").contains("weight"), "{e:?}");
+        assert!(
+            plane
+                .create_queue(&admin, spec("b", 1, None))
+                .await
+                .is_err()
+        );
+        plane
+            .create_queue(&admin, spec("b", 2, Some(2)))
+            .await
+            .unwrap();
+        // A child queue is not capped by itself (its parent is).
+        let mut child = spec("c", 9, None);
+        child.parent = Some("a".into());
+        plane.create_queue(&admin, child).await.unwrap();
+        // Other tenants are not capped.
+        plane
+            .create_queue(&caller("other", Role::Admin), spec("x", 50, None))
+            .await
+            .unwrap();
     }
 }

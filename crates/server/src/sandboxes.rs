@@ -88,6 +88,16 @@ struct Entry {
     /// When the sandbox is killed unless its timeout is changed.
     end_at: Mutex<(Instant, SystemTime)>,
     metadata: BTreeMap<String, String>,
+    /// The agent scheduler's decision; given back when the entry goes.
+    placed: Option<(Arc<crate::placement::Placer>, crate::placement::Placement)>,
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        if let Some((p, at)) = &self.placed {
+            p.release(at);
+        }
+    }
 }
 
 struct Inner {
@@ -98,6 +108,8 @@ struct Inner {
     templates: Option<tessera_sandbox::TemplateRegistry>,
     max_per_tenant: usize,
     all: Mutex<HashMap<String, Arc<Entry>>>,
+    /// The agent scheduler's nodes for sandboxes.
+    placer: Arc<crate::placement::Placer>,
 }
 
 /// What the handlers of this module share.
@@ -122,6 +134,7 @@ impl SandboxesState {
         plane: &ControlPlane,
         cfg: &SandboxesConfig,
         stop: &watch::Receiver<bool>,
+        nodes: Vec<(String, tessera_sched::agent::Demand)>,
     ) -> Result<(Self, Vec<JoinHandle<()>>), StartError> {
         if !cfg.enabled {
             return Ok((Self::default(), Vec::new()));
@@ -169,6 +182,7 @@ impl SandboxesState {
                 cfg.max_per_tenant
             },
             all: Mutex::new(HashMap::new()),
+            placer: Arc::new(crate::placement::Placer::new(nodes)),
         });
         let task = tokio::spawn(reap_expired(inner.clone(), stop.clone()));
         Ok((Self { inner: Some(inner) }, vec![task]))
@@ -276,6 +290,7 @@ fn info(e: &Entry) -> Value {
         "started_at": unix(e.started),
         "end_at": unix(end),
         "metadata": e.metadata,
+        "node": e.placed.as_ref().map(|(_, p)| p.node.clone()),
         "limits": {
             "memory_bytes": spec.limits.memory_bytes,
             "cpu_millis": spec.limits.cpu_millis,
@@ -531,14 +546,32 @@ async fn create(
             ),
         ));
     }
+    let demand = tessera_sched::agent::Demand::new(
+        u64::from(spec.limits.cpu_millis.unwrap_or(0)),
+        spec.limits.memory_bytes.unwrap_or(0),
+    );
+    let placement = inner
+        .placer
+        .place(demand)
+        .map_err(|why| ApiError::new(Code::QuotaExceeded, why))?;
     let i2 = inner.clone();
     let tenant = c.tenant.clone();
-    let mut sb = blocking(move || match &i2.pool {
+    let spawned = blocking(move || match &i2.pool {
         Some(p) if spec == i2.base => p.claim(),
         _ => i2.rt.spawn(&spec),
     })
-    .await?
-    .map_err(|e| ApiError::internal(format!("creating the sandbox: {e}")))?;
+    .await;
+    let mut sb = match spawned {
+        Ok(Ok(sb)) => sb,
+        other => {
+            inner.placer.release(&placement);
+            return Err(match other {
+                Err(e) => e,
+                Ok(Err(e)) => ApiError::internal(format!("creating the sandbox: {e}")),
+                Ok(Ok(_)) => unreachable!(),
+            });
+        }
+    };
     sb.set_tenant(Some(tenant.clone()));
     let now = SystemTime::now();
     let t = Duration::from_secs(timeout);
@@ -550,6 +583,7 @@ async fn create(
         started: now,
         end_at: Mutex::new((Instant::now() + t, now + t)),
         metadata: b.metadata,
+        placed: Some((inner.placer.clone(), placement)),
     });
     inner.lock().insert(e.id.clone(), e.clone());
     Ok((StatusCode::CREATED, Json(info(&e))))

@@ -224,6 +224,11 @@ impl Cache {
             }
             snap.groups.push(group(tenant, name, job));
         }
+        // GPU indices that do not add up (out of range, held twice) are
+        // dropped so accounting stays whole; say so.
+        for i in snap.repair() {
+            eprintln!("scheduler: snapshot repaired: {i}");
+        }
         snap
     }
 }

@@ -41,9 +41,9 @@ pub struct QueueSpec {
     pub parent: Option<String>,
     #[serde(default = "one")]
     pub weight: u32,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::jobfile::resources_as_written")]
     pub guarantee: Resources,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::jobfile::opt_resources_as_written")]
     pub capability: Option<Resources>,
     #[serde(default = "yes")]
     pub reclaimable: bool,
@@ -68,7 +68,11 @@ pub struct JobSpec {
     /// How many tasks must run together; default: all of them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_member: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::jobfile::opt_resources_as_written"
+    )]
     pub min_resources: Option<Resources>,
     #[serde(default)]
     pub priority: i32,
@@ -122,6 +126,54 @@ pub const DEFAULT_BACKOFF_LIMIT: u32 = 6;
 pub const DEFAULT_GRACE_SECONDS: u64 = 30;
 
 impl JobSpec {
+    /// Folds the short words a job file may use (`replicas`, `gpu_milli`, `gpu_memory`,
+    /// `gpu_models`, `mig`) into the canonical form that is stored. An error is
+    /// (field path, message).
+    pub fn normalize(mut self) -> Result<JobSpec, (String, String)> {
+        let mut tasks = Vec::with_capacity(self.tasks.len());
+        for (i, mut t) in std::mem::take(&mut self.tasks).into_iter().enumerate() {
+            let short = crate::jobfile::GpuShorthand {
+                gpu_milli: t.gpu_milli.take(),
+                gpu_memory: t.gpu_memory.take(),
+                gpu_models: t.gpu_models.take(),
+                mig: t.mig.take(),
+            };
+            if !short.is_empty() {
+                t.gpu = short
+                    .fold(std::mem::take(&mut t.gpu))
+                    .map_err(|(f, m)| (format!("tasks[{i}].{f}"), m))?;
+            }
+            let asked = t.replicas.take();
+            let n = asked.unwrap_or(1);
+            let room = crate::jobfile::MAX_TASKS.saturating_sub(tasks.len() as u32);
+            if n == 0 || n > room {
+                let max = crate::jobfile::MAX_TASKS;
+                return Err(match asked {
+                    Some(_) => (
+                        format!("tasks[{i}].replicas"),
+                        format!(
+                            "{n} replicas: give 1 or more, and at most {max} tasks in a \
+                             job ({} before this entry)",
+                            tasks.len()
+                        ),
+                    ),
+                    None => ("tasks".into(), format!("a job has at most {max} tasks")),
+                });
+            }
+            if n == 1 {
+                tasks.push(t);
+            } else {
+                for k in 0..n {
+                    let mut r = t.clone();
+                    r.name = format!("{}-{k}", t.name);
+                    tasks.push(r);
+                }
+            }
+        }
+        self.tasks = tasks;
+        Ok(self)
+    }
+
     /// The grace period between SIGTERM and SIGKILL.
     pub fn grace(&self) -> std::time::Duration {
         std::time::Duration::from_secs(
@@ -151,10 +203,27 @@ pub struct EnvVar {
 #[serde(deny_unknown_fields)]
 pub struct TaskSpec {
     pub name: String,
-    #[serde(default)]
+    /// As written: this many tasks alike, named `NAME-0` .. `NAME-{N-1}` (folded by
+    /// [`JobSpec::normalize`]; never stored).
+    #[serde(default, skip_serializing)]
+    pub replicas: Option<u32>,
+    #[serde(default, deserialize_with = "crate::jobfile::resources_as_written")]
     pub resources: Resources,
-    #[serde(default)]
+    /// `8` (whole GPUs), `none`, or the tagged forms; see [`crate::jobfile`].
+    #[serde(default, deserialize_with = "crate::jobfile::gpu_as_written")]
     pub gpu: GpuRequest,
+    /// As written: a fraction of one GPU in milli-GPU (folded into `gpu`).
+    #[serde(default, skip_serializing)]
+    pub gpu_milli: Option<u32>,
+    /// As written: the fraction's device memory, e.g. `20Gi` (folded into `gpu`).
+    #[serde(default, skip_serializing)]
+    pub gpu_memory: Option<crate::jobfile::Amount>,
+    /// As written: the GPU models allowed (folded into `gpu`).
+    #[serde(default, skip_serializing)]
+    pub gpu_models: Option<Vec<String>>,
+    /// As written: one MIG instance of this profile, e.g. `3g.40gb` (folded into `gpu`).
+    #[serde(default, skip_serializing)]
+    pub mig: Option<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_selector: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -253,6 +253,11 @@ async fn invocations_run_in_sessions_on_sandboxes() {
     assert_eq!(v["usage"]["quantities"]["tokens_in"], 30.0, "{v}");
     let (_, v) = t.get("/v1/sessions/abc/trace").await;
     assert_eq!(v["spans"].as_array().unwrap().len(), 3, "{v}");
+    // The tokens an invocation reports are GenAI usage attributes of its span.
+    assert_eq!(
+        v["spans"][0]["attributes"]["gen_ai.usage.input_tokens"], 10.0,
+        "{v}"
+    );
     let (st, v) = t
         .post("/v1/sessions/abc/kill", json!({"reason": "runaway"}))
         .await;

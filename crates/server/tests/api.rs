@@ -357,6 +357,27 @@ async fn bad_bodies_get_400_with_the_field_and_big_ones_413() {
     let (st, v) = e.raw(&a, "/v1/jobs", "application/yaml", yaml.into()).await;
     assert_eq!(st, StatusCode::BAD_REQUEST);
     assert_eq!(v["field"], "tasks[0].resources.cpu_milli", "{v}");
+    // A job file's short words (docs/api.md, "Job files") are folded into the stored form.
+    let yaml = "name: y3\nqueue: q\ntasks:\n  - name: w\n    replicas: 2\n    resources: {cpu: 0.1, memory: 64Mi}\n";
+    let (st, v) = e.raw(&a, "/v1/jobs", "application/yaml", yaml.into()).await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    let tasks = v["spec"]["tasks"]
+        .as_array()
+        .expect("the stored job")
+        .clone();
+    let names: Vec<_> = tasks.iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["w-0", "w-1"], "{v}");
+    assert_eq!(tasks[0]["resources"]["cpu_milli"], 100, "{v}");
+    assert_eq!(tasks[0]["resources"]["memory"], 64 << 20, "{v}");
+    assert!(tasks[0].get("replicas").is_none(), "{v}");
+    let yaml = "name: y4\nqueue: q\ntasks:\n  - name: w\n    gpu: 1.5\n";
+    let (st, v) = e.raw(&a, "/v1/jobs", "application/yaml", yaml.into()).await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
+    assert_eq!(v["field"], "tasks[0].gpu", "{v}");
+    assert!(
+        v["detail"].as_str().unwrap().contains("gpu_milli: 500"),
+        "{v}"
+    );
     let (st, _) = e.raw(&a, "/v1/jobs", "text/plain", b"hi".to_vec()).await;
     assert_eq!(st, StatusCode::UNSUPPORTED_MEDIA_TYPE);
     // Over the limit.

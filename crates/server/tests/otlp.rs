@@ -191,3 +191,39 @@ async fn recorded_spans_reach_the_collector_as_one_trace_per_session() {
     .unwrap();
     assert_eq!(trace::spans(&store, "acme", "s-1").await.unwrap().len(), 3);
 }
+
+/// A call that came with a W3C `traceparent` continues the caller's trace: its span is
+/// exported with the caller's trace id and the caller's span as its (remote) parent.
+#[test]
+fn a_traceparent_is_joined() {
+    let caller_trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let caller_span = "00f067aa0ba902b7";
+    let span = Span {
+        session: "s-1".into(),
+        span_id: "chat-1".into(),
+        parent: None,
+        name: "chat m".into(),
+        operation: "chat".into(),
+        start_ms: 1_700_000_000_000,
+        duration_ms: 1.0,
+        cost: 0.0,
+        attributes: json!({"trace_id": caller_trace, "parent_span_id": caller_span}),
+    };
+    let d = tessera_server::otlp::to_span_data("acme", &span);
+    assert_eq!(format!("{}", d.span_context.trace_id()), caller_trace);
+    assert_eq!(format!("{}", d.parent_span_id), caller_span);
+    assert!(d.parent_span_is_remote);
+    let session = hex(&trace::otel_trace_id("acme", "s-1"));
+    assert!(
+        d.attributes
+            .iter()
+            .any(|kv| kv.key.as_str() == "tessera.session.trace_id" && kv.value.as_str() == session),
+        "the session's trace id stays on the span"
+    );
+    // Without one, the session's own trace.
+    let mut own = span.clone();
+    own.attributes = json!({"trace_id": "zz", "parent_span_id": caller_span});
+    let d = tessera_server::otlp::to_span_data("acme", &own);
+    assert_eq!(format!("{}", d.span_context.trace_id()), session);
+    assert!(!d.parent_span_is_remote);
+}

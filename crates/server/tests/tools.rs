@@ -268,6 +268,58 @@ async fn the_mcp_endpoint_lists_granted_tools_and_calls_through_the_ledger() {
         .map(|t| t["name"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["charge", "lookup"]);
+    // A key without a session (an IDE-style client) may browse what its role is
+    // granted in any runtime, but calling needs a session.
+    let (st, bsid, v) = mcp(
+        &acme,
+        None,
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "ide", "version": "1"}}}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    let bsid = bsid.as_deref();
+    mcp(
+        &acme,
+        bsid,
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    )
+    .await;
+    let (_, _, v) = mcp(
+        &acme,
+        bsid,
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}),
+    )
+    .await;
+    let browsed: Vec<&str> = v["result"]["tools"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{v}"))
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(browsed, ["charge", "lookup"], "ungranted tools stay hidden");
+    let (_, _, v) = mcp(
+        &acme,
+        bsid,
+        json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "charge", "arguments": {}}}),
+    )
+    .await;
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("which session")),
+        "{v}"
+    );
+    // Closing the session is 204, as the official client expects (not 202).
+    let resp = acme
+        .request(Method::DELETE, "/v1/mcp")
+        .header("mcp-session-id", bsid.unwrap())
+        .header("mcp-protocol-version", "2025-11-25")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::NO_CONTENT);
     let call = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
         "name": "charge", "arguments": {"n": 1}, "_meta": {"tessera.dev/tool_call_id": "m1"}}});
     let (_, _, v) = mcp(&agent, sid, call.clone()).await;
@@ -275,6 +327,22 @@ async fn the_mcp_endpoint_lists_granted_tools_and_calls_through_the_ledger() {
     let (_, _, v) = mcp(&agent, sid, call).await;
     assert_eq!(v["result"]["structuredContent"]["executions"], 1, "{v}");
     assert_eq!(svc.executions("s1/m1"), 1);
+    // The call is one GenAI `execute_tool` span in the session's trace (the replay
+    // adds none).
+    let (_, t) = acme.get("/v1/sessions/s1/trace").await;
+    let tools: Vec<&Value> = t["spans"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{t}"))
+        .iter()
+        .filter(|s| s["operation"] == "execute_tool")
+        .collect();
+    assert_eq!(tools.len(), 1, "{t}");
+    assert_eq!(tools[0]["name"], "execute_tool charge", "{t}");
+    assert_eq!(tools[0]["attributes"]["gen_ai.tool.call.id"], "m1", "{t}");
+    assert_eq!(
+        tools[0]["attributes"]["gen_ai.conversation.id"], "s1",
+        "{t}"
+    );
     // Not granted: an error and an audit entry.
     let (_, _, v) = mcp(
         &agent,
@@ -291,6 +359,30 @@ async fn the_mcp_endpoint_lists_granted_tools_and_calls_through_the_ledger() {
             .iter()
             .any(|a| a["action"] == "denied-call")
     );
+    // Arguments the model got wrong: a tool result with isError it can read and fix,
+    // not a protocol error.
+    let (st, v) = acme
+        .post(
+            "/v1/tools",
+            json!({"name": "typed", "target": {"type": "http", "url": svc.url()},
+                   "input_schema": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    acme.post("/v1/tools/typed/grants", json!({"runtime": "shop"}))
+        .await;
+    let (_, _, v) = mcp(
+        &agent,
+        sid,
+        json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "typed", "arguments": {"n": "many"}}}),
+    )
+    .await;
+    assert_eq!(v["result"]["isError"], true, "{v}");
+    assert_eq!(
+        v["result"]["structuredContent"]["status"], "invalid_arguments",
+        "{v}"
+    );
+    assert!(v["error"].is_null(), "{v}");
     // Without a credential, nothing.
     let (st, _, _) = mcp(
         &s.anonymous(),
@@ -437,4 +529,34 @@ async fn mcp_2026_clients_get_input_required_while_an_approval_is_open() {
     let v = mcp_2026(&agent, 6, "wire", json!({"amount": 5}), Some(&state)).await;
     assert_eq!(v["result"]["structuredContent"]["executions"], 1, "{v}");
     assert_eq!(svc.executions("s1/jsonrpc-1"), 1);
+    // A 2025-11-25 client has no input_required: while the approval is open it gets a
+    // result that is plainly not a success (nothing ran yet), with the status.
+    let (_, osid, v) = mcp(
+        &other,
+        None,
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "old", "version": "1"}}}),
+    )
+    .await;
+    let osid = osid.unwrap_or_else(|| panic!("{v}"));
+    mcp(
+        &other,
+        Some(&osid),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    )
+    .await;
+    let (_, _, v) = mcp(
+        &other,
+        Some(&osid),
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+            "name": "wire", "arguments": {"amount": 1}, "_meta": {"tessera.dev/tool_call_id": "o1"}}}),
+    )
+    .await;
+    assert_eq!(v["result"]["isError"], true, "{v}");
+    assert_eq!(
+        v["result"]["structuredContent"]["status"], "pending_approval",
+        "{v}"
+    );
+    assert_eq!(svc.executions("s2/o1"), 0);
 }

@@ -20,7 +20,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tessera_sched::gpu::{
-    GpuCluster, NodeState, Placement, PodShape, Policy, TypicalPod, Workload,
+    GpuCluster, NodeState, Outlook, Placement, PodShape, Policy, TypicalPod, Workload,
 };
 
 use crate::trace::{NodeRow, PodRow};
@@ -66,8 +66,10 @@ pub struct Prepared {
     /// The simulator's typical pods (CPU and GPU), for `fgd` and for measuring.
     pub workload: Workload,
     /// The same typical pods, each also asking for the least memory its shape's
-    /// pods ask for: our `fgd-mem` policy.
+    /// pods ask for: our `fgd-mem` policy, and `tessera`'s base.
     pub workload_mem: Workload,
+    /// What `tessera` knows of the pod list beyond the typical pods.
+    pub outlook: Outlook,
     pub total_milli: u64,
     pub models: BTreeMap<String, u16>,
     /// (creation, deletion) in seconds per pod (same order as `pods`), when the
@@ -144,11 +146,13 @@ pub fn prepare(
         .iter()
         .map(|p| p.creation_time.zip(p.deletion_time))
         .collect();
+    let outlook = Outlook::new(&shapes, &node_states);
     Ok(Prepared {
         nodes: node_states,
         pods: shapes,
         workload,
         workload_mem,
+        outlook,
         total_milli,
         models,
         times,
@@ -285,16 +289,113 @@ pub fn arrival_order(prep: &Prepared, inflate: f64, rng: &mut SplitMix64) -> Vec
     order
 }
 
-/// Replays one seed under one policy.
-pub fn run_one(prep: &Prepared, policy: Policy, seed: u64, cfg: &ReplayConfig) -> RunResult {
-    let mut rng = SplitMix64::new(seed);
-    let order = arrival_order(prep, cfg.inflate, &mut rng);
-    let workload = if policy == Policy::FgdMem {
+/// The cluster a policy starts from: `fgd-mem` and `tessera` score against the
+/// workload with memory, `tessera` with the outlook too.
+fn cluster_for(prep: &Prepared, policy: Policy) -> GpuCluster {
+    let workload = if matches!(policy, Policy::FgdMem | Policy::Tessera) {
         prep.workload_mem.clone()
     } else {
         prep.workload.clone()
     };
     let mut cluster = GpuCluster::new(prep.nodes.clone(), workload);
+    if policy == Policy::Tessera {
+        cluster.set_outlook(prep.outlook.clone());
+    }
+    cluster
+}
+
+/// A lower bound on the GPUs (% of capacity) any policy leaves unallocated at
+/// 100 % arrived, for the arrivals of one seed: the larger of two relaxations.
+///
+/// - Shares: a share above half a GPU takes a GPU of its own, and its gap can
+///   only be filled by shares no larger than the gap. What the arrived shares
+///   of at most half a GPU can fill of those gaps, even split at will, is a
+///   fluid assignment (largest first into the gaps at least that large, which
+///   is optimal since larger shares fit in fewer gaps); the rest of the gaps
+///   is lost whatever the placement (a large share left out loses more than
+///   its gap).
+/// - GPU models: the arrived GPU request of tasks that accept only models in a
+///   set `X` beyond the capacity of `X`, over every set of models (Hall's
+///   condition for the fluid assignment of requests to models).
+///
+/// CPU, memory and whole-node packing are ignored, so the bound is loose where
+/// they bind.
+pub fn floor_at_100(prep: &Prepared, seed: u64, inflate: f64) -> f64 {
+    let mut rng = SplitMix64::new(seed);
+    let order = arrival_order(prep, inflate, &mut rng);
+    let total = prep.total_milli;
+    let mut arrived = 0u64;
+    let mut pods: Vec<&PodShape> = Vec::new();
+    for &i in &order {
+        let p = &prep.pods[i];
+        if arrived + p.total_milli() > total {
+            break;
+        }
+        arrived += p.total_milli();
+        pods.push(p);
+    }
+    // Shares.
+    let mut gaps: Vec<u64> = pods
+        .iter()
+        .filter(|p| p.is_share() && p.milli > 500)
+        .map(|p| u64::from(1000 - p.milli))
+        .collect();
+    gaps.sort_unstable();
+    let mut small: Vec<u64> = pods
+        .iter()
+        .filter(|p| p.is_share() && p.milli <= 500)
+        .map(|p| u64::from(p.milli))
+        .collect();
+    small.sort_unstable_by(|a, b| b.cmp(a));
+    // suffix[k]: the sum of the gaps from position k on (gaps ascending).
+    let mut suffix = vec![0u64; gaps.len() + 1];
+    for k in (0..gaps.len()).rev() {
+        suffix[k] = suffix[k + 1] + gaps[k];
+    }
+    let mut used = 0u64;
+    for s in small {
+        let k = gaps.partition_point(|&g| g < s);
+        let avail = suffix[k].saturating_sub(used);
+        used += s.min(avail);
+    }
+    let shares = suffix[0].saturating_sub(used) as f64;
+    // Models.
+    let mut cap = [0u64; 64];
+    for n in &prep.nodes {
+        if (n.model as usize) < 64 {
+            cap[n.model as usize] += n.gpu_left.len() as u64 * 1000;
+        }
+    }
+    let present: Vec<usize> = (0..64).filter(|&m| cap[m] > 0).collect();
+    let mut models = 0.0f64;
+    if present.len() <= 16 {
+        for subset in 1u32..(1 << present.len()) {
+            let mask = present
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| subset & (1 << i) != 0)
+                .fold(0u64, |a, (_, &m)| a | (1 << m));
+            let c: u64 = present
+                .iter()
+                .filter(|&&m| mask & (1 << m) != 0)
+                .map(|&m| cap[m])
+                .sum();
+            let d: u64 = pods
+                .iter()
+                .filter(|p| p.wants_gpu() && p.models != 0 && p.models & !mask == 0)
+                .map(|p| p.total_milli())
+                .sum();
+            models = models.max(d.saturating_sub(c) as f64);
+        }
+    }
+    shares.max(models) / total as f64 * 100.0
+}
+
+/// Replays one seed under one policy.
+pub fn run_one(prep: &Prepared, policy: Policy, seed: u64, cfg: &ReplayConfig) -> RunResult {
+    let mut rng = SplitMix64::new(seed);
+    let order = arrival_order(prep, cfg.inflate, &mut rng);
+    let mut cluster = cluster_for(prep, policy);
     // Fragmentation is measured against the simulator's workload for every policy.
     let mut frag: Vec<f64> = prep.nodes.iter().map(|n| prep.workload.frag(n)).collect();
     let mut frag_total: f64 = frag.iter().sum();
@@ -439,14 +540,27 @@ fn xml_escape(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
-/// An SVG line chart: GPU allocation (% of capacity) against arrived GPU request
-/// (% of capacity), one line per policy.
+/// An SVG line chart: GPU request that arrived but was not allocated (% of
+/// capacity) against arrived GPU request (% of capacity), one line per policy;
+/// at 100 % arrived it is the policy's unallocated GPU share.
 pub fn svg_plot(title: &str, sums: &[PolicySummary]) -> String {
     let (w, h) = (720.0, 480.0);
-    let (l, r, t, b) = (60.0, 150.0, 40.0, 50.0);
+    let (l, r, t, b) = (60.0, 170.0, 40.0, 50.0);
     let (pw, ph) = (w - l - r, h - t - b);
+    let lost = |p: &PolicySummary| -> Vec<(usize, f64)> {
+        p.curve
+            .iter()
+            .enumerate()
+            .filter_map(|(b, v)| v.map(|v| (b, (b as f64 - v).max(0.0))))
+            .collect()
+    };
+    let top = sums
+        .iter()
+        .flat_map(|p| lost(p).into_iter().map(|x| x.1))
+        .fold(5.0f64, f64::max);
+    let ymax = (top / 5.0).ceil() * 5.0;
     let x = |v: f64| l + v / 130.0 * pw;
-    let y = |v: f64| t + ph - v / 100.0 * ph;
+    let y = |v: f64| t + ph - v / ymax * ph;
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" viewBox=\"0 0 {w} {h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
 <rect width=\"{w}\" height=\"{h}\" fill=\"white\"/>\n\
@@ -465,8 +579,9 @@ pub fn svg_plot(title: &str, sums: &[PolicySummary]) -> String {
             v
         );
     }
-    for k in 0..=10 {
-        let v = f64::from(k) * 10.0;
+    let step = ymax / 5.0;
+    for k in 0..=5 {
+        let v = f64::from(k) * step;
         s += &format!(
             "<line x1=\"{0:.1}\" y1=\"{1:.1}\" x2=\"{2:.1}\" y2=\"{1:.1}\" stroke=\"#ddd\"/>\n<text x=\"{3:.1}\" y=\"{4:.1}\" text-anchor=\"end\">{5}</text>\n",
             l,
@@ -478,20 +593,24 @@ pub fn svg_plot(title: &str, sums: &[PolicySummary]) -> String {
         );
     }
     s += &format!(
+        "<line x1=\"{0:.1}\" y1=\"{1:.1}\" x2=\"{0:.1}\" y2=\"{2:.1}\" stroke=\"#999\" stroke-dasharray=\"4 3\"/>\n",
+        x(100.0),
+        t,
+        t + ph
+    );
+    s += &format!(
         "<rect x=\"{l}\" y=\"{t}\" width=\"{pw}\" height=\"{ph}\" fill=\"none\" stroke=\"black\"/>\n\
 <text x=\"{}\" y=\"{}\" text-anchor=\"middle\">arrived GPU request (% of capacity)</text>\n\
-<text transform=\"translate(16 {}) rotate(-90)\" text-anchor=\"middle\">GPU allocation (% of capacity)</text>\n",
+<text transform=\"translate(16 {}) rotate(-90)\" text-anchor=\"middle\">arrived, not allocated (% of capacity)</text>\n",
         l + pw / 2.0,
         h - 12.0,
         t + ph / 2.0
     );
     for (i, p) in sums.iter().enumerate() {
         let colour = COLOURS[i % COLOURS.len()];
-        let pts: Vec<String> = p
-            .curve
-            .iter()
-            .enumerate()
-            .filter_map(|(b, v)| v.map(|v| format!("{:.1},{:.1}", x(b as f64), y(v))))
+        let pts: Vec<String> = lost(p)
+            .into_iter()
+            .map(|(b, v)| format!("{:.1},{:.1}", x(b as f64), y(v)))
             .collect();
         s += &format!(
             "<polyline fill=\"none\" stroke=\"{colour}\" stroke-width=\"1.5\" points=\"{}\"/>\n",
@@ -499,14 +618,14 @@ pub fn svg_plot(title: &str, sums: &[PolicySummary]) -> String {
         );
         let ly = t + 10.0 + 18.0 * i as f64;
         s += &format!(
-            "<line x1=\"{0:.1}\" y1=\"{1:.1}\" x2=\"{2:.1}\" y2=\"{1:.1}\" stroke=\"{colour}\" stroke-width=\"2\"/>\n<text x=\"{3:.1}\" y=\"{4:.1}\">{5} ({6:.1} %)</text>\n",
+            "<line x1=\"{0:.1}\" y1=\"{1:.1}\" x2=\"{2:.1}\" y2=\"{1:.1}\" stroke=\"{colour}\" stroke-width=\"2\"/>\n<text x=\"{3:.1}\" y=\"{4:.1}\">{5} ({6:.2} % at 100)</text>\n",
             l + pw + 10.0,
             ly,
             l + pw + 30.0,
             l + pw + 36.0,
             ly + 4.0,
             xml_escape(p.policy.name()),
-            p.alloc_at_130
+            p.unalloc_at_100
         );
     }
     s += "</svg>\n";
@@ -559,12 +678,7 @@ pub fn run_realtime(
         }
     }
     arrivals.sort_unstable();
-    let workload = if policy == Policy::FgdMem {
-        prep.workload_mem.clone()
-    } else {
-        prep.workload.clone()
-    };
-    let mut cluster = GpuCluster::new(prep.nodes.clone(), workload);
+    let mut cluster = cluster_for(prep, policy);
     let mut rng = SplitMix64::new(seed);
     let mut rank: Vec<u32> = (0..prep.nodes.len() as u32).collect();
     for i in (1..rank.len()).rev() {

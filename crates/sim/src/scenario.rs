@@ -15,7 +15,9 @@ use tessera_model::{
     GpuDevice, GpuRequest, GpuTopology, GroupKind, NetworkTier, Node, PodGroup, Queue, Resources,
     Snapshot, Taint, Task, Toleration, parse_bytes, parse_count, parse_milli,
 };
-use tessera_sched::{Config, Profile};
+use tessera_sched::{Config, Profile, SharePolicy};
+
+mod group;
 
 /// A loaded, validated scenario.
 #[derive(Debug, Clone)]
@@ -102,6 +104,9 @@ struct RawConfig {
     /// binpack, inference spread).
     #[serde(default)]
     profiles: BTreeMap<GroupKind, Profile>,
+    /// How fractions of a GPU are placed: `profile` (default) or `tessera`.
+    #[serde(default)]
+    share_policy: Option<SharePolicy>,
 }
 
 /// Actions as a YAML list, or as Volcano writes them: one comma-separated string.
@@ -252,9 +257,14 @@ struct RawTask {
     gpu_memory: Option<Qty>,
     #[serde(default)]
     gpu_models: Vec<String>,
-    /// A MIG profile (one instance), instead of `gpu` / `gpu_milli`.
+    /// A MIG profile (one instance), instead of `gpu` / `gpu_milli`; or a
+    /// list of profiles in order of preference.
     #[serde(default)]
-    mig: Option<String>,
+    mig: Option<OneOrMany>,
+    /// More device shapes the task accepts, in order of preference after
+    /// its own.
+    #[serde(default)]
+    gpu_alternatives: Vec<RawAlternative>,
     #[serde(default)]
     gpu_topology: Option<GpuTopology>,
     #[serde(default)]
@@ -272,6 +282,45 @@ struct RawTask {
     /// task gives one GPU. Default: what a fresh selection picks.
     #[serde(default)]
     running_gpus: Vec<Vec<u32>>,
+}
+
+/// One string or a list of them.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    fn first(&self) -> Option<&String> {
+        match self {
+            OneOrMany::One(s) => Some(s),
+            OneOrMany::Many(v) => v.first(),
+        }
+    }
+    fn iter(&self) -> std::slice::Iter<'_, String> {
+        match self {
+            OneOrMany::One(s) => std::slice::from_ref(s).iter(),
+            OneOrMany::Many(v) => v.iter(),
+        }
+    }
+}
+
+/// A device shape a task also accepts.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAlternative {
+    #[serde(default)]
+    gpu: Option<Qty>,
+    #[serde(default)]
+    gpu_milli: Option<Qty>,
+    #[serde(default)]
+    gpu_memory: Option<Qty>,
+    #[serde(default)]
+    gpu_models: Vec<String>,
+    #[serde(default)]
+    mig: Option<String>,
 }
 
 fn config_from_raw(c: &RawConfig, file: &str, prefix: &str) -> Result<Config, ScenarioError> {
@@ -301,6 +350,9 @@ fn config_from_raw(c: &RawConfig, file: &str, prefix: &str) -> Result<Config, Sc
         .map_err(|e| err(prefix.trim_end_matches('.').to_string(), e.to_string()))?;
     cfg.profiles
         .extend(c.profiles.iter().map(|(k, p)| (*k, *p)));
+    if let Some(p) = c.share_policy {
+        cfg.share_policy = p;
+    }
     Ok(cfg)
 }
 
@@ -423,6 +475,7 @@ impl Builder<'_> {
         let queue_names: BTreeSet<&str> = queues.iter().map(|q| q.name.as_str()).collect();
         let parents: BTreeSet<&str> = queues.iter().filter_map(|q| q.parent.as_deref()).collect();
         let mut groups = Vec::new();
+        let mut origins = Vec::new();
         let mut seen = BTreeSet::new();
         for (gi, g) in raw.groups.iter().enumerate() {
             let path = format!("groups[{gi}]");
@@ -447,14 +500,26 @@ impl Builder<'_> {
                     ),
                 ));
             }
-            groups.push(self.group(&path, g, &node_names)?);
+            let (group, origin) = self.group(&path, g, &node_names)?;
+            groups.push(group);
+            origins.push(origin);
+        }
+        let snapshot = Snapshot {
+            nodes,
+            queues,
+            groups,
+        };
+        // Running tasks' GPUs: in range, not listed twice, not held twice.
+        if let Some(i) = snapshot.validate().into_iter().next() {
+            let (ti, k) = origins[i.group][i.task];
+            let mut path = format!("groups[{}].tasks[{ti}].running_gpus[{k}]", i.group);
+            if let Some(x) = i.index {
+                path.push_str(&format!("[{x}]"));
+            }
+            return Err(self.err(path, i.message));
         }
         Ok(Scenario {
-            snapshot: Snapshot {
-                nodes,
-                queues,
-                groups,
-            },
+            snapshot,
             config,
             description: raw.description,
         })
@@ -699,217 +764,6 @@ impl Builder<'_> {
             }
         }
         Ok(out)
-    }
-
-    fn group(
-        &self,
-        path: &str,
-        g: &RawGroup,
-        nodes: &BTreeSet<&str>,
-    ) -> Result<PodGroup, ScenarioError> {
-        let mut tasks = Vec::new();
-        let mut seen = BTreeSet::new();
-        if g.tasks.is_empty() {
-            return Err(self.err(format!("{path}.tasks"), "a group needs at least one task"));
-        }
-        for (ti, t) in g.tasks.iter().enumerate() {
-            let tp = format!("{path}.tasks[{ti}]");
-            let mut res = Resources::default();
-            if let Some(c) = &t.cpu {
-                res.cpu_milli = self.qty(&format!("{tp}.cpu"), c, parse_milli)?;
-            }
-            if let Some(m) = &t.memory {
-                res.memory = self.qty(&format!("{tp}.memory"), m, parse_bytes)?;
-            }
-            for (k, v) in &t.extended {
-                res.extended.insert(
-                    k.clone(),
-                    self.qty(&format!("{tp}.extended.{k}"), v, parse_count)?,
-                );
-            }
-            if let Some(profile) = &t.mig {
-                if t.gpu.is_some() || t.gpu_milli.is_some() || t.gpu_memory.is_some() {
-                    return Err(self.err(
-                        format!("{tp}.mig"),
-                        "set `mig` (one MIG instance) without `gpu`, `gpu_milli` or `gpu_memory`",
-                    ));
-                }
-                if mig::profile_milli(profile, &t.gpu_models) == 0 {
-                    return Err(self.err(
-                        format!("{tp}.mig"),
-                        format!(
-                            "unknown MIG profile `{profile}`{}; profiles look like 1g.10gb, 3g.40gb (H100-80GB) or 2g.12gb (A30-24GB)",
-                            if t.gpu_models.is_empty() {
-                                String::new()
-                            } else {
-                                format!(" on {}", t.gpu_models.join("|"))
-                            }
-                        ),
-                    ));
-                }
-            }
-            if t.gpu_topology.is_some() && t.gpu.is_none() {
-                return Err(self.err(
-                    format!("{tp}.gpu_topology"),
-                    "gpu_topology constrains whole GPUs; it needs `gpu`",
-                ));
-            }
-            let gpu = match (&t.gpu, &t.gpu_milli) {
-                _ if t.mig.is_some() => GpuRequest::Mig {
-                    profile: t.mig.clone().unwrap_or_default(),
-                    models: t.gpu_models.clone(),
-                },
-                (Some(_), Some(_)) => {
-                    return Err(self.err(
-                        format!("{tp}.gpu_milli"),
-                        "set either `gpu` (whole GPUs) or `gpu_milli` (a fraction of one GPU), not both",
-                    ));
-                }
-                (Some(g), None) => {
-                    let count = self.qty(&format!("{tp}.gpu"), g, parse_count)?;
-                    if t.gpu_memory.is_some() {
-                        return Err(self.err(
-                            format!("{tp}.gpu_memory"),
-                            "gpu_memory goes with gpu_milli; whole GPUs come with all their memory",
-                        ));
-                    }
-                    let count = u32::try_from(count)
-                        .map_err(|_| self.err(format!("{tp}.gpu"), "too many GPUs"))?;
-                    if count == 0 {
-                        GpuRequest::None
-                    } else {
-                        GpuRequest::Whole {
-                            count,
-                            models: t.gpu_models.clone(),
-                        }
-                    }
-                }
-                (None, Some(m)) => {
-                    let milli = self.qty(&format!("{tp}.gpu_milli"), m, parse_count)?;
-                    if milli == 0 || milli >= 1000 {
-                        return Err(self.err(format!("{tp}.gpu_milli"), format!("gpu_milli is {milli}; a fraction of a GPU is 1..999 (use `gpu` for whole GPUs)")));
-                    }
-                    let memory = match &t.gpu_memory {
-                        Some(q) => self.qty(&format!("{tp}.gpu_memory"), q, parse_bytes)?,
-                        None => 0,
-                    };
-                    GpuRequest::Shared {
-                        milli: milli as u32,
-                        memory,
-                        models: t.gpu_models.clone(),
-                    }
-                }
-                (None, None) => {
-                    if !t.gpu_models.is_empty() || t.gpu_memory.is_some() {
-                        return Err(self.err(
-                            format!("{tp}.gpu_models"),
-                            "gpu_models and gpu_memory need `gpu` or `gpu_milli`",
-                        ));
-                    }
-                    GpuRequest::None
-                }
-            };
-            let names: Vec<String> = match t.replicas {
-                None => vec![t.name.clone()],
-                Some(0) => {
-                    return Err(self.err(format!("{tp}.replicas"), "replicas must be at least 1"));
-                }
-                Some(r) if r > 100_000 => {
-                    return Err(
-                        self.err(format!("{tp}.replicas"), "replicas must be at most 100000")
-                    );
-                }
-                Some(r) => (0..r).map(|k| format!("{}-{k}", t.name)).collect(),
-            };
-            if t.running_on.len() > names.len() {
-                return Err(self.err(
-                    format!("{tp}.running_on"),
-                    format!(
-                        "{} nodes listed for {} replicas",
-                        t.running_on.len(),
-                        names.len()
-                    ),
-                ));
-            }
-            if t.running_gpus.len() > t.running_on.len() {
-                return Err(self.err(
-                    format!("{tp}.running_gpus"),
-                    format!(
-                        "{} GPU lists for {} running replicas (`running_on`)",
-                        t.running_gpus.len(),
-                        t.running_on.len()
-                    ),
-                ));
-            }
-            for (ri, g) in t.running_gpus.iter().enumerate() {
-                if g.len() != gpu.devices() as usize {
-                    return Err(self.err(
-                        format!("{tp}.running_gpus[{ri}]"),
-                        format!("{} GPUs listed; the task holds {}", g.len(), gpu.devices()),
-                    ));
-                }
-            }
-            for (ri, n) in t.running_on.iter().enumerate() {
-                if !nodes.contains(n.as_str()) {
-                    return Err(self.err(
-                        format!("{tp}.running_on[{ri}]"),
-                        format!("node `{n}` is not defined under `nodes`"),
-                    ));
-                }
-            }
-            for (k, name) in names.into_iter().enumerate() {
-                if !seen.insert(name.clone()) {
-                    return Err(self.err(
-                        format!("{tp}.name"),
-                        format!("duplicate task name `{name}` in group `{}`", g.name),
-                    ));
-                }
-                tasks.push(Task {
-                    name,
-                    resources: res.clone(),
-                    gpu: gpu.clone(),
-                    node_selector: t.node_selector.clone(),
-                    tolerations: t.tolerations.clone(),
-                    priority: t.priority,
-                    node: t.running_on.get(k).cloned(),
-                    gpu_indices: t.running_gpus.get(k).cloned().unwrap_or_default(),
-                    topology: t.gpu_topology,
-                    mig_start: None,
-                });
-            }
-        }
-        let min_member = g.min_member.unwrap_or(tasks.len() as u32);
-        if min_member == 0 {
-            return Err(self.err(
-                format!("{path}.min_member"),
-                "min_member must be at least 1",
-            ));
-        }
-        if min_member as usize > tasks.len() {
-            return Err(self.err(
-                format!("{path}.min_member"),
-                format!(
-                    "min_member is {min_member} but the group has only {} tasks",
-                    tasks.len()
-                ),
-            ));
-        }
-        let min_resources = match &g.min_resources {
-            Some(m) => Some(self.resources(&format!("{path}.min_resources"), m)?),
-            None => None,
-        };
-        Ok(PodGroup {
-            name: g.name.clone(),
-            queue: g.queue.clone(),
-            min_member,
-            min_resources,
-            priority: g.priority,
-            kind: g.kind,
-            creation: g.creation,
-            preemptable: g.preemptable.unwrap_or(true),
-            network_topology: g.network_topology,
-            tasks,
-        })
     }
 }
 

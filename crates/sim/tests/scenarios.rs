@@ -81,3 +81,30 @@ fn invalid_scenarios() {
     }
     assert!(n >= 8, "expected the invalid-scenario corpus, found {n}");
 }
+
+/// `tessera sched explain`: why a task went where it went, or did not go.
+#[test]
+fn explanations() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/scenarios");
+    let mut out = String::new();
+    for (file, task) in [
+        ("preempt_fewest_victims", "urgent/t"),
+        ("taints_tolerations", "job/w-0"),
+        ("taints_tolerations", "serve/r-0"),
+        ("nvlink_hard_and_soft", "b/t"),
+        ("share_policy_tessera", "tiny/t"),
+    ] {
+        let sc = scenario::load(&dir.join(format!("{file}.yaml"))).unwrap();
+        let (group, name) = task.split_once('/').unwrap();
+        let id = tessera_model::TaskId {
+            group: group.into(),
+            task: name.into(),
+        };
+        let e = tessera_sched::explain(&sc.snapshot, &sc.config, &id)
+            .unwrap_or_else(|| panic!("{file}: no task {task}"));
+        out.push_str(&format!("## {file}\n{e}\n"));
+    }
+    insta::with_settings!({ snapshot_path => "snapshots", prepend_module_to_snapshot => false, omit_expression => true }, {
+        insta::assert_snapshot!("explanations", out);
+    });
+}

@@ -106,3 +106,25 @@ fn realtime_replay_queues_until_a_departure() {
     let prep = replay::prepare(&nodes, &five, &ReplayConfig::default()).unwrap();
     assert!(replay::run_realtime(&prep, Policy::Fgd, 1).is_err());
 }
+
+#[test]
+fn the_floor_is_below_every_policy_and_tessera_beats_fgd() {
+    let prep = prepared();
+    let cfg = ReplayConfig::default();
+    let seed = 42;
+    let floor = replay::floor_at_100(&prep, seed, cfg.inflate);
+    // The default trace's shares above half a GPU leave about 3 % that only
+    // small shares can fill.
+    assert!(floor > 2.0 && floor < 4.0, "{floor}");
+    let fgd = 100.0
+        - replay::run_one(&prep, Policy::Fgd, seed, &cfg)
+            .alloc_at(100)
+            .unwrap();
+    let ours = 100.0
+        - replay::run_one(&prep, Policy::Tessera, seed, &cfg)
+            .alloc_at(100)
+            .unwrap();
+    // The bin at 100 % averages arrivals within half a percent of it.
+    assert!(floor <= ours + 0.5, "floor {floor} above tessera {ours}");
+    assert!(ours < fgd, "tessera {ours} is not below fgd {fgd}");
+}

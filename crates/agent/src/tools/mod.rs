@@ -214,6 +214,39 @@ impl Default for GatewayConfig {
 }
 
 /// Milliseconds since the Unix epoch.
+/// The OpenTelemetry GenAI `execute_tool` span of one ended call.
+fn tool_span(
+    tool: &str,
+    session: &str,
+    tool_call_id: &str,
+    out: &CallOutcome,
+    started_ms: u64,
+    cost: f64,
+) -> crate::trace::Span {
+    let status = serde_json::to_value(out.status).unwrap_or_default();
+    crate::trace::Span {
+        session: session.to_string(),
+        span_id: format!("tool-{}", out.ledger_id),
+        parent: None,
+        name: format!("execute_tool {tool}"),
+        operation: "execute_tool".into(),
+        start_ms: started_ms,
+        duration_ms: out.timing.total_us as f64 / 1e3,
+        cost,
+        attributes: json!({
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.conversation.id": session,
+            "gen_ai.tool.name": tool,
+            "gen_ai.tool.call.id": tool_call_id,
+            "gen_ai.tool.type": "function",
+            "tessera.ledger_id": out.ledger_id,
+            "tessera.tool.status": status,
+            "tessera.tool.fee": cost,
+            "error.type": if out.status == Status::Completed { Value::Null } else { status.clone() },
+        }),
+    }
+}
+
 pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -623,12 +656,34 @@ impl<S: Store> Gateway<S> {
     ) -> Result<Vec<CompiledTool>, CallError> {
         check_session_caller(caller, session_id)?;
         let runtime = self.session_runtime(&caller.tenant, session_id).await?;
-        let tools = self.list_tools(&caller.tenant).await?;
-        let grants = self
-            .inner
-            .store
-            .list(kind::GRANT, Some(&caller.tenant))
-            .await?;
+        self.tools_where(&caller.tenant, |g| {
+            g.admits(runtime.as_deref(), &caller.role)
+        })
+        .await
+    }
+
+    /// The tools a key without a session may browse (an IDE-style MCP client): every
+    /// tool of its tenant one of whose grants admits the key's role, whatever runtime
+    /// the grant names, sorted by name. Calling one still needs a session it is
+    /// granted to. Session keys get [`Gateway::granted_tools`] instead.
+    pub async fn browsable_tools(&self, caller: &Caller) -> Result<Vec<CompiledTool>, CallError> {
+        self.tools_where(&caller.tenant, |g| {
+            g.grants.iter().any(|one| {
+                let mut any_runtime = one.clone();
+                any_runtime.runtime = None;
+                any_runtime.admits(None, &caller.role)
+            })
+        })
+        .await
+    }
+
+    async fn tools_where(
+        &self,
+        tenant: &str,
+        admit: impl Fn(&Grants) -> bool,
+    ) -> Result<Vec<CompiledTool>, CallError> {
+        let tools = self.list_tools(tenant).await?;
+        let grants = self.inner.store.list(kind::GRANT, Some(tenant)).await?;
         let mut out = Vec::new();
         for t in &tools {
             let g: Grants = grants
@@ -637,8 +692,8 @@ impl<S: Store> Gateway<S> {
                 .find(|g| g.name == t.name)
                 .and_then(|g| serde_json::from_value(g.body.clone()).ok())
                 .unwrap_or_default();
-            if g.admits(runtime.as_deref(), &caller.role) {
-                if let Ok(c) = self.compiled(&caller.tenant, t) {
+            if admit(&g) {
+                if let Ok(c) = self.compiled(tenant, t) {
                     out.push(c);
                 }
             }
@@ -735,6 +790,12 @@ impl<S: Store> Gateway<S> {
         tool.check_arguments(&req.arguments)
             .map_err(CallError::InvalidArguments)?;
         let hash = ledger::args_hash(&req.arguments);
+        let started_ms = now_ms();
+        let (session, tool_call_id, fee) = (
+            req.session_id.clone(),
+            req.tool_call_id.clone(),
+            tool.spec.fee,
+        );
         let call = Arc::new(Call {
             tenant: tenant.to_string(),
             id,
@@ -746,6 +807,33 @@ impl<S: Store> Gateway<S> {
         });
         let mut out = self.run(call).await?;
         out.timing.total_us = t0.elapsed().as_micros() as u64;
+        // One `execute_tool` span per call that ended (a replay or a call still
+        // waiting for its approval adds none), with its fee as its cost.
+        if !out.replayed
+            && matches!(
+                out.status,
+                Status::Completed | Status::Failed | Status::Denied | Status::InDoubt
+            )
+        {
+            let span = tool_span(
+                tool_name,
+                &session,
+                &tool_call_id,
+                &out,
+                started_ms,
+                if out.status == Status::Completed {
+                    fee
+                } else {
+                    0.0
+                },
+            );
+            if let Err(e) = crate::trace::record_span(store, tenant, span).await {
+                eprintln!(
+                    "tool gateway: recording the span of ledger {}: {e}",
+                    out.ledger_id
+                );
+            }
+        }
         Ok(out)
     }
 

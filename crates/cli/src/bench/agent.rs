@@ -365,10 +365,30 @@ pub fn run(a: Args) -> i32 {
         rows.iter().find(|r| r.workers == 2),
     ) {
         s.push_str(&format!(
-            "2 workers / 1 worker: throughput {:.2}x, throughput per CPU second {:.2}x\n",
-            two.tasks_per_sec / one.tasks_per_sec.max(1e-9),
-            two.tasks_per_cpu_sec / one.tasks_per_cpu_sec.max(1e-9)
+            "2 workers / 1 worker: throughput {}, throughput per CPU second {}\n",
+            ratio(two.tasks_per_sec, one.tasks_per_sec),
+            ratio(two.tasks_per_cpu_sec, one.tasks_per_cpu_sec)
         ));
     }
     print_text(&s)
+}
+
+/// `a / b` as `1.23x`, or why there is no ratio: a run too short for the clock (CPU
+/// time is counted in the kernel's ticks) measures 0 and would print 2e15x.
+fn ratio(a: f64, b: f64) -> String {
+    if a > 0.0 && b > 0.0 && a.is_finite() && b.is_finite() {
+        format!("{:.2}x", a / b)
+    } else {
+        "n/a (a run too short to measure: give more --tasks)".into()
+    }
+}
+
+#[cfg(test)]
+mod ratio_tests {
+    #[test]
+    fn a_run_too_short_has_no_ratio() {
+        assert_eq!(super::ratio(3.0, 2.0), "1.50x");
+        assert!(super::ratio(5.0, 0.0).starts_with("n/a"));
+        assert!(super::ratio(0.0, 5.0).starts_with("n/a"));
+    }
 }

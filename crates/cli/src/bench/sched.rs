@@ -41,6 +41,13 @@ pub struct Args {
     /// Print JSON (an object; an array with --sweep) instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// The preemption workload instead: every node full of running
+    /// lower-priority tasks (single tasks of 1, 2 or 4 GPUs, and 2-way gangs
+    /// of 4-GPU tasks across two nodes), and `--tasks` (default: one per 5
+    /// nodes) priority-10 tasks of 1, 2, 4 or 8 GPUs that only preemption can
+    /// place. Reports the victim searches: how many, and their latency.
+    #[arg(long)]
+    pub preempt: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -55,11 +62,19 @@ struct Row {
     decision_p99_us: f64,
     decision_max_us: f64,
     us_per_pod: f64,
+    evictions: usize,
+    /// Victim searches (preempt and reclaim, one per task or gang).
+    searches: usize,
+    search_p50_us: f64,
+    search_p99_us: f64,
+    search_max_us: f64,
 }
 
 struct Timer {
     last: Instant,
     samples: Vec<u64>,
+    search_start: Option<Instant>,
+    searches: Vec<u64>,
 }
 
 impl Observer for Timer {
@@ -68,6 +83,16 @@ impl Observer for Timer {
         self.samples
             .push(now.duration_since(self.last).as_nanos() as u64);
         self.last = now;
+    }
+    fn search_begin(&mut self) {
+        self.search_start = Some(Instant::now());
+    }
+    fn search_end(&mut self, _victims: usize) {
+        if let Some(t) = self.search_start.take() {
+            self.searches.push(t.elapsed().as_nanos() as u64);
+        }
+        // A search is not a placement decision: the next interval starts here.
+        self.last = Instant::now();
     }
 }
 
@@ -167,6 +192,59 @@ pub fn synthetic(nodes: usize, tasks: usize, seed: u64) -> Snapshot {
     snap
 }
 
+/// The preemption workload (see `--preempt`): the synthetic cluster, every
+/// node full of running lower-priority work, and `pending` priority-10 tasks.
+pub fn synthetic_preempt(nodes: usize, pending: usize, seed: u64) -> Snapshot {
+    let mut snap = synthetic(nodes, 0, seed);
+    let mut rng = SplitMix64::new(seed ^ 0x5eed);
+    let queues = ["research", "training", "inference", "batch"];
+    let mut g = 0usize;
+    let mut left = vec![8u32; nodes];
+    // 2-way gangs of 4-GPU tasks on pairs of nodes, on a tenth of the nodes.
+    let mut i = 0;
+    while i + 1 < nodes / 10 * 2 {
+        let mut group = PodGroup::new(format!("gang-{g:06}"), queues[rng.modulo(4) as usize], 2);
+        group.priority = rng.modulo(2) as i32;
+        group.creation = g as u64;
+        for (k, n) in [i, i + 1].into_iter().enumerate() {
+            let mut t =
+                Task::new(format!("w-{k}"), Resources::new(16_000, 128 << 30)).with_gpu(whole(4));
+            t.node = Some(format!("node-{n:05}"));
+            left[n] -= 4;
+            group.tasks.push(t);
+        }
+        snap.groups.push(group);
+        g += 1;
+        i += 2;
+    }
+    for (n, free) in left.iter_mut().enumerate() {
+        while *free > 0 {
+            let want = [1u32, 1, 2, 4][rng.modulo(4) as usize].min(*free);
+            let mut group = PodGroup::new(format!("run-{g:06}"), queues[rng.modulo(4) as usize], 1);
+            group.priority = rng.modulo(3) as i32;
+            group.creation = g as u64;
+            let mut t = Task::new("t", Resources::new(8_000 * u64::from(want), 64 << 30))
+                .with_gpu(whole(want));
+            t.node = Some(format!("node-{n:05}"));
+            group.tasks.push(t);
+            snap.groups.push(group);
+            *free -= want;
+            g += 1;
+        }
+    }
+    for k in 0..pending {
+        let mut group = PodGroup::new(format!("urgent-{k:06}"), queues[rng.modulo(4) as usize], 1);
+        group.priority = 10;
+        group.creation = (g + k) as u64;
+        let want = [1u32, 2, 4, 8][rng.modulo(4) as usize];
+        group.tasks.push(
+            Task::new("t", Resources::new(4_000 * u64::from(want), 32 << 30)).with_gpu(whole(want)),
+        );
+        snap.groups.push(group);
+    }
+    snap
+}
+
 fn whole(count: u32) -> GpuRequest {
     GpuRequest::Whole {
         count,
@@ -179,21 +257,55 @@ fn percentile(sorted: &[u64], p: f64) -> f64 {
     super::percentile(sorted, p).map_or(0.0, |v| v as f64 / 1000.0)
 }
 
-fn measure(nodes: usize, tasks: usize, seed: u64, repeat: usize, config: &Config) -> Row {
-    let snap = synthetic(nodes, tasks, seed);
-    let mut runs: Vec<(f64, usize, Vec<u64>)> = Vec::new();
+struct Run {
+    wall: f64,
+    placed: usize,
+    evictions: usize,
+    samples: Vec<u64>,
+    searches: Vec<u64>,
+}
+
+fn measure(
+    nodes: usize,
+    tasks: usize,
+    seed: u64,
+    repeat: usize,
+    config: &Config,
+    preempt: bool,
+) -> Row {
+    let snap = if preempt {
+        synthetic_preempt(nodes, tasks, seed)
+    } else {
+        synthetic(nodes, tasks, seed)
+    };
+    let mut runs: Vec<Run> = Vec::new();
     for _ in 0..repeat.max(1) {
         let start = Instant::now();
         let mut timer = Timer {
             last: start,
             samples: Vec::with_capacity(tasks),
+            search_start: None,
+            searches: Vec::new(),
         };
         let plan = tessera_sched::schedule_observed(&snap, config, &mut timer);
         let wall = start.elapsed().as_secs_f64() * 1000.0;
-        runs.push((wall, plan.bindings.len(), timer.samples));
+        runs.push(Run {
+            wall,
+            placed: plan.bindings.len(),
+            evictions: plan.evictions.len(),
+            samples: timer.samples,
+            searches: timer.searches,
+        });
     }
-    runs.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let (wall_ms, placed, mut samples) = runs.swap_remove(runs.len() / 2);
+    runs.sort_by(|a, b| a.wall.total_cmp(&b.wall));
+    let Run {
+        wall: wall_ms,
+        placed,
+        evictions,
+        mut samples,
+        mut searches,
+    } = runs.swap_remove(runs.len() / 2);
+    searches.sort_unstable();
     // The first interval includes building the session state; it is counted in
     // wall time, not as a decision.
     if !samples.is_empty() {
@@ -211,6 +323,11 @@ fn measure(nodes: usize, tasks: usize, seed: u64, repeat: usize, config: &Config
         decision_p99_us: percentile(&samples, 0.99),
         decision_max_us: samples.last().map_or(0.0, |&m| m as f64 / 1000.0),
         us_per_pod: wall_ms * 1000.0 / placed.max(1) as f64,
+        evictions,
+        searches: searches.len(),
+        search_p50_us: percentile(&searches, 0.50),
+        search_p99_us: percentile(&searches, 0.99),
+        search_max_us: searches.last().map_or(0.0, |&m| m as f64 / 1000.0),
     }
 }
 
@@ -231,7 +348,12 @@ pub fn run(a: Args) -> i32 {
             .map(|n| (n, n * 8))
             .collect()
     } else {
-        vec![(a.nodes, a.tasks.unwrap_or(a.nodes * 8))]
+        let default = if a.preempt {
+            (a.nodes / 5).max(1)
+        } else {
+            a.nodes * 8
+        };
+        vec![(a.nodes, a.tasks.unwrap_or(default))]
     };
     let mut rows = Vec::new();
     for (n, t) in sizes {
@@ -239,7 +361,12 @@ pub fn run(a: Args) -> i32 {
             "scheduling {t} tasks on {n} nodes ({} sessions)…",
             a.repeat.max(1)
         );
-        rows.push(measure(n, t, a.seed, a.repeat, &config));
+        let t = if a.preempt && a.sweep {
+            (n / 5).max(1)
+        } else {
+            t
+        };
+        rows.push(measure(n, t, a.seed, a.repeat, &config, a.preempt));
     }
     if a.json {
         return if a.sweep {
@@ -247,6 +374,32 @@ pub fn run(a: Args) -> i32 {
         } else {
             print_json(&rows[0])
         };
+    }
+    if a.preempt {
+        let mut out = String::from(
+            "nodes   pending placed  evicted wall_ms  searches search_p50_us search_p99_us search_max_us\n",
+        );
+        for r in &rows {
+            out.push_str(&format!(
+                "{:<7} {:<7} {:<7} {:<7} {:<8.1} {:<8} {:<13.1} {:<13.1} {:.1}\n",
+                r.nodes,
+                r.tasks,
+                r.placed,
+                r.evictions,
+                r.wall_ms,
+                r.searches,
+                r.search_p50_us,
+                r.search_p99_us,
+                r.search_max_us
+            ));
+        }
+        out.push_str(&format!(
+            "victim search bound: {} steps per node, {} per decision; gangs searched jointly up to {} eligible victims\n",
+            tessera_sched::NODE_STEPS,
+            tessera_sched::DECISION_STEPS,
+            tessera_sched::JOINT_MAX
+        ));
+        return print_text(&out);
     }
     let mut out = String::from(
         "nodes   tasks   placed  wall_ms  pods/s     p50_us  p99_us  max_us  us/pod\n",

@@ -45,6 +45,18 @@ pub enum QueueCommand {
         #[command(flatten)]
         out: Out,
     },
+    /// Show one queue.
+    Get {
+        name: String,
+        #[command(flatten)]
+        out: Out,
+    },
+    /// Delete a queue (refused while jobs or child queues use it).
+    Delete {
+        name: String,
+        #[command(flatten)]
+        out: Out,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -74,6 +86,10 @@ pub enum JobCommand {
         /// Only this task.
         #[arg(long)]
         task: Option<String>,
+        /// Keep printing what the tasks write (each line after the first task's prefixed
+        /// `[TASK]`) until the job ends; Ctrl-C to stop earlier.
+        #[arg(short = 'f', long)]
+        follow: bool,
     },
     /// Cancel a job.
     Cancel {
@@ -94,6 +110,13 @@ pub enum JobCommand {
 pub enum NodeCommand {
     /// List nodes.
     List {
+        #[command(flatten)]
+        out: Out,
+    },
+    /// Show one node: its resources, GPUs, labels, taints and the node runtime's
+    /// conditions.
+    Get {
+        name: String,
         #[command(flatten)]
         out: Out,
     },
@@ -146,6 +169,16 @@ impl Client {
         path: &str,
         body: Option<(&str, Vec<u8>)>,
     ) -> Result<Value, Failure> {
+        self.send(method, path, body).await.map(|(v, _)| v)
+    }
+
+    /// [`Client::call`], with the reply's headers.
+    pub(crate) async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<(&str, Vec<u8>)>,
+    ) -> Result<(Value, reqwest::header::HeaderMap), Failure> {
         let mut req = self
             .http
             .request(method, format!("{}{path}", self.url))
@@ -160,6 +193,7 @@ impl Client {
             )
         })?;
         let status = resp.status();
+        let headers = resp.headers().clone();
         let plain = resp
             .headers()
             .get(reqwest::header::CONTENT_TYPE)
@@ -175,7 +209,7 @@ impl Client {
             serde_json::from_str(&text).unwrap_or(Value::String(text))
         };
         if status.is_success() {
-            return Ok(v);
+            return Ok((v, headers));
         }
         let mut msg = v["detail"]
             .as_str()
@@ -326,6 +360,281 @@ fn node_table(v: &Value) -> String {
     table(&["NAME", "CPU", "MEMORY", "GPUS", "STATE"], rows)
 }
 
+/// `key: value` lines of a detail view, skipping what is absent.
+fn fields(pairs: &[(&str, String)]) -> String {
+    let w = pairs.iter().map(|(k, _)| k.len()).max().unwrap_or(0) + 1;
+    pairs
+        .iter()
+        .filter(|(_, v)| v != "-" && !v.is_empty())
+        .map(|(k, v)| format!("{:<w$} {v}\n", format!("{k}:")))
+        .collect()
+}
+
+/// Resources as people read them: `cpu 4, memory 16.0Gi, gpu 8`.
+fn resources(r: &Value) -> String {
+    let mut parts = Vec::new();
+    if let Some(c) = r["cpu_milli"].as_u64().filter(|c| *c > 0) {
+        parts.push(format!("cpu {}", c as f64 / 1000.0));
+    }
+    if let Some(m) = r["memory"].as_u64().filter(|m| *m > 0) {
+        parts.push(format!(
+            "memory {}",
+            tessera_model::quantity::format_bytes(m)
+        ));
+    }
+    if let Some(g) = r["gpu_milli"].as_u64().filter(|g| *g > 0) {
+        parts.push(format!("gpu {}", g as f64 / 1000.0));
+    }
+    if let Some(m) = r["gpu_memory"].as_u64().filter(|m| *m > 0) {
+        parts.push(format!(
+            "gpu memory {}",
+            tessera_model::quantity::format_bytes(m)
+        ));
+    }
+    if parts.is_empty() {
+        "-".into()
+    } else {
+        parts.join(", ")
+    }
+}
+
+/// A task's GPU request in the job file's words.
+fn gpu_words(g: &Value) -> String {
+    if let Some(w) = g.get("whole") {
+        format!("{} whole", cell(&w["count"]))
+    } else if let Some(sh) = g.get("shared") {
+        format!("{} milli", cell(&sh["milli"]))
+    } else if let Some(m) = g.get("mig") {
+        format!("mig {}", cell(&m["profile"]))
+    } else {
+        "-".into()
+    }
+}
+
+/// `tessera job get`: the job, then one row per task.
+fn job_detail(j: &Value) -> String {
+    let st = &j["status"];
+    let mut out = fields(&[
+        ("name", cell(&j["name"])),
+        ("queue", cell(&j["spec"]["queue"])),
+        ("kind", cell(&j["spec"]["kind"])),
+        ("priority", cell(&j["spec"]["priority"])),
+        ("phase", cell(&st["phase"])),
+        ("pending", cell(&st["pending_reason"])),
+        ("reason", cell(&st["reason"])),
+        ("message", cell(&st["message"])),
+    ]);
+    let tasks = j["spec"]["tasks"].as_array().cloned().unwrap_or_default();
+    let rows = tasks
+        .iter()
+        .map(|t| {
+            let name = t["name"].as_str().unwrap_or("");
+            let s = &st["tasks"][name];
+            let gpus = s["gpus"].as_array().map_or("-".to_string(), |g| {
+                g.iter().map(cell).collect::<Vec<_>>().join(",")
+            });
+            vec![
+                name.to_string(),
+                gpu_words(&t["gpu"]),
+                cell(&s["node"]),
+                if gpus.is_empty() { "-".into() } else { gpus },
+                cell(&s["state"]),
+                cell(&s["exit_code"]),
+                cell(&s["reason"]),
+            ]
+        })
+        .collect();
+    out.push('\n');
+    out.push_str(&table(
+        &["TASK", "ASKS", "NODE", "GPUS", "STATE", "EXIT", "REASON"],
+        rows,
+    ));
+    out
+}
+
+/// `tessera queue get`.
+fn queue_detail(q: &Value) -> String {
+    fields(&[
+        ("name", cell(&q["name"])),
+        ("parent", cell(&q["parent"])),
+        ("weight", cell(&q["weight"])),
+        ("guarantee", resources(&q["guarantee"])),
+        ("capability", resources(&q["capability"])),
+        ("reclaimable", cell(&q["reclaimable"])),
+        ("version", cell(&q["resource_version"])),
+    ])
+}
+
+/// `tessera node get`: the node, its GPUs, its conditions.
+fn node_detail(n: &Value) -> String {
+    let labels = n["labels"].as_object().map_or(String::new(), |m| {
+        m.iter()
+            .map(|(k, v)| format!("{k}={}", cell(v)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    });
+    let taints = n["taints"].as_array().map_or(String::new(), |a| {
+        a.iter()
+            .map(|t| format!("{}:{}", cell(&t["key"]), cell(&t["effect"])))
+            .collect::<Vec<_>>()
+            .join(", ")
+    });
+    let mut out = fields(&[
+        ("name", cell(&n["name"])),
+        ("allocatable", resources(&n["allocatable"])),
+        (
+            "state",
+            if n["unschedulable"].as_bool() == Some(true) {
+                "cordoned".into()
+            } else {
+                "ready".into()
+            },
+        ),
+        ("network", cell(&n["network"])),
+        ("labels", labels),
+        ("taints", taints),
+        ("heartbeat", cell(&n["status"]["heartbeat_ms"])),
+    ]);
+    let gpus = n["gpus"].as_array().cloned().unwrap_or_default();
+    if !gpus.is_empty() {
+        let rows = gpus
+            .iter()
+            .enumerate()
+            .map(|(i, g)| {
+                vec![
+                    g["index"].as_u64().map_or(i.to_string(), |x| x.to_string()),
+                    cell(&g["model"]),
+                    g["memory"]
+                        .as_u64()
+                        .map_or("-".into(), tessera_model::quantity::format_bytes),
+                    cell(&g["nvlink_domain"]),
+                    cell(&g["pcie_root"]),
+                    if g["mig"].is_null() {
+                        "whole".into()
+                    } else {
+                        "mig".into()
+                    },
+                ]
+            })
+            .collect();
+        out.push('\n');
+        out.push_str(&table(
+            &["GPU", "MODEL", "MEMORY", "NVLINK", "PCIE ROOT", "MODE"],
+            rows,
+        ));
+    }
+    if let Some(conds) = n["status"]["conditions"]
+        .as_array()
+        .filter(|c| !c.is_empty())
+    {
+        let rows = conds
+            .iter()
+            .map(|c| {
+                vec![
+                    cell(&c["kind"]),
+                    cell(&c["status"]),
+                    cell(&c["reason"]),
+                    cell(&c["message"]),
+                ]
+            })
+            .collect();
+        out.push('\n');
+        out.push_str(&table(&["CONDITION", "STATUS", "REASON", "MESSAGE"], rows));
+    }
+    out
+}
+
+/// `tessera job logs --follow`: each task's log from where the last read ended
+/// (`?from=`), once a second, until the job is over and nothing new came.
+async fn follow_logs(client: &Client, name: &str, only: Option<&str>) -> Result<i32, Failure> {
+    use std::io::Write;
+    let mut offsets: std::collections::BTreeMap<String, u64> = Default::default();
+    let mut partial: std::collections::BTreeMap<String, String> = Default::default();
+    loop {
+        let job = client
+            .call(reqwest::Method::GET, &format!("/v1/jobs/{name}"), None)
+            .await?;
+        let over = matches!(
+            job["status"]["phase"].as_str(),
+            Some("succeeded" | "failed" | "cancelled")
+        );
+        let tasks: Vec<String> = match only {
+            Some(t) => vec![t.to_string()],
+            None => job["spec"]["tasks"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|t| t["name"].as_str().map(str::to_string))
+                        .collect()
+                })
+                .unwrap_or_default(),
+        };
+        let prefix = tasks.len() > 1;
+        let mut any = false;
+        for t in &tasks {
+            let from = offsets.get(t).copied().unwrap_or(0);
+            let (v, headers) = client
+                .send(
+                    reqwest::Method::GET,
+                    &format!("/v1/jobs/{name}/logs?task={t}&from={from}"),
+                    None,
+                )
+                .await?;
+            let next = headers
+                .get("x-tessera-log-offset")
+                .and_then(|h| h.to_str().ok())
+                .and_then(|h| h.parse().ok())
+                .ok_or_else(|| {
+                    Failure(
+                        EXIT_FAILURE,
+                        "the server does not follow logs (no X-Tessera-Log-Offset): upgrade it, or drop --follow".into(),
+                    )
+                })?;
+            let text = match v {
+                Value::String(s) => s,
+                other => other.to_string(),
+            };
+            any |= next != from;
+            offsets.insert(t.clone(), next);
+            // Whole lines only, each under its task's name; a line's end comes later.
+            let buf = partial.entry(t.clone()).or_default();
+            buf.push_str(&text);
+            let mut out = String::new();
+            while let Some(i) = buf.find('\n') {
+                let line: String = buf.drain(..=i).collect();
+                if prefix {
+                    out.push_str(&format!("[{t}] "));
+                }
+                out.push_str(&line);
+            }
+            let mut o = std::io::stdout().lock();
+            if o.write_all(out.as_bytes())
+                .and_then(|()| o.flush())
+                .is_err()
+            {
+                return Ok(0); // the reader went away (`| head`)
+            }
+        }
+        if over && !any {
+            let mut o = std::io::stdout().lock();
+            for (t, rest) in &partial {
+                if !rest.is_empty() {
+                    let p = if prefix {
+                        format!("[{t}] ")
+                    } else {
+                        String::new()
+                    };
+                    let _ = writeln!(o, "{p}{rest}");
+                }
+            }
+            return Ok(0);
+        }
+        if !any {
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        }
+    }
+}
+
 pub fn queue(c: QueueCommand) -> i32 {
     finish((|| {
         let client = Client::from_env()?;
@@ -353,6 +662,18 @@ pub fn queue(c: QueueCommand) -> i32 {
                 QueueCommand::List { out } => {
                     let v = client
                         .call(reqwest::Method::GET, "/v1/queues", None)
+                        .await?;
+                    show(&v, out.format, queue_table)
+                }
+                QueueCommand::Get { name, out } => {
+                    let v = client
+                        .call(reqwest::Method::GET, &format!("/v1/queues/{name}"), None)
+                        .await?;
+                    show(&v, out.format, queue_detail)
+                }
+                QueueCommand::Delete { name, out } => {
+                    let v = client
+                        .call(reqwest::Method::DELETE, &format!("/v1/queues/{name}"), None)
                         .await?;
                     show(&v, out.format, queue_table)
                 }
@@ -397,9 +718,14 @@ pub fn job(c: JobCommand) -> i32 {
                     let v = client
                         .call(reqwest::Method::GET, &format!("/v1/jobs/{name}"), None)
                         .await?;
-                    show(&v, out.format, job_table)
+                    show(&v, out.format, job_detail)
                 }
-                JobCommand::Logs { name, task } => {
+                JobCommand::Logs {
+                    name,
+                    task,
+                    follow: true,
+                } => follow_logs(&client, &name, task.as_deref()).await,
+                JobCommand::Logs { name, task, .. } => {
                     let path = match task {
                         Some(t) => format!("/v1/jobs/{name}/logs?task={t}"),
                         None => format!("/v1/jobs/{name}/logs"),
@@ -440,6 +766,12 @@ pub fn node(c: NodeCommand) -> i32 {
                 NodeCommand::List { out } => {
                     let v = client.call(reqwest::Method::GET, "/v1/nodes", None).await?;
                     show(&v, out.format, node_table)
+                }
+                NodeCommand::Get { name, out } => {
+                    let v = client
+                        .call(reqwest::Method::GET, &format!("/v1/nodes/{name}"), None)
+                        .await?;
+                    show(&v, out.format, node_detail)
                 }
             }
         })

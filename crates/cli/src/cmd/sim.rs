@@ -14,7 +14,27 @@ use crate::output::{EXIT_BAD_INPUT, EXIT_FAILURE, fail, print_json};
 const DEFAULT_NODES: &str = "data/alibaba-gpu-v2023/openb_node_list_gpu_node.csv";
 const DEFAULT_PODS: &str = "data/alibaba-gpu-v2023/openb_pod_list_default.csv";
 
+/// The table's columns, for `--help`.
+const COLUMNS: &str = "\
+Columns of the table (means over the seeds; GPU amounts in % of the cluster's GPU capacity):
+  policy         random, dotprod, clustering, packing, bestfit, fgd: the FGD paper's
+                 policies as its simulator scores them; fgd-mem: FGD whose typical tasks
+                 also ask for memory; tessera (ours): fgd-mem that also looks down the
+                 chain of fills a share's gap will get, counts GPUs stranded for lack of
+                 CPU and charges taking a contended GPU model (crates/sched/src/gpu/outlook.rs)
+  alloc@100 %    GPUs allocated when the arrived GPU request reaches 100 % of capacity
+  alloc@130 %    the same at 130 % (the end of the replay)
+  unalloc@100 %  100 - alloc@100: the paper's \"unallocated GPU\" (lower is better)
+  vs fgd pp      unalloc@100 of fgd minus this policy's (positive: fewer GPUs left unallocated)
+  frag@90 %      fragmented GPU capacity at 90 % arrived, against the simulator's typical tasks
+Under the table, the floor: a lower bound on unalloc@100 that no policy can beat on the same
+arrivals (shares above half a GPU leave gaps only small shares can fill; tasks that accept few
+GPU models cannot use the others), and how far fgd and tessera are above it.
+The plot (--plot FILE.svg) draws, per policy, the GPU request that arrived but was not allocated
+(% of capacity) against the arrived request (%); at 100 % it is unalloc@100.";
+
 #[derive(Debug, clap::Args)]
+#[command(after_help = COLUMNS)]
 pub struct SimArgs {
     /// Other simulations (`routing`); without one, the GPU-trace replay.
     #[command(subcommand)]
@@ -25,8 +45,8 @@ pub struct SimArgs {
     /// Pod list (openb CSV). Default: the production trace in data/.
     #[arg(long, value_name = "FILE")]
     pub pods: Option<PathBuf>,
-    /// Policies, comma-separated, or `all`: random, dotprod, clustering, packing,
-    /// bestfit, fgd, fgd-mem (ours).
+    /// Policies, comma-separated, or `all` (every one but fgd-mem): random, dotprod,
+    /// clustering, packing, bestfit, fgd, fgd-mem, tessera (ours).
     #[arg(long, default_value = "all", value_name = "P[,P...]|all")]
     pub policy: String,
     /// Seeds: a range `42..51` (inclusive) or a list `42,43`.
@@ -38,7 +58,8 @@ pub struct SimArgs {
     /// Worker threads (0: all cores).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
-    /// Write an SVG plot of allocation ratio against arrived workload.
+    /// Write an SVG plot: GPU request arrived but not allocated, against the
+    /// arrived request (both in % of capacity), one line per policy.
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
     /// `paper`: the FGD paper's protocol. `realtime`: arrivals and departures at
@@ -73,7 +94,7 @@ fn default_path(rel: &str) -> PathBuf {
 
 fn parse_policies(s: &str) -> Result<Vec<Policy>, String> {
     if s.trim() == "all" {
-        return Ok(Policy::ALL.to_vec());
+        return Ok(Policy::GRID.to_vec());
     }
     let mut out = Vec::new();
     for p in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -180,6 +201,12 @@ pub fn run(mut a: SimArgs) -> i32 {
     });
     bar.finish_and_clear();
     let secs = start.elapsed().as_secs_f64();
+    let floors: Vec<f64> = s
+        .seeds
+        .iter()
+        .map(|&seed| replay::floor_at_100(&prep, seed, s.cfg.inflate))
+        .collect();
+    let floor = floors.iter().sum::<f64>() / floors.len().max(1) as f64;
     eprintln!(
         "{} runs ({} policies x {} seeds) of {} pods on {} nodes in {secs:.1} s",
         jobs,
@@ -190,7 +217,7 @@ pub fn run(mut a: SimArgs) -> i32 {
     );
     if let Some(path) = &a.plot {
         let title = format!(
-            "{}: GPU allocation vs arrived workload",
+            "{}: GPU request not allocated vs arrived",
             s.pods
                 .file_name()
                 .map_or_else(String::new, |f| f.to_string_lossy().into_owned())
@@ -204,9 +231,9 @@ pub fn run(mut a: SimArgs) -> i32 {
         eprintln!("plot written to {}", path.display());
     }
     if a.json {
-        return print_json(&json(&s, &summaries));
+        return print_json(&json(&s, &summaries, floor));
     }
-    print_table(&summaries);
+    print_table(&summaries, floor);
     0
 }
 
@@ -214,8 +241,16 @@ fn round2(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
 }
 
-fn json(s: &Settings, sums: &[PolicySummary]) -> serde_json::Value {
+fn fgd_unalloc(sums: &[PolicySummary]) -> Option<f64> {
+    sums.iter()
+        .find(|p| p.policy == Policy::Fgd)
+        .map(|p| p.unalloc_at_100)
+}
+
+fn json(s: &Settings, sums: &[PolicySummary], floor: f64) -> serde_json::Value {
+    let fgd = fgd_unalloc(sums);
     serde_json::json!({
+        "floor_unalloc_at_100": round2(floor),
         "nodes": s.nodes.display().to_string(),
         "pods": s.pods.display().to_string(),
         "seeds": s.seeds,
@@ -226,25 +261,46 @@ fn json(s: &Settings, sums: &[PolicySummary]) -> serde_json::Value {
             "alloc_at_130": round2(p.alloc_at_130),
             "unalloc_at_100": round2(p.unalloc_at_100),
             "frag_at_90": round2(p.frag_at_90),
+            "better_than_fgd_pp": fgd.map(|f| round2(f - p.unalloc_at_100)),
         })).collect::<Vec<_>>(),
     })
 }
 
-fn print_table(sums: &[PolicySummary]) {
+fn print_table(sums: &[PolicySummary], floor: f64) {
+    let fgd = fgd_unalloc(sums);
     println!(
-        "{:<12} {:>13} {:>13} {:>15} {:>11}",
-        "policy", "alloc@100 %", "alloc@130 %", "unalloc@100 %", "frag@90 %"
+        "{:<12} {:>13} {:>13} {:>15} {:>10} {:>11}",
+        "policy", "alloc@100 %", "alloc@130 %", "unalloc@100 %", "vs fgd pp", "frag@90 %"
     );
     for p in sums {
+        let vs = fgd.map_or_else(|| "-".into(), |f| format!("{:+.2}", f - p.unalloc_at_100));
         println!(
-            "{:<12} {:>13.2} {:>13.2} {:>15.2} {:>11.2}",
+            "{:<12} {:>13.2} {:>13.2} {:>15.2} {:>10} {:>11.2}",
             p.policy.name(),
             p.alloc_at_100,
             p.alloc_at_130,
             p.unalloc_at_100,
+            vs,
             p.frag_at_90
         );
     }
+    let above = |pol: Policy| {
+        sums.iter()
+            .find(|p| p.policy == pol)
+            .map(|p| {
+                format!(
+                    ", {} {:.2} pp above it",
+                    pol.name(),
+                    p.unalloc_at_100 - floor
+                )
+            })
+            .unwrap_or_default()
+    };
+    println!(
+        "floor: unalloc@100 >= {floor:.2} % for any policy on these arrivals{}{}",
+        above(Policy::Fgd),
+        above(Policy::Tessera)
+    );
 }
 
 fn run_realtime(a: &SimArgs, s: &Settings, prep: &replay::Prepared) -> i32 {

@@ -93,6 +93,18 @@ pub struct UpArgs {
     /// clustering, packing, bestfit, fgd, fgd-mem). Default: the scheduler's own.
     #[arg(long, value_name = "POLICY")]
     pub gpu_share_policy: Option<String>,
+    /// How the local node holds fractional GPU tasks to their share: `on` (default)
+    /// loads the CUDA interposer into every process of the task (through its
+    /// sandbox's /etc/ld.so.preload) and refuses a fractional task, naming the
+    /// missing file, where the interposer is not found; `off` only sets
+    /// TESSERA_GPU_MEMORY_LIMIT / TESSERA_GPU_COMPUTE_MILLI (nothing enforces them).
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = ["on", "off"])]
+    pub gpu_share_enforcement: String,
+    /// The CUDA interposer (`libtessera_cuda.so`, built by `cargo build --release -p
+    /// tessera-gpushare-cuda`). Default: $TESSERA_CUDA_INTERPOSER, else next to this
+    /// program, else /usr/lib/tessera/.
+    #[arg(long, value_name = "FILE")]
+    pub cuda_interposer: Option<PathBuf>,
 }
 
 /// The default data folder.
@@ -275,6 +287,13 @@ async fn serve(a: UpArgs, listen: SocketAddr) -> i32 {
         node: tessera_server::NodeSettings {
             init: init.clone(),
             data_dir: Some(data.clone()),
+            gpushare: match (a.gpu_share_enforcement.as_str(), &a.cuda_interposer) {
+                ("off", _) => tessera_node::gpushare::Enforcement::Off,
+                (_, Some(p)) => tessera_node::gpushare::Enforcement::InterposerAt(
+                    std::path::absolute(p).unwrap_or_else(|_| p.clone()),
+                ),
+                _ => tessera_node::gpushare::Enforcement::Interposer,
+            },
             ..Default::default()
         },
         ..ServerConfig::default()

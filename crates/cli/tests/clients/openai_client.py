@@ -82,4 +82,32 @@ try:
 except openai.NotFoundError as e:
     seen["not_found"] = e.status_code
 
+# models.retrieve, and its 404 in OpenAI's shape.
+m = client.models.retrieve(model)
+check(m.id == model, "models.retrieve")
+try:
+    client.models.retrieve("no-such-model")
+    check(False, "an unknown model retrieved")
+except openai.NotFoundError as e:
+    seen["retrieve_not_found"] = str(e)
+    check("no-such-model" in str(e), "the 404 names the model")
+
+# A wrong key: an AuthenticationError whose message the client can show (OpenAI's
+# error shape, not a bare "Error code: 401").
+bad = OpenAI(api_key="tsk_000000000000_" + "0" * 64, max_retries=0)
+try:
+    bad.models.list()
+    check(False, "a wrong key accepted")
+except openai.AuthenticationError as e:
+    seen["unauthorized"] = str(e)
+    check(e.body is not None and e.body.get("message"), "401 in OpenAI's shape")
+    check(e.code is not None, "401 carries a code")
+
+# Embeddings for a model no pool serves: OpenAI's 404.
+try:
+    client.embeddings.create(model="no-such-model", input="hi")
+    check(False, "embeddings of an unknown model")
+except openai.NotFoundError as e:
+    seen["embeddings_not_found"] = e.status_code
+
 print(json.dumps({"ok": True, "seen": seen}))

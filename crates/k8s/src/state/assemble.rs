@@ -132,13 +132,18 @@ impl State {
             (Some(ix), Some(b)) if ix.global == self.global => Some((ix, b)),
             _ => None,
         };
-        let (ix, b) = match last.and_then(|(ix, b)| self.recount_pdbs(ix, b)) {
+        let (ix, mut b) = match last.and_then(|(ix, b)| self.recount_pdbs(ix, b)) {
             Some((ix, b)) => {
                 self.assembled_in_part += 1;
                 self.patch(ix, b, dirty.into_iter().collect(), false)
             }
             None => self.assemble_full(),
         };
+        // GPU indices that do not add up (out of range, held twice) are
+        // dropped, with a logged reason, so accounting stays whole.
+        for i in b.snapshot.repair() {
+            self.note(format!("snapshot repaired: {i}"));
+        }
         self.index = Some(ix);
         b
     }
@@ -558,10 +563,16 @@ impl State {
                 }
                 let mut count = 0;
                 let mut missing = None;
+                // DRA's prioritized list (the first claim with one): its
+                // first choice, and the others.
+                let mut listed: Option<(u32, Vec<u32>)> = None;
                 for c in &p.claims {
                     match self.claim(&p.namespace, c) {
                         Some(ci) => {
                             count += ci.gpus();
+                            if listed.is_none() && !ci.first_available.is_empty() {
+                                listed = Some((ci.gpus(), ci.gpu_alternatives()));
+                            }
                             if let Some(n) = &ci.allocated_node {
                                 out.claim_pin = Some(n.clone());
                             }
@@ -574,9 +585,20 @@ impl State {
                     return out;
                 }
                 if count > 0 {
+                    let base = task.gpu.whole();
+                    let models = task.gpu.models().to_vec();
+                    if let Some((first, alts)) = listed {
+                        task.gpu_alternatives = alts
+                            .into_iter()
+                            .map(|a| GpuRequest::Whole {
+                                count: count - first + a + base,
+                                models: models.clone(),
+                            })
+                            .collect();
+                    }
                     task.gpu = GpuRequest::Whole {
-                        count: count + task.gpu.whole(),
-                        models: task.gpu.models().to_vec(),
+                        count: count + base,
+                        models,
                     };
                 }
             } else {
@@ -584,7 +606,7 @@ impl State {
                     .claims
                     .iter()
                     .filter_map(|c| self.claim(&p.namespace, c))
-                    .map(|c| c.gpus())
+                    .map(|c| c.held_gpus())
                     .sum();
                 if count > 0 && task.gpu == GpuRequest::None {
                     task.gpu = GpuRequest::Whole {

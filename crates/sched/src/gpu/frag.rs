@@ -97,6 +97,53 @@ impl Workload {
         }
     }
 
+    /// The typical pods of a list of task shapes, as the FGD simulator picks
+    /// them: shapes (CPU, GPU per GPU, GPU count, models) by decreasing
+    /// frequency until `coverage` of the tasks is reached, shares
+    /// renormalised; with `memory`, each shape also asks for the least memory
+    /// its tasks ask for.
+    pub fn typical(shapes: &[PodShape], coverage: f64, memory: bool) -> Self {
+        use std::collections::BTreeMap;
+        let mut by: BTreeMap<(i64, u32, u32, u64), (u64, PodShape)> = BTreeMap::new();
+        for s in shapes {
+            let e = by.entry((s.cpu, s.milli, s.num_gpu, s.models)).or_insert((
+                0,
+                PodShape {
+                    mem: i64::MAX,
+                    ..s.clone()
+                },
+            ));
+            e.0 += 1;
+            e.1.mem = e.1.mem.min(s.mem);
+        }
+        type Key = (i64, u32, u32, u64);
+        let mut list: Vec<(Key, u64, PodShape)> =
+            by.into_iter().map(|(k, (c, s))| (k, c, s)).collect();
+        list.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| b.0.cmp(&a.0)));
+        let want = coverage * shapes.len() as f64;
+        let mut cum = 0.0;
+        let mut chosen = Vec::new();
+        for (_, c, mut shape) in list {
+            if cum >= want {
+                break;
+            }
+            if !memory {
+                shape.mem = 0;
+            }
+            cum += c as f64;
+            chosen.push((shape, c as f64));
+        }
+        Workload::new(
+            chosen
+                .into_iter()
+                .map(|(shape, c)| TypicalPod {
+                    shape,
+                    share: c / cum,
+                })
+                .collect(),
+        )
+    }
+
     pub fn pods(&self) -> &[TypicalPod] {
         &self.pods
     }

@@ -12,10 +12,14 @@
 //! baselines of its paper).
 
 pub mod frag;
+pub mod outlook;
 pub mod policy;
 
 pub use frag::{TypicalPod, Workload};
-pub use policy::{GpuCluster, NodeState, Placement, PodShape, Policy, RandomSource};
+pub use outlook::Outlook;
+pub use policy::{
+    GpuCluster, NodeState, Placement, PodShape, Policy, RandomSource, tessera_score_on,
+};
 
 use std::collections::BTreeMap;
 
@@ -102,6 +106,9 @@ pub struct DomainUnit {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeGpus {
     pub slots: Vec<GpuSlot>,
+    /// GPUs (bit = index, below 64) the node reported unhealthy
+    /// (`GpuDevice::unhealthy`): never picked for new work.
+    pub unhealthy: u64,
 }
 
 impl NodeGpus {
@@ -136,7 +143,12 @@ impl NodeGpus {
                     }
                 })
                 .collect();
-            return NodeGpus { slots };
+            let unhealthy = node
+                .gpus
+                .iter()
+                .filter(|g| g.unhealthy.is_some() && g.index < 64)
+                .fold(0u64, |m, g| m | (1u64 << g.index));
+            return NodeGpus { slots, unhealthy };
         }
         let n = u32::try_from(node.allocatable.gpu_milli / 1000).unwrap_or(u32::MAX);
         let per_gpu_mem = node
@@ -163,6 +175,7 @@ impl NodeGpus {
                     mig: None,
                 })
                 .collect(),
+            unhealthy: 0,
         }
     }
 
@@ -170,7 +183,9 @@ impl NodeGpus {
     pub fn whole_free(&self) -> u32 {
         self.slots
             .iter()
-            .filter(|s| s.free_milli == 1000 && s.mig.is_none())
+            .filter(|s| {
+                s.free_milli == 1000 && s.mig.is_none() && !excluded(self.unhealthy, s.index)
+            })
             .count() as u32
     }
 
@@ -228,6 +243,7 @@ impl NodeGpus {
         topo: Option<GpuTopology>,
         exclude: u64,
     ) -> Option<Vec<u32>> {
+        let exclude = exclude | self.unhealthy;
         match req {
             GpuRequest::None => Some(Vec::new()),
             GpuRequest::Mig { profile, models } => self
@@ -374,6 +390,7 @@ impl NodeGpus {
         models: &[String],
         exclude: u64,
     ) -> Option<MigChoice> {
+        let exclude = exclude | self.unhealthy;
         let allowed = |s: &GpuSlot| {
             (models.is_empty() || models.contains(&s.model)) && !excluded(exclude, s.index)
         };

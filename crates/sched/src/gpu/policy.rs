@@ -19,6 +19,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use super::frag::{Workload, model_allowed};
+use super::outlook::{LOOKAHEAD_WEIGHT, Outlook, STRANDING_WEIGHT};
 
 /// Randomness, passed in by the caller (the scheduler itself owns no generator).
 pub trait RandomSource {
@@ -45,10 +46,15 @@ pub enum Policy {
     /// give a typical pod its memory cannot run it). Uses whatever workload the
     /// [`GpuCluster`] was built with; callers give it one with memory.
     FgdMem,
+    /// Ours: FGD (with memory) that also looks down the chain of fills a
+    /// share's gap will get, counts GPUs stranded for lack of CPU, and charges
+    /// taking a contended GPU model (see [`super::outlook`]). Uses the
+    /// [`Outlook`] set with [`GpuCluster::set_outlook`].
+    Tessera,
 }
 
 impl Policy {
-    pub const ALL: [Policy; 7] = [
+    pub const ALL: [Policy; 8] = [
         Policy::Random,
         Policy::DotProd,
         Policy::Clustering,
@@ -56,6 +62,19 @@ impl Policy {
         Policy::BestFit,
         Policy::Fgd,
         Policy::FgdMem,
+        Policy::Tessera,
+    ];
+
+    /// The comparison grid (`tessera sim --policy all`): the FGD paper's six
+    /// and ours.
+    pub const GRID: [Policy; 7] = [
+        Policy::Random,
+        Policy::DotProd,
+        Policy::Clustering,
+        Policy::Packing,
+        Policy::BestFit,
+        Policy::Fgd,
+        Policy::Tessera,
     ];
 
     pub fn name(self) -> &'static str {
@@ -67,12 +86,13 @@ impl Policy {
             Policy::BestFit => "bestfit",
             Policy::Fgd => "fgd",
             Policy::FgdMem => "fgd-mem",
+            Policy::Tessera => "tessera",
         }
     }
 
     /// Whether the policy needs the target workload (fragmentation).
     pub fn uses_workload(self) -> bool {
-        matches!(self, Policy::Fgd | Policy::FgdMem)
+        matches!(self, Policy::Fgd | Policy::FgdMem | Policy::Tessera)
     }
 }
 
@@ -291,6 +311,7 @@ pub struct GpuCluster {
     used_milli: u64,
     total_milli: u64,
     scratch: Vec<u32>,
+    outlook: Outlook,
 }
 
 impl GpuCluster {
@@ -310,7 +331,14 @@ impl GpuCluster {
             used_milli,
             total_milli,
             scratch: Vec::new(),
+            outlook: Outlook::default(),
         }
+    }
+
+    /// Sets what the `tessera` policy knows of the workload (see
+    /// [`Outlook::new`]); without it, `tessera` scores as `fgd-mem`.
+    pub fn set_outlook(&mut self, outlook: Outlook) {
+        self.outlook = outlook;
     }
 
     /// Sets the tie-break order: `rank[i]` is node `i`'s rank, lowest wins among
@@ -400,6 +428,17 @@ impl GpuCluster {
                         fgd_delta(&self.workload, node, self.frag[i], pod, &mut scratch, true);
                     (d, 0.0, g)
                 }
+                Policy::Tessera => {
+                    let (d, g) = tessera_score(
+                        &self.workload,
+                        &self.outlook,
+                        node,
+                        self.frag[i],
+                        pod,
+                        &mut scratch,
+                    );
+                    (d, 0.0, g)
+                }
             };
             let better = match &best {
                 None => true,
@@ -421,7 +460,7 @@ impl GpuCluster {
             Vec::new()
         } else if pod.is_share() {
             let g = match (policy, hint) {
-                (Policy::Fgd | Policy::FgdMem, Some(g)) => Some(g),
+                (Policy::Fgd | Policy::FgdMem | Policy::Tessera, Some(g)) => Some(g),
                 (Policy::Random, _) => random_fit_gpu(n, pod.milli, rng),
                 _ => n.best_fit_gpu(pod.milli),
             };
@@ -633,5 +672,88 @@ fn fgd_delta(
             score(w.frag_of(cpu_after, mem_after, n.model, scratch)),
             None,
         )
+    }
+}
+
+/// The `tessera` policy's score of a node (higher is better) and, for a
+/// sharing task, the GPU: FGD's quantised score of the change in expected
+/// fragmentation, that change also counting the GPUs the node strands for lack
+/// of CPU and the model pressure of taking them; a share then also pays
+/// the change in the expected eventual waste of the GPU it goes to.
+fn tessera_score(
+    w: &Workload,
+    o: &Outlook,
+    n: &NodeState,
+    before: f64,
+    pod: &PodShape,
+    scratch: &mut Vec<u32>,
+) -> (f64, Option<u32>) {
+    tessera_score_on(w, o, n, before, pod, &|_| true, scratch)
+}
+
+/// [`tessera_score`] for a caller that knows more about the GPUs than
+/// [`NodeState`] says (GPU memory, reservations): a share goes only on a GPU
+/// (by position in `gpu_left`) that `eligible` accepts. `before` is
+/// `w.frag(n)`. Returns `(f64::NEG_INFINITY, None)` when no GPU is eligible.
+pub fn tessera_score_on(
+    w: &Workload,
+    o: &Outlook,
+    n: &NodeState,
+    before: f64,
+    pod: &PodShape,
+    eligible: &dyn Fn(usize) -> bool,
+    scratch: &mut Vec<u32>,
+) -> (f64, Option<u32>) {
+    let cpu_after = n.cpu_left - pod.cpu;
+    let mem_after = n.mem_left - pod.mem;
+    let stranded_before = o.stranded(n.cpu_left, &n.gpu_left);
+    let pressure = o.pressure_cost(pod, n.model);
+    let score = |after: f64, gpus: &[u32]| {
+        let d = before
+            - after
+            - STRANDING_WEIGHT * (o.stranded(cpu_after, gpus) - stranded_before)
+            - pressure;
+        (sigmoid(d / 1000.0) * MAX_SCORE as f64) as i64 as f64
+    };
+    scratch.clear();
+    scratch.extend_from_slice(&n.gpu_left);
+    if pod.is_share() {
+        let mut best: Option<(f64, u32)> = None;
+        for i in 0..scratch.len() {
+            let l = scratch[i];
+            if l < pod.milli || !eligible(i) {
+                continue;
+            }
+            // GPUs with the same free share give the same score.
+            if (0..i).any(|k| scratch[k] == l && eligible(k)) {
+                continue;
+            }
+            scratch[i] = l - pod.milli;
+            let s = score(w.frag_of(cpu_after, mem_after, n.model, scratch), scratch)
+                - LOOKAHEAD_WEIGHT * (o.waste(l - pod.milli) - o.waste(l));
+            scratch[i] = l;
+            if best.is_none_or(|(bs, _)| s > bs) {
+                best = Some((s, i as u32));
+            }
+        }
+        match best {
+            Some((s, g)) => (s, Some(g)),
+            None => (f64::NEG_INFINITY, None),
+        }
+    } else {
+        if pod.wants_gpu() {
+            let mut need = pod.num_gpu;
+            for l in scratch.iter_mut() {
+                if need == 0 {
+                    break;
+                }
+                if *l >= pod.milli {
+                    *l -= pod.milli;
+                    need -= 1;
+                }
+            }
+        }
+        let f = w.frag_of(cpu_after, mem_after, n.model, scratch);
+        (score(f, scratch), None)
     }
 }

@@ -22,10 +22,12 @@ pub type ScheduleFn = Arc<dyn Fn(&Snapshot) -> tessera_model::Plan + Send + Sync
 /// `reservation` plugin on, so that a queued high-priority training gang holds the
 /// NVLink domains or nodes it waits for instead of being nibbled by small jobs.
 pub fn default_config() -> tessera_sched::Config {
-    let mut cfg = tessera_sched::Config::default();
     // Fractions of a GPU by Tessera's fragmentation-aware policy (issue 20: fewer GPUs
     // left unallocated than FGD on every trace variant), not only in `tessera sim`.
-    cfg.share_policy = tessera_sched::SharePolicy::Tessera;
+    let mut cfg = tessera_sched::Config {
+        share_policy: tessera_sched::SharePolicy::Tessera,
+        ..Default::default()
+    };
     if !cfg
         .tiers
         .iter()

@@ -88,6 +88,9 @@ pub enum SpawnError {
     Protocol(String),
     #[error("seccomp policy: {0}")]
     Seccomp(String),
+    /// The micro-VM tier could not start a VM (QEMU, its images, the guest's agent).
+    #[error("micro-VM: {0}")]
+    Vm(String),
 }
 
 /// A cgroup operation failed.
@@ -124,6 +127,10 @@ pub enum ExecError {
     Protocol(String),
     #[error("sandbox {0} is destroyed")]
     Destroyed(String),
+    /// The sandbox is paused (or was paused under the command, which ended with it):
+    /// resume it, then run the command again.
+    #[error("sandbox {0} is paused; resume it first")]
+    Paused(String),
 }
 
 /// A file operation failed.
@@ -141,4 +148,42 @@ pub enum FileError {
         path: String,
         source: crate::tarball::TarError,
     },
+}
+
+/// Pausing, resuming, snapshotting or restoring a sandbox failed. The sandbox (or the
+/// snapshot) is left as it was: a failed pause leaves it running, a failed resume leaves
+/// the snapshot in place.
+#[derive(Debug, Error)]
+pub enum LifecycleError {
+    #[error(transparent)]
+    Cgroup(#[from] CgroupError),
+    #[error("snapshot {path}: {message}")]
+    Snapshot { path: String, message: String },
+    #[error("sandbox {id}: {op} is not possible now: {why}")]
+    State {
+        id: String,
+        op: &'static str,
+        why: String,
+    },
+    #[error("sandbox {id}: {op}: {message}")]
+    Vmm {
+        id: String,
+        op: &'static str,
+        message: String,
+    },
+    #[error(transparent)]
+    Spawn(#[from] SpawnError),
+    #[error(transparent)]
+    File(#[from] FileError),
+    #[error(transparent)]
+    Exec(#[from] ExecError),
+}
+
+impl LifecycleError {
+    pub(crate) fn snapshot(path: &std::path::Path, message: impl std::fmt::Display) -> Self {
+        LifecycleError::Snapshot {
+            path: path.display().to_string(),
+            message: message.to_string(),
+        }
+    }
 }

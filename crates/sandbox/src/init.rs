@@ -64,6 +64,10 @@ pub fn main() -> ! {
     if let Ok(v) = std::env::var(REAPER_ENV) {
         reaper(&v)
     }
+    // The guest kernel starts its init with the command line's `TESSERA_GUEST=1`.
+    if std::process::id() == 1 && std::env::var_os(crate::vm::guest::GUEST_ENV).is_some() {
+        crate::vm::guest::main()
+    }
     let code = match run() {
         Ok(()) => 0,
         Err(e) => {
@@ -1255,6 +1259,14 @@ fn file_op(kind: &JobKind) -> Result<(), StepError> {
         JobKind::Pack { path, limits } => {
             crate::tarball::pack(Path::new(path), &mut out, limits)
                 .map_err(|e| StepError::new("tar", path, e.to_string()))?;
+        }
+        JobKind::Restore { path, max_bytes } => {
+            let tar_err =
+                |e: crate::tarball::TarError| StepError::new("restore", path, e.to_string());
+            let archive = crate::tarball::read_capped(std::io::stdin().lock(), *max_bytes)
+                .map_err(tar_err)?;
+            crate::tarball::unpack_snapshot(&archive, Path::new(path), *max_bytes)
+                .map_err(tar_err)?;
         }
     }
     out.flush().map_err(se("write", "stdout"))?;

@@ -19,6 +19,7 @@
 #![allow(unsafe_code)]
 
 pub mod cgroup;
+pub mod class;
 pub mod error;
 mod execcheck;
 pub mod guard;
@@ -31,12 +32,16 @@ pub mod proxy;
 pub mod registry;
 pub mod sandbox;
 pub mod seccomp;
+pub mod snapshot;
 pub mod spec;
 pub mod tarball;
 pub mod template;
+pub mod tier;
+pub mod vm;
 
 pub use cgroup::{CgroupManager, SandboxCgroup};
-pub use error::{CgroupError, ExecError, FileError, SpawnError, StepError};
+pub use class::{ClassError, RuntimeClasses};
+pub use error::{CgroupError, ExecError, FileError, LifecycleError, SpawnError, StepError};
 pub use guard::{
     AllowAll, CheckDecision, CommandCheck, FileAccess, PolicyGuard, RedactionEvent,
     RedactionObserver, StreamRedactor, landlock_grants, redact_json,
@@ -47,8 +52,13 @@ pub use registry::{RegistryError, TemplateRecord, TemplateRegistry};
 pub use sandbox::{
     InitProgram, Runtime, RuntimeConfig, Sandbox, SandboxBuilder, Stream, pids_in_namespace,
 };
+pub use snapshot::{Snapshot, SnapshotMeta};
 pub use spec::{
     Bind, Command, DeviceRule, DirEntry, EgressPolicy, ExecOutput, ExecRequest, ExitStatus,
     FileKind, Limits, Network, PROXY_ADDR, PathAccess, Rlimits, SandboxSpec, Template,
 };
 pub use tarball::{TarError, TarLimits, TarSummary};
+pub use tier::{
+    AnySandbox, Isolated, NamespaceTier, OnTimeout, PauseOptions, Phase, Stats, Tier, TierInfo,
+    TierKind,
+};

@@ -101,6 +101,12 @@ pub enum JobKind {
         path: String,
         limits: crate::tarball::TarLimits,
     },
+    /// Unpacks a snapshot layer on stdin into `path`, links and modes as they were (see
+    /// [`crate::tarball::unpack_snapshot`]).
+    Restore {
+        path: String,
+        max_bytes: u64,
+    },
 }
 
 /// Init -> supervisor.

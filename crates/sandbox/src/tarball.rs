@@ -168,7 +168,7 @@ fn resolves_inside(links: &std::collections::BTreeMap<PathBuf, PathBuf>, entry: 
 }
 
 /// What [`check`] found in an archive that passed.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TarSummary {
     pub entries: u64,
     pub files: u64,
@@ -318,6 +318,72 @@ pub fn unpack(archive: &[u8], dst: &Path, limits: &TarLimits) -> Result<TarSumma
         }
     }
     Ok(sum)
+}
+
+/// Unpacks a snapshot's layer (made by [`pack`] of the same sandbox's own folder) into
+/// `dst`, keeping what a snapshot must bring back unchanged: symbolic links as they were
+/// (absolute targets included: they resolve inside the sandbox that reads them),
+/// permission bits and modification times. Unlike [`unpack`] it does not refuse links
+/// out of `dst`, so it runs only inside a sandbox, under the same confinement as any
+/// command (as the sandbox's user, under Landlock): the archive can do there no more
+/// than the sandbox's own code could. Nothing is written outside `dst` (the `tar`
+/// crate refuses entries that climb out or go through a link), owners and set-uid
+/// bits are not restored, and an archive over `max_bytes` is refused.
+pub fn unpack_snapshot(archive: &[u8], dst: &Path, max_bytes: u64) -> Result<u64, TarError> {
+    if archive.len() as u64 > max_bytes {
+        return Err(TarError::TooLarge {
+            what: format!("size ({} bytes)", archive.len()),
+            limit: max_bytes,
+        });
+    }
+    fs::create_dir_all(dst).map_err(io_err("mkdir", dst))?;
+    let mut ar = tar::Archive::new(archive);
+    ar.set_preserve_permissions(true);
+    ar.set_preserve_mtime(true);
+    ar.set_preserve_ownerships(false);
+    ar.set_unpack_xattrs(false);
+    ar.set_overwrite(true);
+    let mut n = 0;
+    // Directories' times and modes are set after their contents (a read-only folder
+    // must still be filled).
+    let mut dirs = Vec::new();
+    for e in ar.entries().map_err(malformed)? {
+        let mut e = e.map_err(malformed)?;
+        let raw = e.path().map_err(malformed)?.into_owned();
+        let path = clean(&raw)?;
+        if path.as_os_str().is_empty() {
+            continue;
+        }
+        if e.header().entry_type() == tar::EntryType::Directory {
+            let full = dst.join(&path);
+            fs::create_dir_all(&full).map_err(io_err("mkdir", &full))?;
+            dirs.push((
+                full,
+                e.header().mode().unwrap_or(0o755) & 0o1777,
+                e.header().mtime().unwrap_or(0),
+            ));
+            n += 1;
+            continue;
+        }
+        match e.unpack_in(dst) {
+            Ok(true) => n += 1,
+            Ok(false) => {
+                return Err(TarError::ParentDir {
+                    entry: raw.to_string_lossy().into_owned(),
+                });
+            }
+            Err(err) => return Err(io_err("unpack", &dst.join(&raw))(err)),
+        }
+    }
+    for (d, mode, mtime) in dirs.into_iter().rev() {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = fs::set_permissions(&d, fs::Permissions::from_mode(mode));
+        let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(mtime);
+        if let Ok(f) = fs::File::open(&d) {
+            let _ = f.set_modified(t);
+        }
+    }
+    Ok(n)
 }
 
 /// A writer that fails once more than `limit` bytes went through it.

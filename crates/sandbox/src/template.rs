@@ -53,7 +53,10 @@ pub enum TemplateError {
     Tool { tool: String, message: String },
 }
 
-fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> TemplateError + 'a {
+pub(crate) fn io_err<'a>(
+    op: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(io::Error) -> TemplateError + 'a {
     move |source| TemplateError::Io {
         op,
         path: path.display().to_string(),

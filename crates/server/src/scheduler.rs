@@ -22,7 +22,12 @@ pub type ScheduleFn = Arc<dyn Fn(&Snapshot) -> tessera_model::Plan + Send + Sync
 /// `reservation` plugin on, so that a queued high-priority training gang holds the
 /// NVLink domains or nodes it waits for instead of being nibbled by small jobs.
 pub fn default_config() -> tessera_sched::Config {
-    let mut cfg = tessera_sched::Config::default();
+    // Fractions of a GPU by Tessera's fragmentation-aware policy (issue 20: fewer GPUs
+    // left unallocated than FGD on every trace variant), not only in `tessera sim`.
+    let mut cfg = tessera_sched::Config {
+        share_policy: tessera_sched::SharePolicy::Tessera,
+        ..Default::default()
+    };
     if !cfg
         .tiers
         .iter()
@@ -42,13 +47,10 @@ pub fn default_config() -> tessera_sched::Config {
 #[derive(Debug, Clone)]
 pub struct SchedulerSettings {
     pub config: tessera_sched::Config,
-    /// The fractional-GPU placement policy by name (`tessera up
-    /// --gpu-share-policy`). `None`: the scheduler's own (best fit). This is the knob
-    /// for tessera-sched's fragmentation-aware policies: the name is checked against
-    /// [`tessera_sched::gpu::Policy`] here and handed on by [`live_scheduler`]; until
-    /// `tessera_sched::Config` takes a policy, the live scheduler places fractions
-    /// best-fit whatever it says (the name is reported at start).
-    pub gpu_share_policy: Option<String>,
+    /// The fractional-GPU placement policy asked for with `tessera up
+    /// --gpu-share-policy`, over the configuration's own (`share_policy`: `tessera` by
+    /// default here, what a `--scheduler-config` file says otherwise).
+    pub gpu_share_policy: Option<tessera_sched::SharePolicy>,
 }
 
 impl Default for SchedulerSettings {
@@ -60,28 +62,32 @@ impl Default for SchedulerSettings {
     }
 }
 
-/// Checks a fractional-GPU policy name.
-pub fn check_gpu_share_policy(name: &str) -> Result<(), String> {
-    if tessera_sched::gpu::Policy::ALL
-        .iter()
-        .any(|p| p.name() == name)
-    {
-        Ok(())
-    } else {
-        let names: Vec<&str> = tessera_sched::gpu::Policy::ALL
-            .iter()
-            .map(|p| p.name())
-            .collect();
-        Err(format!(
-            "unknown fractional-GPU policy {name:?}: use one of {}",
-            names.join(", ")
-        ))
+/// The live scheduler's fractional-GPU policy by name: `tessera` or `profile`; the
+/// simulator's baselines are named as such.
+pub fn check_gpu_share_policy(name: &str) -> Result<tessera_sched::SharePolicy, String> {
+    match name.parse::<tessera_sched::SharePolicy>() {
+        Ok(p) => Ok(p),
+        Err(_)
+            if tessera_sched::gpu::Policy::ALL
+                .iter()
+                .any(|p| p.name() == name) =>
+        {
+            Err(format!(
+                "{name:?} is one of the simulator's baselines (compare them with `tessera sim --policy all`); the live scheduler places fractions with `tessera` (the default) or `profile` (best fit by the workload kind's binpack/spread)"
+            ))
+        }
+        Err(_) => Err(format!(
+            "unknown fractional-GPU policy {name:?}: use `tessera` (the default) or `profile`"
+        )),
     }
 }
 
 /// The live scheduler for `settings`.
 pub fn live_scheduler(settings: SchedulerSettings) -> ScheduleFn {
-    let cfg = settings.config;
+    let mut cfg = settings.config;
+    if let Some(p) = settings.gpu_share_policy {
+        cfg.share_policy = p;
+    }
     Arc::new(move |s| tessera_sched::schedule(s, &cfg))
 }
 
@@ -551,5 +557,22 @@ pub async fn run_loop(
             return;
         }
         tokio::time::sleep(min_gap).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_sched::SharePolicy;
+
+    #[test]
+    fn the_live_scheduler_places_fractions_by_tessera_unless_told_otherwise() {
+        assert_eq!(default_config().share_policy, SharePolicy::Tessera);
+        assert_eq!(check_gpu_share_policy("tessera"), Ok(SharePolicy::Tessera));
+        assert_eq!(check_gpu_share_policy("profile"), Ok(SharePolicy::Profile));
+        let e = check_gpu_share_policy("fgd").unwrap_err();
+        assert!(e.contains("simulator") && e.contains("tessera sim"), "{e}");
+        let e = check_gpu_share_policy("nope").unwrap_err();
+        assert!(e.contains("`tessera`") && e.contains("`profile`"), "{e}");
     }
 }

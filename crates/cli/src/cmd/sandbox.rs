@@ -371,6 +371,14 @@ pub struct RunArgs {
     /// Do not check the command with the runtime guard.
     #[arg(long)]
     pub no_guard: bool,
+    /// The runtime class: `standard` (namespace tier) or `isolated` (a micro-VM with its
+    /// own kernel; needs QEMU and a kernel template, see --vm-kernel).
+    #[arg(long, value_name = "NAME", default_value = "standard")]
+    pub runtime_class: String,
+    /// The micro-VM tier's kernel template folder (made from Debian's
+    /// linux-image-cloud-amd64 package; see docs/sandbox.md).
+    #[arg(long, value_name = "DIR", env = "TESSERA_VM_KERNEL_TEMPLATE")]
+    pub vm_kernel: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub cmd: CmdArgs,
 }
@@ -686,6 +694,29 @@ fn read_stdin_into(req: &mut ExecRequest) -> Result<(), String> {
     Ok(())
 }
 
+/// A micro-VM for `tessera sandbox run --runtime-class isolated`.
+fn microvm(
+    a: &RunArgs,
+    guard: bool,
+    spec: &tessera_sandbox::SandboxSpec,
+) -> Result<Box<dyn tessera_sandbox::tier::Isolated>, String> {
+    let kernel = a.vm_kernel.clone().ok_or(
+        "the `isolated` class needs a kernel template: give --vm-kernel DIR (or set TESSERA_VM_KERNEL_TEMPLATE)",
+    )?;
+    let cache = crate::cmd::up::default_data_dir().join("vm");
+    let mut cfg = tessera_sandbox::vm::MicroVmConfig::new(kernel, cache);
+    if !guard {
+        cfg.guard = Arc::new(tessera_sandbox::AllowAll);
+    }
+    let tier = tessera_sandbox::vm::MicroVmTier::new(cfg).map_err(|e| e.to_string())?;
+    eprintln!(
+        "micro-VM: {}",
+        tessera_sandbox::tier::Tier::info(&*tier).detail
+    );
+    let vm = tier.spawn_vm(spec).map_err(|e| e.to_string())?;
+    Ok(Box::new(vm))
+}
+
 fn run_one(a: RunArgs) -> i32 {
     let spec = match spec_from(&a.limits) {
         Ok(s) => s,
@@ -703,12 +734,23 @@ fn run_one(a: RunArgs) -> i32 {
     if !nix_is_root() {
         eprintln!("warning: not root: no cgroup limits, single-id user namespace");
     }
+    let tier = match tessera_sandbox::RuntimeClasses::default().resolve(Some(&a.runtime_class)) {
+        Ok(t) => t,
+        Err(e) => return fail(EXIT_BAD_INPUT, e),
+    };
     let rt = match runtime(!a.no_guard) {
         Ok(r) => r,
         Err(e) => return fail(EXIT_FAILURE, e),
     };
     let t0 = std::time::Instant::now();
-    let sb = match rt.spawn(&spec) {
+    let made: Result<Box<dyn tessera_sandbox::tier::Isolated>, String> = match tier {
+        tessera_sandbox::tier::TierKind::Namespace => rt
+            .spawn(&spec)
+            .map(|s| Box::new(s) as Box<dyn tessera_sandbox::tier::Isolated>)
+            .map_err(|e| e.to_string()),
+        tessera_sandbox::tier::TierKind::Microvm => microvm(&a, !a.no_guard, &spec),
+    };
+    let sb = match made {
         Ok(s) => s,
         Err(e) => return fail(EXIT_FAILURE, format!("creating the sandbox: {e}")),
     };
@@ -718,7 +760,7 @@ fn run_one(a: RunArgs) -> i32 {
     let r = if a.cmd.json {
         sb.exec(&req)
     } else {
-        sb.exec_streaming(&req, |stream, data| {
+        sb.exec_streaming(&req, &mut |stream, data| {
             let _ = match stream {
                 tessera_sandbox::Stream::Stdout => {
                     let mut o = std::io::stdout().lock();

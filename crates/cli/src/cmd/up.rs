@@ -89,8 +89,9 @@ pub struct UpArgs {
     /// plugins with `reservation` on for training gangs.
     #[arg(long, value_name = "FILE")]
     pub scheduler_config: Option<PathBuf>,
-    /// How fractions of a GPU are placed: a tessera-sched policy (random, dotprod,
-    /// clustering, packing, bestfit, fgd, fgd-mem). Default: the scheduler's own.
+    /// How fractions of a GPU are placed: `tessera` (the fragmentation-aware policy;
+    /// the default) or `profile` (best fit by the workload kind's binpack/spread). Over
+    /// a --scheduler-config file's `share_policy`.
     #[arg(long, value_name = "POLICY")]
     pub gpu_share_policy: Option<String>,
     /// How the local node holds fractional GPU tasks to their share: `on` (default)
@@ -218,13 +219,14 @@ async fn serve(a: UpArgs, listen: SocketAddr) -> i32 {
         }
     }
     if let Some(p) = &a.gpu_share_policy {
-        if let Err(e) = tessera_server::scheduler::check_gpu_share_policy(p) {
-            return fail(EXIT_BAD_INPUT, format!("--gpu-share-policy: {e}"));
+        match tessera_server::scheduler::check_gpu_share_policy(p) {
+            Ok(p) => sched.gpu_share_policy = Some(p),
+            Err(e) => return fail(EXIT_BAD_INPUT, format!("--gpu-share-policy: {e}")),
         }
-        sched.gpu_share_policy = Some(p.clone());
     }
+    let share = sched.gpu_share_policy.unwrap_or(sched.config.share_policy);
     let describe = format!(
-        "actions [{}], plugins [{}]",
+        "actions [{}], plugins [{}], fractions of a GPU by {}",
         sched
             .config
             .actions
@@ -238,7 +240,11 @@ async fn serve(a: UpArgs, listen: SocketAddr) -> i32 {
             .iter()
             .map(|t| t.iter().map(|p| p.name()).collect::<Vec<_>>().join(" "))
             .collect::<Vec<_>>()
-            .join(" | ")
+            .join(" | "),
+        match share {
+            tessera_sched::SharePolicy::Tessera => "tessera",
+            tessera_sched::SharePolicy::Profile => "profile",
+        }
     );
     let init = crate::cmd::sandbox::init_program();
     let init_where = init
@@ -325,11 +331,6 @@ async fn serve(a: UpArgs, listen: SocketAddr) -> i32 {
     eprintln!("tessera: store {backend} at {where_}");
     eprintln!("tessera: listening on {url}");
     eprintln!("tessera: scheduler: {describe}");
-    if let Some(p) = &sched.gpu_share_policy {
-        eprintln!(
-            "tessera: fractional-GPU policy {p} asked for; the live scheduler places fractions best-fit until tessera-sched's configuration takes a policy"
-        );
-    }
     eprintln!("tessera: job tasks run in sandboxes; sandbox init: {init_where}");
     if otlp.is_some() {
         eprintln!("tessera: exporting session spans over OTLP (OTEL_EXPORTER_OTLP_* settings)");

@@ -60,3 +60,70 @@ pub fn spawn(spec: &SandboxSpec) -> Sandbox {
 pub fn sandbox() -> Sandbox {
     spawn(&SandboxSpec::default())
 }
+
+// ------------------------------------------------------------------ micro-VM tier
+
+/// The extracted kernel package (`dpkg-deb -x linux-image-*-cloud-amd64.deb DIR`) or the
+/// `.deb` itself: `TESSERA_VM_KERNEL`, else where `.ci/vm-kernel.sh` puts it.
+pub const VM_KERNEL_ENV: &str = "TESSERA_VM_KERNEL";
+pub const VM_KERNEL_DEFAULT: &str = "/var/cache/tessera-ci/kernel/x";
+
+/// The micro-VM tier (one per test binary, with the shipped guard), or `None` with a
+/// line saying why the test does nothing: no root, no QEMU or no kernel. With `CI` set
+/// a missing tool fails the test instead (`.ci/vm-kernel.sh` installs them).
+pub fn vm_tier(test: &str) -> Option<Arc<tessera_sandbox::vm::MicroVmTier>> {
+    use std::path::PathBuf;
+    use tessera_sandbox::vm::{MicroVmConfig, MicroVmTier, image};
+    static TIER: OnceLock<Result<Arc<MicroVmTier>, String>> = OnceLock::new();
+    let ci = std::env::var_os("CI").is_some();
+    let skip = |why: String| {
+        assert!(
+            !ci,
+            "{test}: {why}, and CI is set: run .ci/vm-kernel.sh first"
+        );
+        eprintln!("SKIPPED {test}: {why}");
+        None
+    };
+    if !nix::unistd::geteuid().is_root() {
+        return skip("needs root (QEMU's jail, cgroups, the guest's sandbox)".into());
+    }
+    let src = std::env::var_os(VM_KERNEL_ENV)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(VM_KERNEL_DEFAULT));
+    if !src.exists() {
+        return skip(format!(
+            "no guest kernel at {} (set {VM_KERNEL_ENV} to an extracted linux-image-cloud-amd64)",
+            src.display()
+        ));
+    }
+    if !std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .any(|d| d.join("qemu-system-x86_64").is_file())
+    {
+        return skip(
+            "qemu-system-x86_64 is not installed (apt-get install qemu-system-x86)".into(),
+        );
+    }
+    let made = TIER.get_or_init(|| {
+        let cache = std::env::temp_dir().join("tessera-vm-tests");
+        std::fs::create_dir_all(&cache).map_err(|e| e.to_string())?;
+        let ktpl = cache.join("kernel");
+        if !ktpl.join("kernel.json").exists() {
+            let tmp = cache.join(format!("kernel-tmp-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&tmp);
+            image::build_kernel_template(&src, &tmp).map_err(|e| e.to_string())?;
+            let _ = std::fs::remove_dir_all(&ktpl);
+            std::fs::rename(&tmp, &ktpl).map_err(|e| e.to_string())?;
+        }
+        let mut cfg = MicroVmConfig::new(&ktpl, &cache);
+        cfg.init = Some(InitProgram {
+            path: env!("CARGO_BIN_EXE_tessera-sandbox-init").into(),
+            args: vec![],
+        });
+        cfg.boot_timeout = std::time::Duration::from_secs(120);
+        MicroVmTier::new(cfg).map_err(|e| e.to_string())
+    });
+    match made {
+        Ok(t) => Some(t.clone()),
+        Err(e) => panic!("{test}: the micro-VM tier did not start: {e}"),
+    }
+}

@@ -80,6 +80,12 @@ enum { P_FREE = 0, P_RUNNING = 1, P_BLOCKED = 2 };
 struct fk_part {
     int32_t pid;
     int32_t state;
+    /* The pid namespace (inode of /proc/self/ns/pid): sandboxed processes share
+     * a device with the host and may have the same pid as another's. */
+    uint64_t ns;
+    /* 1: holds its liveness lock (byte `slot` of the state file). */
+    uint32_t locked;
+    uint32_t _lpad;
     uint64_t wake;
     uint64_t last_end;
     uint64_t busy_total;
@@ -110,6 +116,12 @@ struct fk_shm {
 static struct fk_shm *S;
 static int my_part = -1;
 static pid_t my_pid;
+static uint64_t my_ns;
+/* The state file, open (checks other participants' liveness locks), and this
+ * participant's own open of it, holding an OFD lock on byte `my_part` for as
+ * long as the process lives (works across pid namespaces, unlike pids). */
+static int state_fd = -1;
+static int part_fd = -1;
 static pthread_mutex_t attach_mu = PTHREAD_MUTEX_INITIALIZER;
 static int atexit_done;
 static __thread CUdevice cur_dev;
@@ -150,7 +162,8 @@ static struct fk_shm *map_state(const char *path) {
     void *p = mmap(NULL, sizeof(struct fk_shm), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p != MAP_FAILED && (fresh || ((struct fk_shm *)p)->magic != FK_MAGIC)) shm_init(p);
     flock(fd, LOCK_UN);
-    close(fd);
+    if (state_fd >= 0) close(state_fd);
+    state_fd = fd;
     return p == MAP_FAILED ? NULL : p;
 }
 
@@ -188,10 +201,27 @@ static void free_part_locked(struct fk_part *p) {
     memset(p, 0, sizeof *p);
 }
 
+static uint64_t pid_ns(void) {
+    struct stat st;
+    return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
+/* Whether participant slot i's process still holds its liveness lock (1: yes or
+ * cannot tell; 0: no lock, it is gone). */
+static int part_locked(int i) {
+    if (state_fd < 0) return 1;
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = i, .l_len = 1};
+    if (fcntl(state_fd, F_OFD_GETLK, &fl) != 0) return 1;
+    return fl.l_type != F_UNLCK;
+}
+
 static void reap_dead_locked(void) {
     for (int i = 0; i < FK_MAXP; i++) {
         struct fk_part *p = &S->parts[i];
-        if (p->pid && p->pid != my_pid && !fk_alive(p->pid)) {
+        if (!p->pid || (p->pid == my_pid && p->ns == my_ns)) continue;
+        /* A pid is only meaningful in its own namespace; the lock in any. */
+        int dead = (p->locked && !part_locked(i)) || (p->ns == my_ns && !fk_alive(p->pid));
+        if (dead) {
             free_part_locked(p);
             wake_all();
         }
@@ -201,8 +231,11 @@ static void reap_dead_locked(void) {
 static void fk_leave(void) {
     if (!S || my_part < 0 || my_pid != getpid()) return;
     lk();
-    if (S->parts[my_part].pid == my_pid) free_part_locked(&S->parts[my_part]);
+    if (S->parts[my_part].pid == my_pid && S->parts[my_part].ns == my_ns)
+        free_part_locked(&S->parts[my_part]);
     wake_all();
+    if (part_fd >= 0) close(part_fd);
+    part_fd = -1;
     ulk();
     my_part = -1;
 }
@@ -225,22 +258,33 @@ static struct fk_part *fk_me(void) {
     if (my_part >= 0 && my_pid == pid) return &S->parts[my_part];
     lk();
     my_pid = pid;
+    my_ns = pid_ns();
     my_part = -1;
+    /* After fork the parent's lock descriptor is not this process's own. */
+    part_fd = -1;
     /* A part of this pid is the program image this one exec'ed from: a real
      * driver released its context at exec. */
     for (int i = 0; i < FK_MAXP; i++)
-        if (S->parts[i].pid == pid) free_part_locked(&S->parts[i]);
+        if (S->parts[i].pid == pid && S->parts[i].ns == my_ns) free_part_locked(&S->parts[i]);
     for (int pass = 0; pass < 2 && my_part < 0; pass++) {
         for (int i = 0; i < FK_MAXP; i++) {
             if (S->parts[i].pid == 0) {
                 memset(&S->parts[i], 0, sizeof S->parts[i]);
                 S->parts[i].pid = pid;
+                S->parts[i].ns = my_ns;
                 S->parts[i].state = P_RUNNING;
                 my_part = i;
                 break;
             }
         }
         if (my_part < 0) reap_dead_locked();
+    }
+    if (my_part >= 0 && state_fd >= 0) {
+        char path[64];
+        snprintf(path, sizeof path, "/proc/self/fd/%d", state_fd);
+        part_fd = open(path, O_RDWR | O_CLOEXEC);
+        struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = my_part, .l_len = 1};
+        if (part_fd >= 0 && fcntl(part_fd, F_OFD_SETLK, &fl) == 0) S->parts[my_part].locked = 1;
     }
     ulk();
     if (my_part < 0) {
@@ -827,6 +871,7 @@ EXPORT void fakecudaLeave(void) { fk_leave(); }
 EXPORT unsigned fakecudaParticipants(void) {
     fk_state();
     lk();
+    reap_dead_locked();
     unsigned n = 0;
     for (int i = 0; i < FK_MAXP; i++) n += S->parts[i].pid != 0;
     ulk();
@@ -838,6 +883,16 @@ EXPORT unsigned long long fakecudaBusyNs(int pid) {
     unsigned long long b = 0;
     for (int i = 0; i < FK_MAXP; i++)
         if (S->parts[i].pid == pid) b = S->parts[i].busy_total;
+    ulk();
+    return b;
+}
+/* Device time of the processes of pid namespace `ns` (a sandbox) still there. */
+EXPORT unsigned long long fakecudaBusyInPidNs(unsigned long long ns) {
+    fk_state();
+    lk();
+    unsigned long long b = 0;
+    for (int i = 0; i < FK_MAXP; i++)
+        if (S->parts[i].pid && S->parts[i].ns == ns) b += S->parts[i].busy_total;
     ulk();
     return b;
 }

@@ -222,6 +222,7 @@ pub struct FakeDriver {
     sleep_until: unsafe extern "C" fn(u64),
     participants: unsafe extern "C" fn() -> u32,
     busy: unsafe extern "C" fn(i32) -> u64,
+    busy_in_pidns: unsafe extern "C" fn(u64) -> u64,
     mem_peak: unsafe extern "C" fn() -> u64,
 }
 
@@ -247,6 +248,7 @@ impl FakeDriver {
             sleep_until: load!(h, "fakecudaSleepUntilNs" as unsafe extern "C" fn(u64)),
             participants: load!(h, "fakecudaParticipants" as unsafe extern "C" fn() -> u32),
             busy: load!(h, "fakecudaBusyNs" as unsafe extern "C" fn(i32) -> u64),
+            busy_in_pidns: load!(h, "fakecudaBusyInPidNs" as unsafe extern "C" fn(u64) -> u64),
             mem_peak: load!(h, "fakecudaMemPeak" as unsafe extern "C" fn() -> u64),
         })
     }
@@ -289,6 +291,12 @@ impl FakeDriver {
     pub fn busy_ns(&self, pid: u32) -> u64 {
         // SAFETY: plain integer.
         unsafe { (self.busy)(pid as i32) }
+    }
+    /// Device time the processes of pid namespace `ns` (the inode of
+    /// `/proc/<pid>/ns/pid`: a sandbox) that are still there have used.
+    pub fn busy_in_pidns(&self, ns: u64) -> u64 {
+        // SAFETY: plain integer.
+        unsafe { (self.busy_in_pidns)(ns) }
     }
     pub fn mem_peak(&self) -> u64 {
         // SAFETY: no arguments.

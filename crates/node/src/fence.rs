@@ -401,6 +401,9 @@ pub struct ShareSetup {
 pub trait GpuShareHook: Send + Sync + std::fmt::Debug {
     /// Sets the task's share up, or refuses it (the reason is the task's).
     fn prepare(&self, key: &TaskKey, share: &Share) -> Result<ShareSetup, String>;
+    /// The task's sandbox runs, its processes in pid namespace `pidns` (how its
+    /// device time is told from others').
+    fn running(&self, _key: &TaskKey, _pidns: Option<u64>) {}
     /// The task has ended: releases its share; returns its last usage.
     fn release(&self, key: &TaskKey) -> Option<tessera_gpushare::usage::TaskUsage>;
     /// A running task's usage (memory used against the cap, compute share).

@@ -10,6 +10,11 @@
 //!   is gone (exit, crash, stop, eviction) the region is removed and its last
 //!   usage returned for metering. Regions left by an earlier run of this node
 //!   (a crash of `tessera up`) are removed when the hook is made.
+//!   While the hook is on, the node's compute monitor ([`crate::compute`]) runs:
+//!   each fractional task's region is attached to it when prepared and detached
+//!   when released, so its compute share is sliced (NVML's utilisation in
+//!   production; where NVML cannot be opened the monitor does not run, the hook
+//!   says so, and the interposer reports the share as not enforced).
 //! - [`Refuse`]: the interposer was asked for and is not there: every fractional
 //!   task is refused with the reason (the missing file and the fix), never run
 //!   unenforced.
@@ -25,9 +30,11 @@ use std::time::Duration;
 
 use tessera_gpushare::region::{ComputePolicy, DeviceConfig};
 use tessera_gpushare::setup::{self, NodeLayout, ShareSpec, TaskShare};
+use tessera_gpushare::share::ControllerConfig;
 use tessera_gpushare::usage::TaskUsage;
 use tessera_sandbox::Bind;
 
+use crate::compute::{ComputeMonitor, MonitorConfig, Monotonic, NvmlUtilisation};
 use crate::fence::{GpuShareHook, Share, ShareSetup};
 use crate::spec::TaskKey;
 
@@ -61,6 +68,8 @@ impl InterposerConfig {
 struct Held {
     share: TaskShare,
     preload: PathBuf,
+    /// Whether the compute monitor slices it (a share under the whole device).
+    sliced: bool,
 }
 
 /// Enforcement through the CUDA interposer (see the module's text).
@@ -69,6 +78,8 @@ pub struct Interposer {
     owner: Option<(u32, u32)>,
     seq: AtomicU64,
     held: Mutex<HashMap<TaskKey, Held>>,
+    /// The compute monitor, or why it does not run.
+    compute: Result<ComputeMonitor, String>,
 }
 
 impl std::fmt::Debug for Interposer {
@@ -76,8 +87,26 @@ impl std::fmt::Debug for Interposer {
         f.debug_struct("Interposer")
             .field("cfg", &self.cfg)
             .field("held", &self.held().len())
+            .field("compute", &self.compute)
             .finish()
     }
+}
+
+/// The compute monitor `tessera up` runs with the hook: CLOCK_MONOTONIC and
+/// NVML's per-process utilisation, or why it cannot run (no NVML).
+pub fn nvml_monitor() -> Result<MonitorConfig, String> {
+    let utilisation = NvmlUtilisation::open()
+        .map_err(|e| format!("NVML cannot be opened ({e}), so device time cannot be measured"))?;
+    Ok(MonitorConfig {
+        clock: Box::new(Monotonic),
+        utilisation: Box::new(utilisation),
+        // NVML refreshes per-process samples slower than the controller's default
+        // 10 ms; 50 ms is what the H200 procedure uses.
+        controller: ControllerConfig {
+            tick_ns: 50_000_000,
+            ..ControllerConfig::default()
+        },
+    })
 }
 
 /// The interposer hook could not be made.
@@ -87,8 +116,18 @@ pub struct HookError(pub String);
 
 impl Interposer {
     /// Checks the interposer file, makes the state folder and removes what an
-    /// earlier run left there.
+    /// earlier run left there; the compute monitor runs on NVML
+    /// ([`nvml_monitor`]) where it can be opened.
     pub fn new(cfg: InterposerConfig) -> Result<Interposer, HookError> {
+        Self::with_monitor(cfg, nvml_monitor())
+    }
+
+    /// As [`Interposer::new`], with the compute monitor given (`Err`: none runs,
+    /// for this reason; compute shares are then not enforced and the hook says so).
+    pub fn with_monitor(
+        cfg: InterposerConfig,
+        monitor: Result<MonitorConfig, String>,
+    ) -> Result<Interposer, HookError> {
         check_library(&cfg.interposer)?;
         std::fs::create_dir_all(&cfg.state_dir)
             .map_err(|e| HookError(format!("{}: create folder: {e}", cfg.state_dir.display())))?;
@@ -109,12 +148,21 @@ impl Interposer {
             let id = tessera_sandbox::sandbox::HOST_ID_BASE + tessera_sandbox::sandbox::SANDBOX_UID;
             (id, id)
         });
+        let compute = monitor.and_then(|m| {
+            ComputeMonitor::start(m).map_err(|e| format!("the compute monitor thread: {e}"))
+        });
         Ok(Interposer {
             cfg,
             owner,
             seq: AtomicU64::new(0),
             held: Mutex::new(HashMap::new()),
+            compute,
         })
+    }
+
+    /// The compute monitor, or why none runs.
+    pub fn compute_monitor(&self) -> Result<&ComputeMonitor, &str> {
+        self.compute.as_ref().map_err(|e| e.as_str())
     }
 
     pub fn config(&self) -> &InterposerConfig {
@@ -246,12 +294,19 @@ impl GpuShareHook for Interposer {
         let ts = setup::prepare(&spec, &layout)
             .map_err(|e| format!("GPU share of GPU {} could not be set up: {e}", share.gpu))?;
         let plan = ts.plan().clone();
+        let sliced = spec.devices[0].compute_milli < 1000;
+        if sliced && let Ok(m) = &self.compute {
+            m.attach(share.gpu, &id, ts.region().clone());
+        }
         // The plan's files are written on the host and bound read-only over their
         // place in the sandbox (its /etc is generated, not writable).
         let preload = self.cfg.state_dir.join(format!("{id}.preload"));
         let mut binds: Vec<Bind> = Vec::new();
         for f in &plan.files {
             if let Err(e) = std::fs::write(&preload, &f.contents) {
+                if let Ok(m) = &self.compute {
+                    m.detach(&id);
+                }
                 let _ = ts.release();
                 return Err(format!("{}: write: {e}", preload.display()));
             }
@@ -266,7 +321,14 @@ impl GpuShareHook for Interposer {
             path: b.sandbox.display().to_string(),
             writable: b.writable,
         }));
-        self.held().insert(key.clone(), Held { share: ts, preload });
+        self.held().insert(
+            key.clone(),
+            Held {
+                share: ts,
+                preload,
+                sliced,
+            },
+        );
         Ok(ShareSetup {
             env: plan.env.clone(),
             binds,
@@ -275,6 +337,11 @@ impl GpuShareHook for Interposer {
 
     fn release(&self, key: &TaskKey) -> Option<TaskUsage> {
         let h = self.held().remove(key)?;
+        if h.sliced
+            && let Ok(m) = &self.compute
+        {
+            m.detach(h.share.task());
+        }
         let _ = std::fs::remove_file(&h.preload);
         match h.share.release() {
             Ok(u) => Some(u),
@@ -285,13 +352,26 @@ impl GpuShareHook for Interposer {
         }
     }
 
+    fn running(&self, key: &TaskKey, pidns: Option<u64>) {
+        if let Some(h) = self.held().get(key)
+            && h.sliced
+            && let Ok(m) = &self.compute
+        {
+            m.running(h.share.task(), pidns);
+        }
+    }
+
     fn usage(&self, key: &TaskKey) -> Option<TaskUsage> {
         self.held().get(key).map(|h| h.share.usage())
     }
 
     fn describe(&self) -> String {
+        let compute = match &self.compute {
+            Ok(_) => "compute shares sliced by the node's compute monitor".to_string(),
+            Err(why) => format!("compute shares NOT enforced: {why}"),
+        };
         format!(
-            "enforced by the CUDA interposer {}",
+            "enforced by the CUDA interposer {} (memory caps; {compute})",
             self.cfg.interposer.display()
         )
     }

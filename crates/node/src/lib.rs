@@ -11,6 +11,8 @@
 //!   UUID) and the device-view check before every start.
 //! - [`gpushare`]: GPU-share enforcement of fractional tasks (the CUDA
 //!   interposer preloaded in their sandbox, an accounting region per task).
+//! - [`compute`]: the node's compute monitor: one thread slicing the compute
+//!   shares of fractional tasks (NVML's utilisation, a fake in tests).
 //! - [`faults`]: Xid / ECC events (NVML, a fake in tests) to a node condition and
 //!   GPUs no new work goes to.
 //! - [`mig`]: MIG actuation behind a backend trait, journaled and resumable.
@@ -22,6 +24,7 @@
 //! this crate carries out and reports.
 
 pub mod bench;
+pub mod compute;
 pub mod faults;
 pub mod fence;
 pub mod gpu;

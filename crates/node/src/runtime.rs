@@ -692,6 +692,10 @@ impl NodeRuntime {
             }
             t.insert(w.key.clone(), running.clone());
         }
+        if matches!(w.gpus, GpuAssignment::Shared { .. }) {
+            // The compute monitor tells the task's device time by its pid namespace.
+            self.cfg.gpushare.running(&w.key, running.pidns);
+        }
         let me = self.clone();
         let mut req = ExecRequest::argv(w.command.clone());
         req.env = env;

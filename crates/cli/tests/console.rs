@@ -242,7 +242,9 @@ async fn world() -> World {
     api.post(
         &alpha,
         "/v1/jobs",
-        json!({"name": "held", "queue": "default", "tasks": [
+        // Not preemptable: `train` (priority 5) must wait for room, not evict it (the
+        // scheduler's gang-aware preemption would take this whole gang otherwise).
+        json!({"name": "held", "queue": "default", "preemptable": false, "tasks": [
         {"name": "a", "gpu": whole(2), "node_selector": {"slot": "big-0"}},
         {"name": "b", "gpu": whole(4), "node_selector": {"slot": "big-1"}}]}),
     )

@@ -249,26 +249,39 @@ fn bad_request(msg: String) -> Response {
     )
 }
 
+/// One call through the inference pool serving the body's `model`: the developer role,
+/// a session id the meter takes, then the engine's answer, redacted per the pool
+/// (`redact: false` for answers that carry no text, embeddings' vectors).
+async fn pass_through(
+    a: &App,
+    c: &Caller,
+    h: &HeaderMap,
+    path: &'static str,
+    body: Bytes,
+    redact: bool,
+) -> Response {
+    if let Err(e) = c.require(Role::Developer) {
+        return e.into_response();
+    }
+    let w = match checked_who(c, h) {
+        Ok(w) => w,
+        Err(m) => return bad_request(m),
+    };
+    let mode = redact.then(|| a.gateway.gateway.redact_mode(&model_of(&body)));
+    let r = a.gateway.gateway.forward(w, path, body).await;
+    match mode {
+        Some(mode) => redact_completion(a, &c.tenant, mode, r).await,
+        None => r,
+    }
+}
+
 async fn chat(
     State(a): State<App>,
     SessionCaller(c): SessionCaller,
     h: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if let Err(e) = c.require(Role::Developer) {
-        return e.into_response();
-    }
-    let w = match checked_who(&c, &h) {
-        Ok(w) => w,
-        Err(m) => return bad_request(m),
-    };
-    let mode = a.gateway.gateway.redact_mode(&model_of(&body));
-    let r = a
-        .gateway
-        .gateway
-        .forward(w, "/v1/chat/completions", body)
-        .await;
-    redact_completion(&a, &c.tenant, mode, r).await
+    pass_through(&a, &c, &h, "/v1/chat/completions", body, true).await
 }
 
 async fn completions(
@@ -277,16 +290,7 @@ async fn completions(
     h: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if let Err(e) = c.require(Role::Developer) {
-        return e.into_response();
-    }
-    let w = match checked_who(&c, &h) {
-        Ok(w) => w,
-        Err(m) => return bad_request(m),
-    };
-    let mode = a.gateway.gateway.redact_mode(&model_of(&body));
-    let r = a.gateway.gateway.forward(w, "/v1/completions", body).await;
-    redact_completion(&a, &c.tenant, mode, r).await
+    pass_through(&a, &c, &h, "/v1/completions", body, true).await
 }
 
 /// The `model` a request body names (empty when it names none: the gateway refuses it).
@@ -420,22 +424,14 @@ async fn model(
 }
 
 /// Embeddings, passed through to the pool serving `model` (an engine that serves none
-/// answers its own 404).
+/// answers its own 404). Vectors carry no text: nothing to redact on the way back.
 async fn embeddings(
     State(a): State<App>,
     SessionCaller(c): SessionCaller,
     h: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if let Err(e) = c.require(Role::Developer) {
-        return e.into_response();
-    }
-    let w = match checked_who(&c, &h) {
-        Ok(w) => w,
-        Err(m) => return bad_request(m),
-    };
-    // Vectors carry no text: nothing to redact on the way back.
-    a.gateway.gateway.forward(w, "/v1/embeddings", body).await
+    pass_through(&a, &c, &h, "/v1/embeddings", body, false).await
 }
 
 /// The Responses API, passed through like chat completions (and redacted the same way).
@@ -445,16 +441,7 @@ async fn responses(
     h: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if let Err(e) = c.require(Role::Developer) {
-        return e.into_response();
-    }
-    let w = match checked_who(&c, &h) {
-        Ok(w) => w,
-        Err(m) => return bad_request(m),
-    };
-    let mode = a.gateway.gateway.redact_mode(&model_of(&body));
-    let r = a.gateway.gateway.forward(w, "/v1/responses", body).await;
-    redact_completion(&a, &c.tenant, mode, r).await
+    pass_through(&a, &c, &h, "/v1/responses", body, true).await
 }
 
 /// Whether `path` is one of the OpenAI-compatible routes, whose errors must be in

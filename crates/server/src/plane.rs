@@ -1184,17 +1184,14 @@ impl ControlPlane {
     }
 
     /// The output of a job's tasks that ran on this machine (the last 1 MiB of each).
-    /// One task's log from byte `from` of its file (at most 1 MiB, ending on a whole
-    /// UTF-8 character), redacted, and the offset to ask for next: how `tessera job logs
-    /// --follow` reads a growing log without reading it all again.
-    pub async fn job_log_from(
+    /// The job whose logs a viewer asks for, and where this server keeps logs.
+    async fn job_for_logs(
         &self,
         c: &Caller,
         name: &str,
-        task: &str,
-        from: u64,
-    ) -> Result<(String, u64), ApiError> {
+    ) -> Result<(JobBody, &std::path::Path), ApiError> {
         c.require(Role::Viewer)?;
+        // Names go into a path: only valid names get that far.
         check_name("name", name).map_err(|_| ApiError::not_found(format!("job {name:?}")))?;
         let o = self
             .store
@@ -1205,6 +1202,20 @@ impl ControlPlane {
         let Some(logs) = &self.logs else {
             return Err(ApiError::not_found("logs: this server runs no executor"));
         };
+        Ok((job, logs))
+    }
+
+    /// One task's log from byte `from` of its file (at most 1 MiB, ending on a whole
+    /// UTF-8 character), redacted, and the offset to ask for next: how `tessera job logs
+    /// --follow` reads a growing log without reading it all again.
+    pub async fn job_log_from(
+        &self,
+        c: &Caller,
+        name: &str,
+        task: &str,
+        from: u64,
+    ) -> Result<(String, u64), ApiError> {
+        let (job, logs) = self.job_for_logs(c, name).await?;
         if !job.spec.tasks.iter().any(|x| x.name == task) {
             return Err(ApiError::not_found(format!(
                 "task {task:?} of job {name:?}"
@@ -1231,18 +1242,7 @@ impl ControlPlane {
         name: &str,
         task: Option<&str>,
     ) -> Result<String, ApiError> {
-        c.require(Role::Viewer)?;
-        // Names go into a path: only valid names get that far.
-        check_name("name", name).map_err(|_| ApiError::not_found(format!("job {name:?}")))?;
-        let o = self
-            .store
-            .get(&Key::new(kind::JOB, &c.tenant, name))
-            .await?
-            .ok_or_else(|| ApiError::not_found(format!("job {name:?}")))?;
-        let job: JobBody = from_value(&o)?;
-        let Some(logs) = &self.logs else {
-            return Err(ApiError::not_found("logs: this server runs no executor"));
-        };
+        let (job, logs) = self.job_for_logs(c, name).await?;
         let tasks: Vec<&str> = match task {
             Some(t) => {
                 if !job.spec.tasks.iter().any(|x| x.name == t) {

@@ -18,7 +18,10 @@ pub mod snapshot;
 pub mod topology;
 
 pub use group::{GpuRequest, GroupKind, PodGroup, Task, TaskId};
-pub use node::{GpuDevice, Node, Taint, TaintEffect, Toleration, TolerationOperator};
+pub use node::{
+    GpuDevice, Node, RUNTIME_CLASS_LABEL_PREFIX, Taint, TaintEffect, Toleration,
+    TolerationOperator, runtime_class_label,
+};
 pub use plan::{Binding, Choice, Eviction, MigRef, MigStep, Pending, Plan, Reservation};
 pub use quantity::{QuantityError, parse_bytes, parse_count, parse_cpu_milli, parse_milli};
 pub use queue::Queue;

@@ -6,6 +6,18 @@ use serde::{Deserialize, Serialize};
 
 use crate::resources::Resources;
 
+/// Prefix of the node labels that say which runtime classes (isolation levels, like
+/// Kubernetes RuntimeClass) a node runs: `runtime-class.tessera.io/NAME: "true"`. A
+/// workload of class `NAME` carries the matching node selector, so the scheduler's
+/// selector predicate keeps it off nodes without the class. (`tessera-sandbox`'s
+/// `class` module owns the class table; the server checks the two prefixes agree.)
+pub const RUNTIME_CLASS_LABEL_PREFIX: &str = "runtime-class.tessera.io/";
+
+/// The node label of runtime class `name`.
+pub fn runtime_class_label(name: &str) -> String {
+    format!("{RUNTIME_CLASS_LABEL_PREFIX}{name}")
+}
+
 /// A machine the scheduler may place tasks on.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -88,6 +88,7 @@ fn spec(dir: &std::path::Path, i: usize, command: Vec<String>) -> WorkloadSpec {
         gpus: GpuAssignment::None,
         record: vec![],
         log: dir.join(format!("t{i}.log")),
+        tier: tessera_sandbox::TierKind::Namespace,
     }
 }
 

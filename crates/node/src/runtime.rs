@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use tessera_model::{GpuDevice, Resources};
 use tessera_sandbox::{
-    CommandCheck, ExecError, ExecRequest, InitProgram, Network, Runtime, RuntimeConfig, Sandbox,
-    SandboxSpec, Template, pids_in_namespace,
+    CommandCheck, ExecError, ExecRequest, InitProgram, Isolated, Network, Runtime, RuntimeConfig,
+    Sandbox, SandboxCgroup, SandboxSpec, Template, TierKind, pids_in_namespace,
 };
 
 use crate::fence::{self, DeviceDirs, GpuAssignment, GpuShareHook, Mismatch, SeenDevice, Share};
@@ -59,6 +59,9 @@ pub struct NodeConfig {
     pub defaults: Defaults,
     /// GPU fault events (Xid / ECC); `None`: none are watched.
     pub faults: Option<Arc<dyn crate::faults::FaultSource>>,
+    /// The micro-VM tier, for tasks whose runtime class maps to it; `None`: this node
+    /// runs only the namespace tier (and advertises only its classes).
+    pub microvm: Option<Arc<tessera_sandbox::vm::MicroVmTier>>,
 }
 
 impl std::fmt::Debug for NodeConfig {
@@ -71,6 +74,7 @@ impl std::fmt::Debug for NodeConfig {
             .field("devices", &self.devices)
             .field("gpus", &self.gpus.name())
             .field("gpushare", &self.gpushare.describe())
+            .field("microvm", &self.microvm.is_some())
             .finish()
     }
 }
@@ -97,6 +101,7 @@ impl NodeConfig {
             gpu_libs: Vec::new(),
             defaults: Defaults::default(),
             faults: None,
+            microvm: None,
         }
     }
 }
@@ -119,6 +124,10 @@ pub struct WorkloadSpec {
     pub record: Vec<GpuDevice>,
     /// Output goes here (appended; redacted by the guard).
     pub log: PathBuf,
+    /// The isolation tier its runtime class maps to. A `microvm` task runs in a
+    /// micro-VM of [`NodeConfig::microvm`], and has no GPUs (vfio pass-through is not
+    /// built: see docs/sandbox.md).
+    pub tier: TierKind,
 }
 
 /// What a task used, read from its cgroup before the sandbox is removed.
@@ -263,6 +272,8 @@ pub enum StartError {
     Sandbox(String),
     #[error("command: the task has no command")]
     NoCommand,
+    #[error("tier: {0}")]
+    Tier(String),
 }
 
 /// Receives a task's end.
@@ -273,9 +284,58 @@ struct StopReq {
     forced: bool,
 }
 
+/// A task's sandbox, of its tier.
+enum Held {
+    Namespace(Arc<Sandbox>),
+    Microvm(tessera_sandbox::vm::VmSandbox),
+}
+
+impl Held {
+    fn isolated(&self) -> &dyn Isolated {
+        match self {
+            Held::Namespace(s) => &**s,
+            Held::Microvm(v) => v,
+        }
+    }
+    fn cgroup(&self) -> Option<&dyn SandboxCgroup> {
+        match self {
+            Held::Namespace(s) => s.cgroup(),
+            Held::Microvm(v) => v.cgroup(),
+        }
+    }
+    /// The task's own pid namespace on the host (none for a micro-VM: its processes
+    /// are in the guest, and the QEMU process is in the cgroup).
+    fn pid_namespace(&self) -> Option<u64> {
+        match self {
+            Held::Namespace(s) => s.pid_namespace(),
+            Held::Microvm(_) => None,
+        }
+    }
+    /// The host processes of the workload: a namespace task's own, a micro-VM task's
+    /// QEMU (its processes are in the guest).
+    fn workload_pids(&self) -> Vec<i32> {
+        match self {
+            Held::Namespace(s) => s.workload_pids(),
+            Held::Microvm(v) => vec![v.host_pid()],
+        }
+    }
+    /// SIGTERM to the workload; how many processes got it. A micro-VM's commands
+    /// are ended at once instead (the guest agent has no signal call): its grace
+    /// period is not kept.
+    fn terminate(&self) -> usize {
+        match self {
+            Held::Namespace(s) => s.signal_workload(nix::sys::signal::Signal::SIGTERM),
+            Held::Microvm(v) => {
+                v.end_commands();
+                1
+            }
+        }
+    }
+}
+
 struct Running {
     key: TaskKey,
-    sb: Arc<Sandbox>,
+    sb: Held,
     stop: Mutex<Option<StopReq>>,
     /// Set once, by whoever reads the cgroup and removes the sandbox first.
     usage: Mutex<Option<Usage>>,
@@ -303,7 +363,7 @@ impl Running {
             ..Usage::default()
         };
         *u = Some(usage);
-        let _ = self.sb.destroy();
+        let _ = self.sb.isolated().destroy();
         usage
     }
 
@@ -663,28 +723,51 @@ impl NodeRuntime {
                 w.key.task
             );
         }
-        let mut sb = self
-            .rt
-            .spawn(&sbspec)
-            .map_err(|e| StartError::Sandbox(e.to_string()))?;
-        sb.set_tenant(Some(w.key.tenant.clone()));
-        let sb = Arc::new(sb);
+        let sb = match w.tier {
+            TierKind::Namespace => {
+                let mut sb = self
+                    .rt
+                    .spawn(&sbspec)
+                    .map_err(|e| StartError::Sandbox(e.to_string()))?;
+                sb.set_tenant(Some(w.key.tenant.clone()));
+                Held::Namespace(Arc::new(sb))
+            }
+            TierKind::Microvm => {
+                let Some(tier) = &self.cfg.microvm else {
+                    return Err(StartError::Tier(format!(
+                        "node {} has no micro-VM tier (start it with --vm-kernel DIR)",
+                        self.cfg.name
+                    )));
+                };
+                if w.gpus != GpuAssignment::None {
+                    return Err(StartError::Tier(
+                        "a micro-VM task cannot have GPUs: vfio pass-through is not built".into(),
+                    ));
+                }
+                let mut vm = tier
+                    .spawn_vm(&sbspec)
+                    .map_err(|e| StartError::Sandbox(e.to_string()))?;
+                Isolated::set_tenant(&mut vm, Some(w.key.tenant.clone()));
+                Held::Microvm(vm)
+            }
+        };
+        let pidns = sb.pid_namespace();
+        let started = Started {
+            sandbox: sb.isolated().id().to_string(),
+            pid_namespace: pidns,
+            cgroup_procs: sb.cgroup().map(|c| c.procs()),
+            view,
+        };
         let running = Arc::new(Running {
             key: w.key.clone(),
-            sb: sb.clone(),
+            sb,
             stop: Mutex::new(None),
             usage: Mutex::new(None),
             done: (Mutex::new(false), Condvar::new()),
             started: Instant::now(),
             fraction: w.gpus.fraction(&w.record),
-            pidns: sb.pid_namespace(),
+            pidns,
         });
-        let started = Started {
-            sandbox: sb.id().to_string(),
-            pid_namespace: running.pidns,
-            cgroup_procs: sb.cgroup().map(|c| c.procs()),
-            view,
-        };
         {
             let mut t = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
             if t.contains_key(&w.key) {
@@ -717,6 +800,7 @@ impl NodeRuntime {
                     _ if stopped_early => Ok(()),
                     Some(d) if needs_mkdir(d) => running
                         .sb
+                        .isolated()
                         .mkdir(d)
                         .map_err(|e| ExecError::Protocol(format!("working_dir {d}: {e}"))),
                     _ => Ok(()),
@@ -725,7 +809,7 @@ impl NodeRuntime {
                     if stopped_early {
                         return Err(ExecError::Protocol("stopped before it started".into()));
                     }
-                    running.sb.exec_streaming(&req, |_, data| {
+                    running.sb.isolated().exec_streaming(&req, &mut |_, data| {
                         let _ = log.write_all(data);
                     })
                 });
@@ -781,7 +865,9 @@ impl NodeRuntime {
                 });
             });
         if let Err(e) = spawned {
-            let _ = sb.destroy();
+            if let Some(r) = self.get(&w.key) {
+                let _ = r.sb.isolated().destroy();
+            }
             self.tasks
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -819,7 +905,7 @@ impl NodeRuntime {
             kill(&r);
             return true;
         }
-        let term = |r: &Running| r.sb.signal_workload(nix::sys::signal::Signal::SIGTERM) > 0;
+        let term = |r: &Running| r.sb.terminate() > 0;
         let mut sent = term(&r);
         let spawned = std::thread::Builder::new()
             .name("task grace".into())

@@ -72,6 +72,7 @@ fn task(dir: &Path, name: &str, cmd: &str) -> WorkloadSpec {
         gpus: GpuAssignment::None,
         record: vec![],
         log: dir.join(format!("{name}.log")),
+        tier: tessera_sandbox::TierKind::Namespace,
     }
 }
 
@@ -468,4 +469,24 @@ fn the_guard_checks_tasks_and_redacts_their_logs() {
     assert!(end(&rx).outcome.success());
     let text = log(d.path(), "leak");
     assert!(!text.contains("AKIAZ7Q3M2K9P4L6R8T1"), "{text}");
+}
+
+#[test]
+fn a_micro_vm_task_on_a_node_without_the_tier_is_refused_by_name() {
+    if !ready("a_micro_vm_task_on_a_node_without_the_tier_is_refused_by_name") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let n = node(|_| {});
+    let mut w = task(dir.path(), "vm", "true");
+    w.tier = tessera_sandbox::TierKind::Microvm;
+    let e = n
+        .start(w, Box::new(|_| {}))
+        .expect_err("no micro-VM tier here")
+        .to_string();
+    assert!(
+        e.contains("no micro-VM tier") && e.contains("--vm-kernel"),
+        "{e}"
+    );
+    assert!(n.running().is_empty());
 }

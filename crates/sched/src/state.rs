@@ -609,6 +609,11 @@ fn class_passes(c: &NodeClass<'_>, s: &Sig<'_>) -> bool {
 pub fn class_failure(c: &NodeClass<'_>, s: &Sig<'_>) -> Option<String> {
     for (k, v) in s.selector {
         if c.rep.labels.get(k) != Some(v) {
+            if let Some(class) = k.strip_prefix(tessera_model::RUNTIME_CLASS_LABEL_PREFIX) {
+                return Some(format!(
+                    "do not run runtime class `{class}` (no label {k}={v})"
+                ));
+            }
             return Some(format!("do not match node selector {k}={v}"));
         }
     }

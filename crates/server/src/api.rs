@@ -559,6 +559,7 @@ pub fn openapi_document() -> Value {
                     "working_dir": {"type": "string"}, "template": {"type": "string", "description": "host or a registered template name (NAME[@sha256:HEX])"},
                     "limits": {"type": "object", "description": "cpu_milli, memory, pids, disk: Kubernetes limits above the requests"},
                     "node_selector": {"type": "object"}, "tolerations": {"type": "array"}, "priority": {"type": "integer"},
+                    "runtime_class": {"type": "string", "description": "standard (namespaces, the default), isolated (a micro-VM) or a class the operator added; none: the tenant's minimum class"},
                     "command": {"type": "array", "items": {"type": "string"}},
                     "duration": {"type": "number", "description": "Simulated seconds the task runs on a simulated node (tessera up --cluster)"},
                     "topology": {"description": "{\"scope\": \"nvlink_domain\"|\"pcie_root\"|\"numa\", \"strength\": \"hard\"|\"soft\"}"}}},

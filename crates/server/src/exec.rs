@@ -70,6 +70,8 @@ pub struct NodeRunner {
     pub heartbeat: Duration,
     /// The data folder (for disk pressure).
     pub data_dir: Option<PathBuf>,
+    /// The class table: a task's stored class names its tier.
+    pub classes: Arc<crate::classes::ClassPolicy>,
 }
 
 impl ExecConfig {
@@ -687,6 +689,7 @@ impl Executor {
             gpus,
             record,
             log: log_path(&nr.logs, &tref.0, &tref.1, job.created_at, &tref.2),
+            tier: nr.classes.tier_of(spec.runtime_class.as_deref()),
         };
         let mig = st.mig.clone();
         let first_gpu = st.gpus.first().copied();

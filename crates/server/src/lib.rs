@@ -6,10 +6,13 @@
 //! Layers: [`api`] translates HTTP to calls on [`plane::ControlPlane`], which holds
 //! the rules and talks to the store; [`scheduler`] runs the batch scheduler over a
 //! snapshot of the store. Only this crate knows HTTP; only the store knows SQL.
+// The OpenAPI document is one `json!` literal, deeper than the default limit allows.
+#![recursion_limit = "256"]
 
 pub mod agents;
 pub mod api;
 pub mod auth;
+pub mod classes;
 pub mod cluster;
 pub mod exec;
 pub mod gateway;
@@ -112,6 +115,9 @@ pub struct ServerConfig {
     /// The template registry's folder (`tessera template import` writes there);
     /// `None`: only the built-in `host` template.
     pub templates: Option<std::path::PathBuf>,
+    /// Runtime classes (`standard`, `isolated`, and the operator's) and each tenant's
+    /// minimum class.
+    pub classes: classes::ClassPolicy,
 }
 
 /// How the local node runs job tasks (each in a sandbox of the node runtime).
@@ -139,6 +145,10 @@ pub struct NodeSettings {
     pub sandbox_capacity: Option<tessera_sched::agent::Demand>,
     /// GPU fault events (`None`: NVML's Xid / ECC events where the node has GPUs).
     pub faults: Option<std::sync::Arc<dyn tessera_node::faults::FaultSource>>,
+    /// A micro-VM kernel template (`tessera template build --kernel`): with it, the
+    /// local node runs the micro-VM tier too (QEMU must be installed) and advertises
+    /// the classes that map to it; without it, only the namespace tier's.
+    pub vm_kernel: Option<std::path::PathBuf>,
 }
 
 impl Default for NodeSettings {
@@ -154,6 +164,7 @@ impl Default for NodeSettings {
             gpushare: Default::default(),
             sandbox_capacity: None,
             faults: None,
+            vm_kernel: None,
         }
     }
 }
@@ -198,6 +209,7 @@ impl Default for ServerConfig {
             guard: Default::default(),
             node: Default::default(),
             templates: None,
+            classes: Default::default(),
         }
     }
 }
@@ -290,6 +302,47 @@ pub enum StartError {
     Component { what: &'static str, message: String },
 }
 
+/// The micro-VM tier of `tessera up --vm-kernel DIR`: the server's guard, its init
+/// program as the guest's agent, images cached under the data folder. A server asked
+/// for it that cannot make it does not start.
+async fn start_microvm(
+    cfg: &ServerConfig,
+    kernel: &std::path::Path,
+) -> Result<std::sync::Arc<tessera_sandbox::vm::MicroVmTier>, StartError> {
+    let cache = cfg
+        .node
+        .data_dir
+        .clone()
+        .or_else(|| {
+            cfg.executor_logs
+                .as_ref()
+                .and_then(|l| l.parent().map(|p| p.to_path_buf()))
+        })
+        .unwrap_or_else(std::env::temp_dir)
+        .join("vm");
+    let mut vcfg = tessera_sandbox::vm::MicroVmConfig::new(kernel, cache);
+    vcfg.guard = cfg.guard.clone();
+    vcfg.init = cfg.node.init.clone();
+    let tier = tokio::task::spawn_blocking(move || tessera_sandbox::vm::MicroVmTier::new(vcfg))
+        .await
+        .map_err(|e| StartError::Component {
+            what: "micro-VM tier",
+            message: e.to_string(),
+        })?
+        .map_err(|e| StartError::Component {
+            what: "micro-VM tier",
+            message: format!(
+                "{e} (kernel template {}; or start without --vm-kernel)",
+                kernel.display()
+            ),
+        })?;
+    eprintln!(
+        "tessera: micro-VM tier: {}",
+        tessera_sandbox::Tier::info(&*tier).detail
+    );
+    Ok(tier)
+}
+
 /// Bootstraps the store (first start), registers the local node, starts the
 /// scheduler loop and the HTTP server.
 pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartError> {
@@ -297,6 +350,7 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
         .with_logs(cfg.executor_logs.clone())
         .with_oidc(cfg.oidc.clone())
         .with_guard(cfg.guard.clone())
+        .with_classes(cfg.classes.clone())
         .with_templates(match &cfg.templates {
             Some(dir) => Some(tessera_sandbox::TemplateRegistry::open(dir).map_err(|e| {
                 StartError::Component {
@@ -318,8 +372,25 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
         .gpus
         .clone()
         .unwrap_or_else(|| std::sync::Arc::new(gpu::NvmlSource));
+    cfg.classes
+        .check()
+        .map_err(|message| StartError::Component {
+            what: "runtime classes",
+            message,
+        })?;
+    // The micro-VM tier, made before any namespace sandbox exists (it clears stale
+    // cgroups of its own at start).
+    let microvm = match &cfg.node.vm_kernel {
+        None => None,
+        Some(k) => Some(start_microvm(&cfg, k).await?),
+    };
     let local = if cfg.register_local_node {
         let mut n = node::local_node_with(gpus.as_ref());
+        let mut tiers = vec![tessera_sandbox::TierKind::Namespace];
+        if microvm.is_some() {
+            tiers.push(tessera_sandbox::TierKind::Microvm);
+        }
+        n.labels.extend(cfg.classes.classes.node_labels(&tiers));
         // Taints the node agent set (a device-view mismatch) stay until it clears them.
         if let Ok(Some(o)) = tessera_store::Store::get(
             plane.store(),
@@ -415,6 +486,7 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
                     }
                 }
             }),
+            microvm: microvm.clone(),
         };
         let node = tokio::task::spawn_blocking(move || tessera_node::NodeRuntime::new(ncfg))
             .await
@@ -443,6 +515,7 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
             node,
             logs,
             templates: plane.templates().cloned(),
+            classes: std::sync::Arc::new(cfg.classes.clone()),
             mig: std::sync::Arc::new(tessera_node::mig::Actuator::new(mig_backend, journal)),
             heartbeat: cfg.node.heartbeat,
             data_dir: data,
@@ -503,6 +576,7 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
         &cfg.sandboxes,
         &stop_rx,
         vec![(local.name.clone(), sandbox_cap)],
+        microvm.clone(),
     )
     .await?;
     tasks.extend(t);

@@ -210,6 +210,7 @@ pub struct ControlPlane {
     oidc: Option<std::sync::Arc<crate::oidc::OidcConfig>>,
     guard: std::sync::Arc<tessera_sandbox::PolicyGuard>,
     templates: Option<tessera_sandbox::TemplateRegistry>,
+    classes: std::sync::Arc<crate::classes::ClassPolicy>,
 }
 
 impl ControlPlane {
@@ -221,7 +222,18 @@ impl ControlPlane {
             oidc: None,
             guard: Default::default(),
             templates: None,
+            classes: Default::default(),
         }
+    }
+
+    /// The runtime classes and the tenants' minimum classes.
+    pub fn with_classes(mut self, classes: crate::classes::ClassPolicy) -> Self {
+        self.classes = std::sync::Arc::new(classes);
+        self
+    }
+
+    pub fn classes(&self) -> &crate::classes::ClassPolicy {
+        &self.classes
     }
 
     /// The template registry (`None`: only the built-in `host` template).
@@ -1032,10 +1044,21 @@ impl ControlPlane {
     /// Submits a job; the scheduler loop picks it up.
     pub async fn submit_job(&self, c: &Caller, spec: JobSpec) -> Result<Value, ApiError> {
         c.require(Role::Developer)?;
-        let spec = spec
+        let mut spec = spec
             .normalize()
             .map_err(|(field, m)| ApiError::invalid(field, m))?;
         Self::check_job(&spec)?;
+        // Each task's class as decided now (the tenant's minimum where it names
+        // none) is what is stored: the scheduler and the node read it back.
+        for (i, t) in spec.tasks.iter_mut().enumerate() {
+            let d = self.classes.decide(
+                &c.tenant,
+                &format!("tasks[{i}].runtime_class"),
+                t.runtime_class.as_deref(),
+                t.gpu != tessera_model::GpuRequest::None,
+            )?;
+            t.runtime_class = Some(d.class);
+        }
         // A template is a registered name (or `host`), never a host path.
         for (i, t) in spec.tasks.iter().enumerate() {
             if let Some(tpl) = &t.template {

@@ -29,8 +29,8 @@ use futures_util::stream;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tessera_sandbox::{
-    EgressPolicy, ExecError, ExecOutput, ExecRequest, ExitStatus, FileError, InitProgram, Network,
-    PoolConfig, Runtime, RuntimeConfig, Sandbox, SandboxSpec, TarLimits, WarmPool,
+    EgressPolicy, ExecError, ExecOutput, ExecRequest, ExitStatus, FileError, InitProgram, Isolated,
+    Network, PoolConfig, Runtime, RuntimeConfig, SandboxSpec, TarLimits, TierKind, WarmPool,
 };
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -83,7 +83,9 @@ struct Entry {
     id: String,
     tenant: String,
     template: String,
-    sandbox: Arc<Sandbox>,
+    /// Its runtime class, as decided at create, and the class's tier.
+    class: String,
+    sandbox: Arc<dyn Isolated>,
     started: SystemTime,
     /// When the sandbox is killed unless its timeout is changed.
     end_at: Mutex<(Instant, SystemTime)>,
@@ -110,6 +112,8 @@ struct Inner {
     all: Mutex<HashMap<String, Arc<Entry>>>,
     /// The agent scheduler's nodes for sandboxes.
     placer: Arc<crate::placement::Placer>,
+    /// The micro-VM tier, where this server runs one (`tessera up --vm-kernel`).
+    microvm: Option<Arc<tessera_sandbox::vm::MicroVmTier>>,
 }
 
 /// What the handlers of this module share.
@@ -135,6 +139,7 @@ impl SandboxesState {
         cfg: &SandboxesConfig,
         stop: &watch::Receiver<bool>,
         nodes: Vec<(String, tessera_sched::agent::Demand)>,
+        microvm: Option<Arc<tessera_sandbox::vm::MicroVmTier>>,
     ) -> Result<(Self, Vec<JoinHandle<()>>), StartError> {
         if !cfg.enabled {
             return Ok((Self::default(), Vec::new()));
@@ -183,6 +188,7 @@ impl SandboxesState {
             },
             all: Mutex::new(HashMap::new()),
             placer: Arc::new(crate::placement::Placer::new(nodes)),
+            microvm,
         });
         let task = tokio::spawn(reap_expired(inner.clone(), stop.clone()));
         Ok((Self { inner: Some(inner) }, vec![task]))
@@ -264,12 +270,12 @@ async fn file_op<T: Send + 'static>(
     c: &Caller,
     id: &str,
     path: &str,
-    op: impl FnOnce(&Sandbox, &str) -> Result<T, FileError> + Send + 'static,
+    op: impl FnOnce(&dyn Isolated, &str) -> Result<T, FileError> + Send + 'static,
 ) -> Result<T, ApiError> {
     c.require(Role::Developer)?;
     let e = enabled(a)?.get(c, id)?;
     let p = path.to_string();
-    blocking(move || op(&e.sandbox, &p))
+    blocking(move || op(&*e.sandbox, &p))
         .await?
         .map_err(|err| file_error(id, path, err))
 }
@@ -286,7 +292,9 @@ fn info(e: &Entry) -> Value {
     json!({
         "sandbox_id": e.id,
         "template": e.template,
-        "state": if e.sandbox.is_paused() { "paused" } else { "running" },
+        "runtime_class": e.class,
+        "tier": e.sandbox.kind(),
+        "state": if e.sandbox.is_frozen() { "paused" } else { "running" },
         "started_at": unix(e.started),
         "end_at": unix(end),
         "metadata": e.metadata,
@@ -332,6 +340,10 @@ pub struct NewSandbox {
     /// Egress through the sandbox's proxy to these domains (and subdomains) only.
     #[serde(default)]
     pub allow_domains: Vec<String>,
+    /// `standard` (namespaces), `isolated` (a micro-VM: its own kernel), or a class
+    /// the operator added; none: the tenant's minimum class, else `standard`.
+    #[serde(default)]
+    pub runtime_class: Option<String>,
 }
 
 /// `POST /v1/sandboxes/{id}/timeout`.
@@ -532,6 +544,21 @@ async fn create(
         ));
     }
     let (spec, template) = spec_for(&inner, &b)?;
+    let decided = a.plane.classes().decide(
+        &c.tenant,
+        "runtime_class",
+        b.runtime_class.as_deref(),
+        false,
+    )?;
+    if decided.tier == TierKind::Microvm && inner.microvm.is_none() {
+        return Err(ApiError::new(
+            Code::Conflict,
+            format!(
+                "runtime class `{}` runs in a micro-VM, and this server has no micro-VM tier: start it with --vm-kernel DIR (see docs/sandbox.md)",
+                decided.class
+            ),
+        ));
+    }
     let held = inner
         .lock()
         .values()
@@ -556,9 +583,23 @@ async fn create(
         .map_err(|why| ApiError::new(Code::QuotaExceeded, why))?;
     let i2 = inner.clone();
     let tenant = c.tenant.clone();
-    let spawned = blocking(move || match &i2.pool {
-        Some(p) if spec == i2.base => p.claim(),
-        _ => i2.rt.spawn(&spec),
+    let tier = decided.tier;
+    let spawned = blocking(move || -> Result<Box<dyn Isolated>, String> {
+        match (tier, &i2.pool, &i2.microvm) {
+            (TierKind::Microvm, _, Some(vm)) => vm
+                .spawn_vm(&spec)
+                .map(|v| Box::new(v) as Box<dyn Isolated>)
+                .map_err(|e| e.to_string()),
+            (_, Some(p), _) if spec == i2.base => p
+                .claim()
+                .map(|s| Box::new(s) as Box<dyn Isolated>)
+                .map_err(|e| e.to_string()),
+            _ => i2
+                .rt
+                .spawn(&spec)
+                .map(|s| Box::new(s) as Box<dyn Isolated>)
+                .map_err(|e| e.to_string()),
+        }
     })
     .await;
     let mut sb = match spawned {
@@ -579,7 +620,8 @@ async fn create(
         id: new_id(),
         tenant,
         template,
-        sandbox: Arc::new(sb),
+        class: decided.class,
+        sandbox: Arc::from(sb),
         started: now,
         end_at: Mutex::new((Instant::now() + t, now + t)),
         metadata: b.metadata,
@@ -663,17 +705,19 @@ async fn pause_or_resume(
     let e2 = e.clone();
     blocking(move || {
         if pause {
-            e2.sandbox.pause()
+            e2.sandbox.freeze()
         } else {
-            e2.sandbox.resume()
+            e2.sandbox.thaw()
         }
     })
     .await?
     .map_err(|err| match err {
-        tessera_sandbox::CgroupError::NoController(_) => ApiError::new(
-            Code::Conflict,
-            "pause needs the cgroup freezer, which this server does not have (run it as root)",
-        ),
+        tessera_sandbox::LifecycleError::Cgroup(tessera_sandbox::CgroupError::NoController(_)) => {
+            ApiError::new(
+                Code::Conflict,
+                "pause needs the cgroup freezer, which this server does not have (run it as root)",
+            )
+        }
         other => ApiError::internal(format!("sandbox {id:?}: {other}")),
     })?;
     Ok(Json(info(&e)))
@@ -766,7 +810,7 @@ async fn run_command(
         let send = |ev: Event| {
             let _ = tx.send(ev);
         };
-        let r = e.sandbox.exec_streaming(&req, |stream, data| {
+        let r = e.sandbox.exec_streaming(&req, &mut |stream, data| {
             let name = match stream {
                 tessera_sandbox::Stream::Stdout => "stdout",
                 tessera_sandbox::Stream::Stderr => "stderr",
@@ -948,7 +992,8 @@ pub fn schemas() -> Vec<(&'static str, Value)> {
                 "metadata": map, "env_vars": map,
                 "memory_mb": {"type": "integer"}, "cpus": {"type": "number"},
                 "pids": {"type": "integer"}, "disk_mb": {"type": "integer"},
-                "allow_domains": {"type": "array", "items": {"type": "string"}}}}),
+                "allow_domains": {"type": "array", "items": {"type": "string"}},
+                "runtime_class": {"type": "string", "description": "standard (namespaces), isolated (a micro-VM) or a class the operator added; none: the tenant's minimum class"}}}),
         ),
         (
             "SandboxTimeout",

@@ -284,6 +284,9 @@ fn group(tenant: &str, name: &str, job: &JobBody) -> PodGroup {
     for t in &spec.tasks {
         let mut task = Task::new(t.name.clone(), t.resources.clone()).with_gpu(t.gpu.clone());
         task.node_selector = t.node_selector.clone();
+        if let Some((k, v)) = crate::classes::selector(t.runtime_class.as_deref()) {
+            task.node_selector.insert(k, v);
+        }
         task.tolerations = t.tolerations.clone();
         task.priority = t.priority;
         task.topology = t.topology;

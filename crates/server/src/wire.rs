@@ -256,6 +256,11 @@ pub struct TaskSpec {
     /// memory limit and CPU quota; each unset one is the request.
     #[serde(default, skip_serializing_if = "is_default")]
     pub limits: tessera_node::TaskLimits,
+    /// The isolation level (`standard`: namespaces; `isolated`: a micro-VM; or a class
+    /// the operator added). None: the tenant's minimum class, else `standard`. The
+    /// task runs only on nodes that run its class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_class: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]

@@ -191,6 +191,10 @@ struct RawNode {
     /// Network tier domains above the node, bottom up (`[rack-0, spine-0]`).
     #[serde(default)]
     network: Vec<String>,
+    /// Runtime classes the node runs (`[standard, isolated]`): one
+    /// `runtime-class.tessera.io/NAME` label each, as a Tessera node advertises them.
+    #[serde(default)]
+    runtime_classes: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -271,6 +275,10 @@ struct RawTask {
     extended: BTreeMap<String, Qty>,
     #[serde(default)]
     node_selector: BTreeMap<String, String>,
+    /// The runtime class the task needs (`isolated`): it runs only on nodes that list
+    /// it under `runtime_classes`.
+    #[serde(default)]
+    runtime_class: Option<String>,
     #[serde(default)]
     tolerations: Vec<Toleration>,
     #[serde(default)]
@@ -282,6 +290,22 @@ struct RawTask {
     /// task gives one GPU. Default: what a fresh selection picks.
     #[serde(default)]
     running_gpus: Vec<Vec<u32>>,
+}
+
+/// A runtime class name: 1 to 63 of a-z, 0-9 and '-', starting with a letter (as
+/// `tessera-sandbox`'s class table takes them).
+pub(crate) fn check_class(c: &str) -> Result<(), String> {
+    let ok = (1..=63).contains(&c.len())
+        && c.starts_with(|ch: char| ch.is_ascii_lowercase())
+        && c.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "runtime class {c:?} is not valid: 1 to 63 of a-z, 0-9 and '-', starting with a letter"
+        ))
+    }
 }
 
 /// One string or a list of them.
@@ -577,6 +601,10 @@ impl Builder<'_> {
             alloc.gpu_milli = count * 1000;
             alloc.gpu_memory = count * per_mem;
             let mut labels = n.labels.clone();
+            for (ci, c) in n.runtime_classes.iter().enumerate() {
+                check_class(c).map_err(|m| self.err(format!("{path}.runtime_classes[{ci}]"), m))?;
+                labels.insert(tessera_model::runtime_class_label(c), "true".into());
+            }
             if count > 0 {
                 labels
                     .entry("nvidia.com/gpu.product".into())

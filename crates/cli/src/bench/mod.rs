@@ -12,6 +12,7 @@ pub mod k8s;
 pub mod node;
 pub mod sandbox;
 pub mod sched;
+pub mod tiers;
 pub mod tools;
 
 use clap::Subcommand;

@@ -24,6 +24,18 @@ pub struct Args {
     /// Print one JSON document instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// `namespace` (the default: the measurements above) or `microvm`: both tiers
+    /// side by side through the tier trait (boot, boot to first command, exec, snapshot,
+    /// restore, idle memory) and a bare QEMU boot of the same kernel, `--vm-count`
+    /// sandboxes each.
+    #[arg(long, value_name = "TIER", default_value = "namespace")]
+    pub tier: tessera_sandbox::TierKind,
+    /// With --tier microvm: the kernel template (`tessera template build --kernel`).
+    #[arg(long, value_name = "DIR", env = "TESSERA_VM_KERNEL_TEMPLATE")]
+    pub vm_kernel: Option<std::path::PathBuf>,
+    /// With --tier microvm: sandboxes (and bare boots) per tier.
+    #[arg(long, value_name = "N", default_value_t = 5)]
+    pub vm_count: usize,
 }
 
 #[derive(Debug, Serialize)]
@@ -61,6 +73,25 @@ pub fn run(a: Args) -> i32 {
             EXIT_BAD_INPUT,
             "--count and --concurrency must be at least 1",
         );
+    }
+    if a.tier == tessera_sandbox::TierKind::Microvm {
+        let Some(k) = &a.vm_kernel else {
+            return fail(
+                EXIT_BAD_INPUT,
+                "--tier microvm needs a kernel template: give --vm-kernel DIR (or set TESSERA_VM_KERNEL_TEMPLATE)",
+            );
+        };
+        if a.vm_count == 0 {
+            return fail(EXIT_BAD_INPUT, "--vm-count must be at least 1");
+        }
+        return match super::tiers::bench(k, a.vm_count) {
+            Ok(r) if a.json => print_json(&r),
+            Ok(r) => {
+                super::tiers::print_table(&r);
+                0
+            }
+            Err(e) => fail(EXIT_FAILURE, e),
+        };
     }
     match bench(&a) {
         Ok(r) => {

@@ -106,6 +106,42 @@ pub struct UpArgs {
     /// program, else /usr/lib/tessera/.
     #[arg(long, value_name = "FILE")]
     pub cuda_interposer: Option<PathBuf>,
+    /// A micro-VM kernel template (`tessera template build --kernel`): the local node
+    /// then runs the micro-VM tier too (QEMU `microvm`; KVM where it can run guests,
+    /// else TCG) and advertises the classes that map to it (`isolated`), so job tasks
+    /// and sandboxes of those classes run here in a VM with its own kernel. Without it
+    /// such work stays pending, with the class in its reason.
+    #[arg(long, value_name = "DIR", env = "TESSERA_VM_KERNEL_TEMPLATE")]
+    pub vm_kernel: Option<PathBuf>,
+    /// Adds or remaps a runtime class: `NAME=TIER` (`namespace` or `microvm`), beside
+    /// `standard=namespace` and `isolated=microvm`. Repeatable.
+    #[arg(long = "runtime-class", value_name = "NAME=TIER")]
+    pub runtime_classes: Vec<String>,
+    /// The weakest runtime class a tenant's workloads may have: `TENANT=CLASS` (`*`
+    /// for every tenant without its own). A task or sandbox naming no class gets it;
+    /// one naming a weaker class is refused. Repeatable.
+    #[arg(long = "min-runtime-class", value_name = "TENANT=CLASS")]
+    pub min_runtime_class: Vec<String>,
+}
+
+/// The class table of `--runtime-class` and `--min-runtime-class`.
+fn class_policy(a: &UpArgs) -> Result<tessera_server::classes::ClassPolicy, String> {
+    let mut p = tessera_server::classes::ClassPolicy::default();
+    for s in &a.runtime_classes {
+        let (name, tier) = tessera_server::classes::parse_pair("--runtime-class", s)?;
+        let tier: tessera_sandbox::TierKind = tier
+            .parse()
+            .map_err(|e| format!("--runtime-class {s:?}: {e}"))?;
+        p.classes
+            .insert(&name, tier)
+            .map_err(|e| format!("--runtime-class {s:?}: {e}"))?;
+    }
+    for s in &a.min_runtime_class {
+        let (tenant, class) = tessera_server::classes::parse_pair("--min-runtime-class", s)?;
+        p.min_class.insert(tenant, class);
+    }
+    p.check()?;
+    Ok(p)
 }
 
 /// The default data folder.
@@ -266,9 +302,14 @@ async fn serve(a: UpArgs, listen: SocketAddr) -> i32 {
             }
         })
         .unwrap_or_else(|| "none found".into());
+    let classes = match class_policy(&a) {
+        Ok(p) => p,
+        Err(e) => return fail(EXIT_BAD_INPUT, e),
+    };
     let cfg = ServerConfig {
         listen,
         body_limit: a.body_limit,
+        classes,
         register_local_node: !a.no_local_node,
         executor_logs: Some(data.join("logs")),
         templates: Some(
@@ -304,6 +345,7 @@ async fn serve(a: UpArgs, listen: SocketAddr) -> i32 {
                 EMBEDDED_INTERPOSER,
                 &data.join("gpushare"),
             ),
+            vm_kernel: a.vm_kernel.clone(),
             ..Default::default()
         },
         ..ServerConfig::default()

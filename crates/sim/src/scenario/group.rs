@@ -237,6 +237,11 @@ impl Builder<'_> {
                     ));
                 }
             }
+            let mut node_selector = t.node_selector.clone();
+            if let Some(c) = &t.runtime_class {
+                super::check_class(c).map_err(|m| self.err(format!("{tp}.runtime_class"), m))?;
+                node_selector.insert(tessera_model::runtime_class_label(c), "true".into());
+            }
             for (k, name) in names.into_iter().enumerate() {
                 origin.push((ti, k));
                 if !seen.insert(name.clone()) {
@@ -249,7 +254,7 @@ impl Builder<'_> {
                     name,
                     resources: res.clone(),
                     gpu: gpu.clone(),
-                    node_selector: t.node_selector.clone(),
+                    node_selector: node_selector.clone(),
                     tolerations: t.tolerations.clone(),
                     priority: t.priority,
                     node: t.running_on.get(k).cloned(),

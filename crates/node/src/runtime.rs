@@ -284,6 +284,10 @@ struct StopReq {
     forced: bool,
 }
 
+/// The guest kernel's initial hard limit of open files (`INR_OPEN_MAX`), which a
+/// micro-VM task's limit may not pass.
+const GUEST_NOFILE: u64 = 4096;
+
 /// A task's sandbox, of its tier.
 enum Held {
     Namespace(Arc<Sandbox>),
@@ -744,6 +748,10 @@ impl NodeRuntime {
                         "a micro-VM task cannot have GPUs: vfio pass-through is not built".into(),
                     ));
                 }
+                // The guest's agent runs under the guest kernel's initial hard limit of
+                // open files (4096), not this host process's.
+                let mut sbspec = sbspec;
+                sbspec.rlimits.nofile = sbspec.rlimits.nofile.min(GUEST_NOFILE);
                 let mut vm = tier
                     .spawn_vm(&sbspec)
                     .map_err(|e| StartError::Sandbox(e.to_string()))?;

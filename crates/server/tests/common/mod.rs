@@ -266,8 +266,20 @@ impl Client {
 
     /// Polls `GET path` until `pred` holds (at most ~10 s); returns the last reply.
     pub async fn wait_for(&self, path: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        self.wait_for_within(path, Duration::from_secs(10), pred)
+            .await
+    }
+
+    /// Like [`Client::wait_for`], for at most `limit` (work that boots a micro-VM).
+    pub async fn wait_for_within(
+        &self,
+        path: &str,
+        limit: Duration,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Value {
         let mut v = Value::Null;
-        for _ in 0..400 {
+        let polls = (limit.as_millis() / 25).max(1);
+        for _ in 0..polls {
             (_, v) = self.get(path).await;
             if pred(&v) {
                 return v;

@@ -291,14 +291,14 @@ const GUEST_NOFILE: u64 = 4096;
 /// A task's sandbox, of its tier.
 enum Held {
     Namespace(Arc<Sandbox>),
-    Microvm(tessera_sandbox::vm::VmSandbox),
+    Microvm(Box<tessera_sandbox::vm::VmSandbox>),
 }
 
 impl Held {
     fn isolated(&self) -> &dyn Isolated {
         match self {
             Held::Namespace(s) => &**s,
-            Held::Microvm(v) => v,
+            Held::Microvm(v) => &**v,
         }
     }
     fn cgroup(&self) -> Option<&dyn SandboxCgroup> {
@@ -756,7 +756,7 @@ impl NodeRuntime {
                     .spawn_vm(&sbspec)
                     .map_err(|e| StartError::Sandbox(e.to_string()))?;
                 Isolated::set_tenant(&mut vm, Some(w.key.tenant.clone()));
-                Held::Microvm(vm)
+                Held::Microvm(Box::new(vm))
             }
         };
         let pidns = sb.pid_namespace();

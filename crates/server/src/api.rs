@@ -205,10 +205,15 @@ async fn delete_binding(State(a): State<App>, c: Caller, Path(s): Path<String>) 
     ok(a.plane.delete_binding(&c, &s).await?)
 }
 async fn list_nodes(State(a): State<App>, c: Caller) -> R {
-    items(a.plane.list_nodes(&c).await?)
+    items(
+        a.cluster
+            .with_gpu_use(a.plane.list_nodes(&c).await?)
+            .await?,
+    )
 }
 async fn get_node(State(a): State<App>, c: Caller, Path(n): Path<String>) -> R {
-    ok(a.plane.get_node(&c, &n).await?)
+    let v = a.plane.get_node(&c, &n).await?;
+    ok(a.cluster.with_gpu_use(vec![v]).await?.remove(0))
 }
 async fn put_node(
     State(a): State<App>,

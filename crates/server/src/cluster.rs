@@ -373,6 +373,32 @@ impl ClusterState {
         })
     }
 
+    /// Adds `gpu_use` to each node object of the node API: its GPUs (`total`), those
+    /// free as whole GPUs (`free`: nothing uses them, no reservation holds them, MIG
+    /// off) and the milli-GPUs allocated on it (`allocated_milli`), from this view. A
+    /// node the view does not know yet gets none.
+    pub async fn with_gpu_use(&self, mut nodes: Vec<Value>) -> Result<Vec<Value>, ApiError> {
+        let snap = self.snapshot().await?;
+        let by: std::collections::BTreeMap<&str, &NodeView> =
+            snap.nodes.iter().map(|n| (n.name.as_str(), &**n)).collect();
+        for n in &mut nodes {
+            let Some(v) = n["name"].as_str().and_then(|name| by.get(name)) else {
+                continue;
+            };
+            let allocated: u64 = v
+                .gpus
+                .iter()
+                .flat_map(|g| g.uses.iter().map(|(_, m)| u64::from(*m)))
+                .sum();
+            n["gpu_use"] = json!({
+                "total": v.gpus.len(),
+                "free": v.gpus.iter().filter(|g| g.is_free()).count(),
+                "allocated_milli": allocated,
+            });
+        }
+        Ok(nodes)
+    }
+
     /// Subscribes to updates after `after` (of this view `instance`): what changed
     /// since then first, then the live stream. A sequence number this view cannot
     /// resume from (another instance's, or from before a reload) starts with a reset.

@@ -71,3 +71,42 @@ async fn tasks_on_simulated_nodes_run_in_simulated_time() {
     assert_eq!((st, code(&v)), (StatusCode::BAD_REQUEST, "invalid_request"));
     assert_eq!(v["field"], "tasks[0].duration");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_node_list_says_how_many_gpus_are_free_and_allocated() {
+    let mut n = Node::new("gpu-0", Resources::new(64_000, 1 << 40));
+    n.gpus = (0..4)
+        .map(|i| tessera_model::GpuDevice::new(i, "H100-80GB", 80 << 30))
+        .collect();
+    n.allocatable.gpu_milli = 4000;
+    n.allocatable.gpu_memory = 4 * (80 << 30);
+    n.allocatable.pods = 110;
+    let s = Server::start_with(|c| {
+        c.register_local_node = false;
+        c.scheduler = Some(tessera_server::scheduler::batch_scheduler());
+        c.simulated = Some(Simulated {
+            nodes: vec![n],
+            speedup: 1.0,
+        });
+    })
+    .await;
+    let a = s.tenant("alpha").await;
+    a.post("/v1/queues", json!({"name": "q"})).await;
+    let mut j = job("two", 1);
+    j["tasks"][0]["gpu"] = json!(2);
+    let (st, v) = a.post("/v1/jobs", j).await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    a.wait_for("/v1/jobs/two", |v| v["status"]["phase"] == "running")
+        .await;
+    let v = s
+        .admin
+        .wait_for("/v1/nodes/gpu-0", |v| v["gpu_use"]["free"] == 2)
+        .await;
+    assert_eq!(
+        v["gpu_use"],
+        json!({"total": 4, "free": 2, "allocated_milli": 2000}),
+        "{v}"
+    );
+    let (_, l) = s.admin.get("/v1/nodes").await;
+    assert_eq!(l["items"][0]["gpu_use"]["free"], 2, "{l}");
+}

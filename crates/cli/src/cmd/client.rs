@@ -342,7 +342,7 @@ fn node_table(v: &Value) -> String {
             let a = &n["allocatable"];
             let cpu = a["cpu_milli"].as_u64().unwrap_or(0) as f64 / 1000.0;
             let mem = a["memory"].as_u64().unwrap_or(0) as f64 / (1u64 << 30) as f64;
-            let gpus = n["gpus"].as_array().map_or(0, Vec::len);
+            let gpus = gpu_use(n);
             let state = if n["unschedulable"].as_bool() == Some(true) {
                 "cordoned"
             } else {
@@ -352,12 +352,25 @@ fn node_table(v: &Value) -> String {
                 cell(&n["name"]),
                 format!("{cpu}"),
                 format!("{mem:.1}Gi"),
-                gpus.to_string(),
+                gpus,
                 state.into(),
             ]
         })
         .collect();
     table(&["NAME", "CPU", "MEMORY", "GPUS", "STATE"], rows)
+}
+
+/// A node's GPUs for people: `8 (6 free, 1.5 allocated)` from the server's `gpu_use`,
+/// or the count alone from a server that sends none.
+fn gpu_use(n: &Value) -> String {
+    let total = n["gpus"].as_array().map_or(0, Vec::len);
+    let u = &n["gpu_use"];
+    match (u["free"].as_u64(), u["allocated_milli"].as_u64()) {
+        (Some(free), Some(milli)) if total > 0 => {
+            format!("{total} ({free} free, {} allocated)", milli as f64 / 1000.0)
+        }
+        _ => total.to_string(),
+    }
 }
 
 /// `key: value` lines of a detail view, skipping what is absent.
@@ -494,6 +507,7 @@ fn node_detail(n: &Value) -> String {
         ("labels", labels),
         ("taints", taints),
         ("heartbeat", cell(&n["status"]["heartbeat_ms"])),
+        ("gpus", gpu_use(n)),
     ]);
     let gpus = n["gpus"].as_array().cloned().unwrap_or_default();
     if !gpus.is_empty() {
@@ -866,4 +880,21 @@ pub fn watch(a: WatchArgs) -> i32 {
             Ok(0)
         })
     })())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn node_gpus_show_free_and_allocated_where_the_server_says() {
+        let n = json!({"name": "g", "gpus": [{}, {}, {}, {}],
+                       "gpu_use": {"total": 4, "free": 1, "allocated_milli": 2500}});
+        assert_eq!(gpu_use(&n), "4 (1 free, 2.5 allocated)");
+        assert_eq!(gpu_use(&json!({"gpus": [{}, {}]})), "2");
+        assert_eq!(gpu_use(&json!({"name": "cpu-only"})), "0");
+        let t = node_table(&json!({"items": [n]}));
+        assert!(t.contains("4 (1 free, 2.5 allocated)"), "{t}");
+    }
 }

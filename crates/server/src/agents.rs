@@ -187,6 +187,9 @@ fn parse_spec(v: Value) -> Result<RuntimeSpec, ApiError> {
 /// `POST /v1/runtimes`: a [`RuntimeSpec`] plus its `name`.
 async fn create_runtime(State(a): State<App>, c: Caller, Body(mut b): Body<Value>) -> R {
     c.require(Role::Developer)?;
+    a.plane
+        .classes()
+        .namespace_only(&c.tenant, "agent sessions")?;
     let h = a.agents.host()?;
     let name = match b.as_object_mut().and_then(|m| m.remove("name")) {
         Some(Value::String(n)) => n,
@@ -305,6 +308,9 @@ async fn invoke(
     body: Bytes,
 ) -> R {
     c.require(Role::Developer)?;
+    a.plane
+        .classes()
+        .namespace_only(&c.tenant, "agent sessions")?;
     let sid = q
         .session_id
         .or_else(|| {

@@ -90,6 +90,25 @@ impl ClassPolicy {
         })
     }
 
+    /// For work that runs only in the namespace tier so far (agent sessions): refused
+    /// for a tenant whose minimum class needs a stronger tier, so that no path runs a
+    /// tenant's code weaker than its policy says.
+    pub fn namespace_only(&self, tenant: &str, what: &str) -> Result<(), ApiError> {
+        let Some(m) = self.minimum(tenant) else {
+            return Ok(());
+        };
+        let floor = self.classes.resolve(Some(m)).unwrap_or_default();
+        if floor > TierKind::Namespace {
+            return Err(ApiError::new(
+                crate::problem::Code::Conflict,
+                format!(
+                    "tenant {tenant:?} runs at least runtime class `{m}` ({floor}), and {what} run only in the namespace tier for now: ask the operator to lower the tenant's --min-runtime-class, or use jobs and sandboxes"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// The tier of a class already decided (a stored job's); the default class for
     /// none or an unknown one (a class the operator has since removed runs nowhere
     /// new: the scheduler keeps it off every node, by its selector).
@@ -194,6 +213,21 @@ mod tests {
             .to_string();
         assert!(e.contains("cannot hold GPUs"), "{e}");
         assert!(policy(&[("t", "nope")]).check().is_err());
+    }
+
+    #[test]
+    fn agent_sessions_are_refused_where_the_minimum_is_a_vm() {
+        let p = policy(&[("untrusted", "isolated"), ("plain", "standard")]);
+        let e = p
+            .namespace_only("untrusted", "agent sessions")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("agent sessions") && e.contains("`isolated`"),
+            "{e}"
+        );
+        assert!(p.namespace_only("plain", "agent sessions").is_ok());
+        assert!(p.namespace_only("other", "agent sessions").is_ok());
     }
 
     #[test]

@@ -120,6 +120,18 @@ async fn an_isolated_task_waits_for_a_node_that_runs_its_class() {
             .contains("at least runtime class `isolated`"),
         "{v}"
     );
+    // Agent sessions run only in the namespace tier so far: refused for this tenant
+    // rather than run weaker than its policy.
+    let (st, v) = u
+        .post("/v1/runtimes", json!({"name": "r", "command": ["true"]}))
+        .await;
+    assert_eq!(st, StatusCode::CONFLICT, "{v}");
+    assert!(
+        v["detail"].as_str().unwrap().contains("agent sessions"),
+        "{v}"
+    );
+    let (st, v) = u.post("/v1/runtimes/r/invocations", json!({})).await;
+    assert_eq!(st, StatusCode::CONFLICT, "{v}");
 }
 
 /// The micro-VM tier's kernel template, built once from the extracted kernel package

@@ -158,16 +158,27 @@ fn measure(
     })
 }
 
-/// QEMU booting the kernel alone: no initramfs, no root disk; the kernel panics at
-/// mounting root and, with `panic=-1` and `-no-reboot`, QEMU exits.
+/// QEMU booting the kernel alone, with the machine, CPU and timing options the tier's
+/// own VMs use: no initramfs, no root disk; the kernel panics at mounting root and,
+/// with `panic=-1` and `-no-reboot`, QEMU exits.
 fn bare_boot(qemu: &Path, vmlinuz: &Path, accel: &str) -> Result<f64, String> {
+    let mut append = String::from("console=ttyS0 quiet panic=-1 8250.nr_uarts=1");
+    let accel_args: [&str; 4] = if accel == "kvm" {
+        ["-accel", "kvm", "-cpu", "host"]
+    } else {
+        // As the tier does under TCG: without a calibration source the boot stalls.
+        let khz = tessera_sandbox::vm::qemu::host_tsc_khz();
+        append.push_str(&format!(
+            " tsc_early_khz={khz} lpj={} no_timer_check",
+            khz * 1000 / 250
+        ));
+        ["-accel", "tcg,tb-size=128", "-cpu", "max"]
+    };
     let t = Instant::now();
     let mut child = std::process::Command::new(qemu)
+        .args(["-M", "microvm,x-option-roms=off,isa-serial=on"])
+        .args(accel_args)
         .args([
-            "-M",
-            "microvm,x-option-roms=off",
-            "-accel",
-            accel,
             "-m",
             "256",
             "-nodefaults",
@@ -175,11 +186,12 @@ fn bare_boot(qemu: &Path, vmlinuz: &Path, accel: &str) -> Result<f64, String> {
             "-nographic",
             "-no-reboot",
             "-serial",
-            "none",
+            "null",
             "-kernel",
         ])
         .arg(vmlinuz)
-        .args(["-append", "console=ttyS0 panic=-1 quiet"])
+        .arg("-append")
+        .arg(&append)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())

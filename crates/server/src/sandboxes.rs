@@ -86,7 +86,7 @@ struct Entry {
     id: String,
     tenant: String,
     template: String,
-    /// Its runtime class, as decided at create, and the class's tier.
+    /// Its runtime class, as decided at create (the tier is the sandbox's `kind`).
     class: String,
     sandbox: Arc<dyn Isolated>,
     started: SystemTime,

@@ -94,15 +94,15 @@ impl ClassPolicy {
     /// for a tenant whose minimum class needs a stronger tier, so that no path runs a
     /// tenant's code weaker than its policy says.
     pub fn namespace_only(&self, tenant: &str, what: &str) -> Result<(), ApiError> {
-        let Some(m) = self.minimum(tenant) else {
-            return Ok(());
-        };
-        let floor = self.classes.resolve(Some(m)).unwrap_or_default();
-        if floor > TierKind::Namespace {
+        // What a workload of the tenant naming no class gets: its minimum, else
+        // the default.
+        let d = self.decide(tenant, "runtime_class", None, false)?;
+        if d.tier > TierKind::Namespace {
             return Err(ApiError::new(
                 crate::problem::Code::Conflict,
                 format!(
-                    "tenant {tenant:?} runs at least runtime class `{m}` ({floor}), and {what} run only in the namespace tier for now: ask the operator to lower the tenant's --min-runtime-class, or use jobs and sandboxes"
+                    "tenant {tenant:?} runs at least runtime class `{}` ({}), and {what} run only in the namespace tier for now: ask the operator to lower the tenant's --min-runtime-class, or use jobs and sandboxes",
+                    d.class, d.tier
                 ),
             ));
         }

@@ -159,22 +159,11 @@ fn kernel_template(test: &str) -> Option<std::path::PathBuf> {
             src.display()
         ));
     }
-    if !std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
-        .any(|d| d.join("qemu-system-x86_64").is_file())
-    {
+    if tessera_sandbox::vm::find_qemu().is_none() {
         return skip("qemu-system-x86_64 is not installed".into());
     }
     let cache = std::env::temp_dir().join("tessera-server-vm-tests");
-    std::fs::create_dir_all(&cache).unwrap();
-    let ktpl = cache.join("kernel");
-    if !ktpl.join("kernel.json").exists() {
-        let tmp = cache.join(format!("kernel-tmp-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&tmp);
-        tessera_sandbox::vm::image::build_kernel_template(&src, &tmp).unwrap();
-        let _ = std::fs::remove_dir_all(&ktpl);
-        std::fs::rename(&tmp, &ktpl).unwrap();
-    }
-    Some(ktpl)
+    Some(tessera_sandbox::vm::image::cached_kernel_template(&src, &cache).unwrap())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

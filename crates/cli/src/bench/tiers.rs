@@ -6,12 +6,13 @@
 //! QEMU boot of the same kernel (no initramfs: the kernel starts, finds no root and
 //! powers off) is measured in the same run, and the ratio of a sandbox's boot to it.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use tessera_sandbox::tier::{AnySandbox, NamespaceTier, PauseOptions, Tier, TierKind};
+use tessera_sandbox::vm::qemu::{self, Accel};
 use tessera_sandbox::vm::{MicroVmConfig, MicroVmTier};
 use tessera_sandbox::{ExecRequest, SandboxSpec};
 
@@ -161,23 +162,15 @@ fn measure(
 /// QEMU booting the kernel alone, with the machine, CPU and timing options the tier's
 /// own VMs use: no initramfs, no root disk; the kernel panics at mounting root and,
 /// with `panic=-1` and `-no-reboot`, QEMU exits.
-fn bare_boot(qemu: &Path, vmlinuz: &Path, accel: &str) -> Result<f64, String> {
-    let mut append = String::from("console=ttyS0 quiet panic=-1 8250.nr_uarts=1");
-    let accel_args: [&str; 4] = if accel == "kvm" {
-        ["-accel", "kvm", "-cpu", "host"]
-    } else {
-        // As the tier does under TCG: without a calibration source the boot stalls.
-        let khz = tessera_sandbox::vm::qemu::host_tsc_khz();
-        append.push_str(&format!(
-            " tsc_early_khz={khz} lpj={} no_timer_check",
-            khz * 1000 / 250
-        ));
-        ["-accel", "tcg,tb-size=128", "-cpu", "max"]
-    };
+fn bare_boot(bin: &Path, vmlinuz: &Path, accel: Accel) -> Result<f64, String> {
+    let append = format!(
+        "console=ttyS0 quiet panic=-1 8250.nr_uarts=1{}",
+        qemu::timing_append(accel, qemu::host_tsc_khz())
+    );
     let t = Instant::now();
-    let mut child = std::process::Command::new(qemu)
-        .args(["-M", "microvm,x-option-roms=off,isa-serial=on"])
-        .args(accel_args)
+    let mut child = std::process::Command::new(bin)
+        .args(["-M", qemu::MACHINE])
+        .args(qemu::accel_args(accel))
         .args([
             "-m",
             "256",
@@ -196,7 +189,7 @@ fn bare_boot(qemu: &Path, vmlinuz: &Path, accel: &str) -> Result<f64, String> {
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
-        .map_err(|e| format!("{}: {e}", qemu.display()))?;
+        .map_err(|e| format!("{}: {e}", bin.display()))?;
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         if child.try_wait().map_err(err)?.is_some() {
@@ -209,12 +202,6 @@ fn bare_boot(qemu: &Path, vmlinuz: &Path, accel: &str) -> Result<f64, String> {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-}
-
-fn qemu_binary() -> Option<PathBuf> {
-    std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
-        .map(|d| d.join("qemu-system-x86_64"))
-        .find(|p| p.is_file())
 }
 
 /// Both tiers, `n` sandboxes each, and `n` bare QEMU boots.
@@ -235,18 +222,18 @@ pub fn bench(kernel: &Path, n: usize) -> Result<TierReport, String> {
     let t = Instant::now();
     let vm = MicroVmTier::new(cfg).map_err(|e| format!("the micro-VM tier: {e}"))?;
     let vm_start = ms(t);
-    let accel = vm.accel().as_str().to_string();
-    eprintln!("micro-VM tier ({accel})");
+    let accel = vm.accel();
+    eprintln!("micro-VM tier ({})", accel.as_str());
     let microvm = measure(vm.clone(), vm_start, n, scratch.path())?;
 
-    let qemu = qemu_binary().ok_or("qemu-system-x86_64 is not installed")?;
+    let qemu = tessera_sandbox::vm::find_qemu().ok_or("qemu-system-x86_64 is not installed")?;
     let vmlinuz = tessera_sandbox::vm::image::KernelTemplate::open(kernel)
         .map_err(err)?
         .vmlinuz();
     let mut bare = Vec::with_capacity(n);
     for i in 0..n {
         eprintln!("  bare QEMU boot {}/{n}", i + 1);
-        bare.push(bare_boot(&qemu, &vmlinuz, &accel)?);
+        bare.push(bare_boot(&qemu, &vmlinuz, accel)?);
     }
     let bare = p50(&mut bare);
     Ok(TierReport {

@@ -250,6 +250,22 @@ fn extract_deb(deb: &Path, dest: &Path) -> Result<(), ImageError> {
     Ok(())
 }
 
+/// The kernel template of `src` (as [`build_kernel_template`] takes it) under
+/// `cache/kernel`, built there the first time (into a folder of its own, then moved
+/// into place, so a half-built template is never used): the test suites' shared one.
+pub fn cached_kernel_template(src: &Path, cache: &Path) -> Result<PathBuf, ImageError> {
+    let ktpl = cache.join("kernel");
+    if !ktpl.join("kernel.json").exists() {
+        fs::create_dir_all(cache).map_err(ferr(cache))?;
+        let tmp = cache.join(format!("kernel-tmp-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&tmp);
+        build_kernel_template(src, &tmp)?;
+        let _ = fs::remove_dir_all(&ktpl);
+        fs::rename(&tmp, &ktpl).map_err(ferr(&ktpl))?;
+    }
+    Ok(ktpl)
+}
+
 /// Builds a kernel template into `out` (made; must not exist) from `src`: a kernel
 /// package (`.deb`, extracted with `dpkg-deb -x`) or a folder holding one extracted
 /// (`boot/vmlinuz-*`, `lib/modules/<version>/`).

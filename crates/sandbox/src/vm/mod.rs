@@ -170,6 +170,11 @@ impl std::fmt::Debug for MicroVmTier {
     }
 }
 
+/// `qemu-system-x86_64` on `PATH`, the QEMU the tier runs when none is configured.
+pub fn find_qemu() -> Option<PathBuf> {
+    which("qemu-system-x86_64")
+}
+
 fn which(name: &str) -> Option<PathBuf> {
     std::env::var_os("PATH").and_then(|p| {
         std::env::split_paths(&p)
@@ -222,7 +227,7 @@ impl MicroVmTier {
     pub fn new(cfg: MicroVmConfig) -> Result<Arc<MicroVmTier>, SpawnError> {
         let qemu = match &cfg.qemu {
             Some(q) => q.clone(),
-            None => which("qemu-system-x86_64").ok_or_else(|| {
+            None => find_qemu().ok_or_else(|| {
                 vm_err(
                     "qemu-system-x86_64 is not installed (Debian: apt-get install qemu-system-x86)",
                 )

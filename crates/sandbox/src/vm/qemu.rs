@@ -405,6 +405,30 @@ pub fn version(qemu: &Path) -> Result<String, String> {
         .to_string())
 }
 
+/// The machine every guest of the tier runs on.
+pub const MACHINE: &str = "microvm,x-option-roms=off,isa-serial=on";
+
+/// `-accel …` and `-cpu …` for guests under `accel`.
+pub fn accel_args(accel: Accel) -> [&'static str; 4] {
+    match accel {
+        Accel::Tcg => ["-accel", "tcg,tb-size=128", "-cpu", "max"],
+        Accel::Kvm => ["-accel", "kvm", "-cpu", "host"],
+    }
+}
+
+/// The kernel command line's timing options under `accel` (with a leading space, or
+/// empty): under TCG the TSC rate `tsc_khz` ([`host_tsc_khz`]) and a fixed `lpj`,
+/// since without a calibration source a loaded host stalls the guest's boot.
+pub fn timing_append(accel: Accel, tsc_khz: u64) -> String {
+    match accel {
+        Accel::Kvm => String::new(),
+        Accel::Tcg => format!(
+            " tsc_early_khz={tsc_khz} lpj={} no_timer_check",
+            tsc_khz * 1000 / 250
+        ),
+    }
+}
+
 /// The TSC frequency the guest is told under TCG (QEMU's TCG counts at the host's
 /// rate), in kHz; without it a loaded host fails the guest's PIT calibration and the
 /// kernel stalls at boot.

@@ -53,29 +53,14 @@ impl Machine {
         let mut append = String::from(
             "console=ttyS0 quiet panic=-1 random.trust_cpu=on 8250.nr_uarts=1 TESSERA_GUEST=1",
         );
-        if self.accel == Accel::Tcg {
-            // Without a calibration source a loaded host stalls the guest's boot.
-            let lpj = self.tsc_khz * 1000 / 250;
-            append.push_str(&format!(
-                " tsc_early_khz={} lpj={lpj} no_timer_check",
-                self.tsc_khz
-            ));
-        }
+        append.push_str(&super::qemu::timing_append(self.accel, self.tsc_khz));
         let mut a: Vec<String> = vec![
             "-name".into(),
             "tessera-vm".into(),
             "-M".into(),
-            "microvm,x-option-roms=off,isa-serial=on".into(),
+            super::qemu::MACHINE.into(),
         ];
-        match self.accel {
-            Accel::Tcg => a.extend([
-                "-accel".into(),
-                "tcg,tb-size=128".into(),
-                "-cpu".into(),
-                "max".into(),
-            ]),
-            Accel::Kvm => a.extend(["-accel".into(), "kvm".into(), "-cpu".into(), "host".into()]),
-        }
+        a.extend(super::qemu::accel_args(self.accel).map(String::from));
         a.extend([
             "-m".into(),
             self.memory_mib.to_string(),

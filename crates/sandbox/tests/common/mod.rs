@@ -96,24 +96,14 @@ pub fn vm_tier(test: &str) -> Option<Arc<tessera_sandbox::vm::MicroVmTier>> {
             src.display()
         ));
     }
-    if !std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
-        .any(|d| d.join("qemu-system-x86_64").is_file())
-    {
+    if tessera_sandbox::vm::find_qemu().is_none() {
         return skip(
             "qemu-system-x86_64 is not installed (apt-get install qemu-system-x86)".into(),
         );
     }
     let made = TIER.get_or_init(|| {
         let cache = std::env::temp_dir().join("tessera-vm-tests");
-        std::fs::create_dir_all(&cache).map_err(|e| e.to_string())?;
-        let ktpl = cache.join("kernel");
-        if !ktpl.join("kernel.json").exists() {
-            let tmp = cache.join(format!("kernel-tmp-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&tmp);
-            image::build_kernel_template(&src, &tmp).map_err(|e| e.to_string())?;
-            let _ = std::fs::remove_dir_all(&ktpl);
-            std::fs::rename(&tmp, &ktpl).map_err(|e| e.to_string())?;
-        }
+        let ktpl = image::cached_kernel_template(&src, &cache).map_err(|e| e.to_string())?;
         let mut cfg = MicroVmConfig::new(&ktpl, &cache);
         cfg.init = Some(InitProgram {
             path: env!("CARGO_BIN_EXE_tessera-sandbox-init").into(),

@@ -37,6 +37,7 @@ pub mod spec;
 pub mod tarball;
 pub mod template;
 pub mod tier;
+pub mod trust;
 pub mod vm;
 
 pub use cgroup::{CgroupManager, SandboxCgroup};

@@ -6,12 +6,19 @@
 //! Layout under the registry's folder (0700):
 //! - `sha256/<hex>/`: one template's root, immutable once there;
 //! - `names/<name>.json`: a name's record (its digest, where it came from, when);
+//! - `manifests/<hex>`: the manifest the digest is taken over (what a signature signs);
+//! - `signatures/<hex>/*.sigstore.json`: Sigstore bundles attached to that digest;
 //! - `tmp/`: imports in progress (moved into `sha256/` with one `rename`).
 //!
 //! The digest is SHA-256 over a manifest of the tree in path order: for each entry its
 //! relative path, kind, permission bits and content digest (files) or target (links).
 //! Owners and times are not part of it. The same tree imported twice has one digest,
 //! and is stored once.
+//!
+//! Every way to a template's root goes through [`TemplateRegistry::resolve`] (or
+//! [`resolve_in`]), which takes the workload's [`Subject`] and applies the registry's
+//! trust policy ([`crate::trust`]) when it has one: no caller can name a template
+//! without the policy being asked.
 //!
 //! Importing copies (a folder) or unpacks ([`crate::template::unpack_oci_layout`]) into
 //! `tmp/` first; device nodes, FIFOs and sockets are left out, setuid and setgid bits
@@ -28,6 +35,8 @@ use sha2::{Digest, Sha256};
 
 use crate::spec::Template;
 use crate::template::{OciOptions, TemplateError, check_dir, unpack_oci_layout};
+use crate::trust::{Admitted, Candidate, SigningKey, StoredBundle, Subject, TrustError, TrustPolicy};
+use std::sync::Arc;
 
 /// The built-in template: the host's `/usr` (and `/bin`, `/lib*` links) read-only with
 /// a generated `/etc` ([`Template::Host`]). `base` is accepted as another name for it.
@@ -77,6 +86,10 @@ pub enum RegistryError {
     },
     #[error(transparent)]
     Template(#[from] TemplateError),
+    #[error(transparent)]
+    Untrusted(#[from] TrustError),
+    #[error("template {name}: {why}")]
+    Signature { name: String, why: String },
 }
 
 fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> RegistryError + 'a {
@@ -145,6 +158,7 @@ fn quote(s: &str) -> String {
 #[derive(Debug, Clone)]
 pub struct TemplateRegistry {
     root: PathBuf,
+    policy: Option<Arc<TrustPolicy>>,
 }
 
 fn mkdir_private(p: &Path) -> Result<(), RegistryError> {
@@ -167,10 +181,21 @@ impl TemplateRegistry {
     /// Opens (and makes, 0700) the registry under `root`.
     pub fn open(root: impl Into<PathBuf>) -> Result<Self, RegistryError> {
         let root = root.into();
-        for sub in ["", "sha256", "names", "tmp"] {
+        for sub in ["", "sha256", "names", "tmp", "manifests", "signatures"] {
             mkdir_private(&root.join(sub))?;
         }
-        Ok(TemplateRegistry { root })
+        Ok(TemplateRegistry { root, policy: None })
+    }
+
+    /// The registry with `policy` applied on every [`TemplateRegistry::resolve`].
+    pub fn with_policy(mut self, policy: Option<Arc<TrustPolicy>>) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The trust policy every resolve applies, if any.
+    pub fn policy(&self) -> Option<&TrustPolicy> {
+        self.policy.as_deref()
     }
 
     /// The registry's folder.
@@ -229,7 +254,9 @@ impl TemplateRegistry {
         ));
         let res = (|| {
             fill(&tmp)?;
-            let (digest, files, bytes) = digest_tree(&tmp)?;
+            let (manifest, files, bytes) = manifest_tree(&tmp)?;
+            let digest = digest_of(&manifest);
+            self.write_manifest(&digest, &manifest)?;
             let dest = self.content(&digest);
             if dest.exists() {
                 let _ = fs::remove_dir_all(&tmp);
@@ -255,17 +282,170 @@ impl TemplateRegistry {
 
     fn write_record(&self, rec: &TemplateRecord) -> Result<(), RegistryError> {
         let path = self.name_file(&rec.name);
-        let tmp = path.with_extension(format!("json.{}", nonce()));
         let data = serde_json::to_vec_pretty(rec).expect("a record serializes");
-        let mut f = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(io_err("create", &tmp))?;
-        f.write_all(&data).map_err(io_err("write", &tmp))?;
-        f.sync_all().map_err(io_err("fsync", &tmp))?;
-        fs::rename(&tmp, &path).map_err(io_err("rename", &path))
+        write_atomic(&path, &data)
+    }
+
+    fn hex_of(digest: &str) -> &str {
+        digest.strip_prefix("sha256:").unwrap_or(digest)
+    }
+
+    fn write_manifest(&self, digest: &str, manifest: &[u8]) -> Result<(), RegistryError> {
+        let path = self.root.join("manifests").join(Self::hex_of(digest));
+        if path.exists() {
+            return Ok(());
+        }
+        write_atomic(&path, manifest)
+    }
+
+    /// The manifest `digest` is taken over: what a signature of the template signs
+    /// (`tessera template manifest NAME`). Made again from the stored tree, and checked
+    /// against the digest, for templates imported before manifests were kept.
+    pub fn manifest(&self, digest: &str) -> Result<Vec<u8>, RegistryError> {
+        let path = self.root.join("manifests").join(Self::hex_of(digest));
+        let m = match fs::read(&path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                let (m, _, _) = manifest_tree(&self.content(digest))?;
+                self.write_manifest(digest, &m)?;
+                m
+            }
+            Err(e) => return Err(io_err("read", &path)(e)),
+        };
+        let actual = digest_of(&m);
+        if actual != digest {
+            return Err(RegistryError::DigestMismatch {
+                name: path.display().to_string(),
+                wanted: digest.to_string(),
+                actual,
+            });
+        }
+        Ok(m)
+    }
+
+    /// Attaches a Sigstore bundle (JSON, as `cosign sign-blob --bundle` writes it) to the
+    /// template `reference` names. The bundle must be a message signature over the
+    /// template's manifest: a bundle for any other digest is refused. Returns the record
+    /// and the bundle's file name. Nothing is verified here: the trust policy verifies
+    /// on every resolve, against the keys it names.
+    pub fn attach(
+        &self,
+        reference: &str,
+        bundle_json: &str,
+    ) -> Result<(TemplateRecord, String), RegistryError> {
+        let rec = self.record_of(reference)?;
+        let sig_err = |why: String| RegistryError::Signature {
+            name: rec.name.clone(),
+            why,
+        };
+        let bundle = sigstore_verify::types::Bundle::from_json(bundle_json)
+            .map_err(|e| sig_err(format!("not a Sigstore bundle: {e}")))?;
+        match crate::trust::signed_digest(&bundle) {
+            Some(d) if d == rec.digest => {}
+            Some(d) => {
+                return Err(sig_err(format!(
+                    "the bundle signs {d}, not this template's {}; sign the output of                      `tessera template manifest {}`",
+                    rec.digest, rec.name
+                )));
+            }
+            None => {
+                return Err(sig_err(
+                    "the bundle is not a message signature with a SHA2_256 digest (DSSE                      attestations are not accepted for templates)"
+                        .into(),
+                ));
+            }
+        }
+        let dir = self.root.join("signatures").join(Self::hex_of(&rec.digest));
+        mkdir_private(&dir)?;
+        let id = hex(&Sha256::digest(bundle_json.as_bytes()));
+        let file = format!("{}.sigstore.json", &id[..16]);
+        write_atomic(&dir.join(&file), bundle_json.as_bytes())?;
+        Ok((rec, file))
+    }
+
+    /// Signs the template `reference` names with `key` and attaches the bundle;
+    /// returns the record, the bundle's file name and its JSON.
+    pub fn sign(
+        &self,
+        reference: &str,
+        key: &SigningKey,
+    ) -> Result<(TemplateRecord, String, String), RegistryError> {
+        let rec = self.record_of(reference)?;
+        let manifest = self.manifest(&rec.digest)?;
+        let bundle = key.sign(&manifest).map_err(|e| RegistryError::Signature {
+            name: rec.name.clone(),
+            why: e.to_string(),
+        })?;
+        let json = bundle.to_json_pretty().expect("a bundle serializes");
+        let (rec, file) = self.attach(reference, &json)?;
+        Ok((rec, file, json))
+    }
+
+    /// The bundles attached to `digest`, by file name.
+    pub fn signatures(&self, digest: &str) -> Result<Vec<StoredBundle>, RegistryError> {
+        let dir = self.root.join("signatures").join(Self::hex_of(digest));
+        let mut out = Vec::new();
+        let entries = match fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
+            Err(e) => return Err(io_err("read_dir", &dir)(e)),
+        };
+        for e in entries.flatten() {
+            let file = e.file_name().to_string_lossy().to_string();
+            if !file.ends_with(".sigstore.json") {
+                continue;
+            }
+            let p = e.path();
+            let text = fs::read_to_string(&p).map_err(io_err("read", &p))?;
+            // A bundle that no longer parses is skipped, not fatal: it verifies nothing.
+            if let Ok(bundle) = sigstore_verify::types::Bundle::from_json(&text) {
+                out.push(StoredBundle { file, bundle });
+            }
+        }
+        out.sort_by(|a, b| a.file.cmp(&b.file));
+        Ok(out)
+    }
+
+    /// The record a reference (`NAME` or `NAME@sha256:<hex>`) names.
+    fn record_of(&self, reference: &str) -> Result<TemplateRecord, RegistryError> {
+        let (name, pinned) = parse_reference(reference)?;
+        let rec = self.get(name)?.ok_or_else(|| RegistryError::NotFound {
+            reference: quote(reference),
+        })?;
+        if let Some(want) = pinned
+            && want != rec.digest
+        {
+            return Err(RegistryError::DigestMismatch {
+                name: name.to_string(),
+                wanted: want.to_string(),
+                actual: rec.digest,
+            });
+        }
+        Ok(rec)
+    }
+
+    /// Checks the template `reference` names against `policy` for `who` (what
+    /// `tessera template verify` does with a policy file): the rules that applied and
+    /// the signers that satisfied them.
+    pub fn verify(
+        &self,
+        policy: &TrustPolicy,
+        reference: &str,
+        who: &Subject<'_>,
+    ) -> Result<(TemplateRecord, Admitted), RegistryError> {
+        let rec = self.record_of(reference)?;
+        let manifest = self.manifest(&rec.digest)?;
+        let bundles = self.signatures(&rec.digest)?;
+        let ok = policy.check(
+            &Candidate {
+                name: &rec.name,
+                digest: &rec.digest,
+                manifest: Some(&manifest),
+                bundles: &bundles,
+            },
+            who,
+        )?;
+        Ok((rec, ok))
     }
 
     /// A registered template by name, if any.
@@ -320,40 +500,91 @@ impl TemplateRegistry {
     }
 
     /// Resolves a tenant's reference (`host`/`base`, `NAME` or `NAME@sha256:<hex>`) to
-    /// the sandbox template it names and its digest (`host` for the built-in one).
-    pub fn resolve(&self, reference: &str) -> Result<(Template, String), RegistryError> {
-        resolve_in(Some(self), reference)
+    /// the sandbox template it names and its digest (`host` for the built-in one), after
+    /// the trust policy admitted it for `who`.
+    pub fn resolve(
+        &self,
+        reference: &str,
+        who: &Subject<'_>,
+    ) -> Result<(Template, String), RegistryError> {
+        resolve_in(Some(self), reference, who)
     }
 }
 
-/// [`TemplateRegistry::resolve`] where there may be no registry (only `host` then).
+/// [`TemplateRegistry::resolve`] where there may be no registry (only `host` then, and
+/// no trust policy: a server with a policy always has a registry).
 pub fn resolve_in(
     registry: Option<&TemplateRegistry>,
     reference: &str,
+    who: &Subject<'_>,
 ) -> Result<(Template, String), RegistryError> {
+    let policy = registry.and_then(|r| r.policy());
     if reference == HOST_TEMPLATE || reference == "base" {
+        if let Some(p) = policy
+            && p.applies(HOST_TEMPLATE, who)
+        {
+            p.check(
+                &Candidate {
+                    name: HOST_TEMPLATE,
+                    digest: HOST_TEMPLATE,
+                    manifest: None,
+                    bundles: &[],
+                },
+                who,
+            )?;
+        }
         return Ok((Template::Host, HOST_TEMPLATE.to_string()));
     }
-    let (name, pinned) = parse_reference(reference)?;
     let not_found = || RegistryError::NotFound {
         reference: quote(reference),
     };
+    parse_reference(reference)?;
     let reg = registry.ok_or_else(not_found)?;
-    let rec = reg.get(name)?.ok_or_else(not_found)?;
-    if let Some(want) = pinned
-        && want != rec.digest
-    {
-        return Err(RegistryError::DigestMismatch {
-            name: name.to_string(),
-            wanted: want.to_string(),
-            actual: rec.digest,
-        });
-    }
+    let rec = reg.record_of(reference)?;
     let dir = reg.content(&rec.digest);
     if !dir.is_dir() {
         return Err(not_found());
     }
+    if let Some(p) = policy
+        && p.applies(&rec.name, who)
+    {
+        let manifest = reg.manifest(&rec.digest)?;
+        let bundles = reg.signatures(&rec.digest)?;
+        p.check(
+            &Candidate {
+                name: &rec.name,
+                digest: &rec.digest,
+                manifest: Some(&manifest),
+                bundles: &bundles,
+            },
+            who,
+        )?;
+    }
     Ok((Template::Dir(dir), rec.digest))
+}
+
+/// Writes `data` to `path` through a private temporary file and one `rename`.
+fn write_atomic(path: &Path, data: &[u8]) -> Result<(), RegistryError> {
+    let tmp = path.with_extension(format!("tmp.{}", nonce()));
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(io_err("create", &tmp))?;
+    let res = f
+        .write_all(data)
+        .and_then(|()| f.sync_all())
+        .map_err(io_err("write", &tmp))
+        .and_then(|()| fs::rename(&tmp, path).map_err(io_err("rename", path)));
+    if res.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    res
+}
+
+fn digest_of(manifest: &[u8]) -> String {
+    format!("sha256:{}", hex(&Sha256::digest(manifest)))
 }
 
 pub(crate) fn nonce() -> String {
@@ -418,7 +649,13 @@ fn copy_tree(src: &Path, dest: &Path) -> Result<u64, RegistryError> {
 
 /// The digest of the tree at `dir` (see the module docs), its file count and bytes.
 pub fn digest_tree(dir: &Path) -> Result<(String, u64, u64), RegistryError> {
-    let mut manifest = Sha256::new();
+    let (m, files, bytes) = manifest_tree(dir)?;
+    Ok((digest_of(&m), files, bytes))
+}
+
+/// The manifest of the tree at `dir` (see the module docs), its file count and bytes.
+pub fn manifest_tree(dir: &Path) -> Result<(Vec<u8>, u64, u64), RegistryError> {
+    let mut manifest = Vec::new();
     let (mut files, mut bytes) = (0u64, 0u64);
     let mut entries = Vec::new();
     collect(dir, Path::new(""), &mut entries)?;
@@ -451,13 +688,9 @@ pub fn digest_tree(dir: &Path) -> Result<(String, u64, u64), RegistryError> {
         } else {
             continue;
         };
-        manifest.update(line.as_bytes());
+        manifest.extend_from_slice(line.as_bytes());
     }
-    Ok((
-        format!("sha256:{}", hex(&manifest.finalize())),
-        files,
-        bytes,
-    ))
+    Ok((manifest, files, bytes))
 }
 
 fn collect(root: &Path, rel: &Path, out: &mut Vec<PathBuf>) -> Result<(), RegistryError> {
@@ -487,6 +720,11 @@ fn hex(b: &[u8]) -> String {
 mod tests {
     use super::*;
 
+    const WHO: Subject<'static> = Subject {
+        tenant: "acme",
+        runtime_class: "standard",
+    };
+
     fn tree(dir: &Path) {
         fs::create_dir_all(dir.join("bin")).unwrap();
         fs::write(dir.join("bin/sh"), b"#!fake").unwrap();
@@ -507,7 +745,7 @@ mod tests {
         assert_eq!(a.digest, b.digest, "same tree, same digest");
         assert_eq!(a.files, 2);
         assert_eq!(reg.list().unwrap().len(), 2);
-        let (tpl, d) = reg.resolve("tools").unwrap();
+        let (tpl, d) = reg.resolve("tools", &WHO).unwrap();
         assert_eq!(d, a.digest);
         let Template::Dir(p) = tpl else { panic!() };
         // setuid dropped, link kept as a link.
@@ -520,18 +758,77 @@ mod tests {
                 .is_symlink()
         );
         // Pinned references.
-        assert!(reg.resolve(&format!("tools@{}", a.digest)).is_ok());
+        assert!(reg.resolve(&format!("tools@{}", a.digest), &WHO).is_ok());
         let wrong = format!("tools@sha256:{}", "0".repeat(64));
         assert!(matches!(
-            reg.resolve(&wrong),
+            reg.resolve(&wrong, &WHO),
             Err(RegistryError::DigestMismatch { .. })
         ));
         // A change to the source changes the digest of a new import, not the old one.
         fs::write(src.join("etc/hostname"), b"u\n").unwrap();
         let c = reg.import_dir("tools", &src).unwrap();
         assert_ne!(c.digest, a.digest);
-        assert!(reg.resolve(&format!("tools@{}", a.digest)).is_err());
-        assert!(reg.resolve("tools-copy").is_ok());
+        assert!(reg.resolve(&format!("tools@{}", a.digest), &WHO).is_err());
+        assert!(reg.resolve("tools-copy", &WHO).is_ok());
+    }
+
+    #[test]
+    fn the_policy_is_applied_on_every_resolve() {
+        use crate::trust::{KeyKind, generate_key};
+        let t = tempfile::tempdir().unwrap();
+        let src = t.path().join("src");
+        tree(&src);
+        let (private, public) = generate_key(KeyKind::P256).unwrap();
+        fs::write(t.path().join("release.pub"), &public).unwrap();
+        let policy = TrustPolicy::parse(
+            "trust.yaml",
+            "signers: {release: {key: release.pub}}\n\
+             rules: [{name: signed, runtime_classes: [standard], require_signed: true}]\n",
+            t.path(),
+        )
+        .unwrap();
+        let plain = TemplateRegistry::open(t.path().join("reg")).unwrap();
+        let rec = plain.import_dir("tools", &src).unwrap();
+        // The manifest is what the digest is over.
+        let m = plain.manifest(&rec.digest).unwrap();
+        assert_eq!(digest_of(&m), rec.digest);
+        let reg = plain.clone().with_policy(Some(Arc::new(policy)));
+
+        // Unsigned: refused, naming the template, its digest and the rule.
+        let e = reg.resolve("tools", &WHO).unwrap_err().to_string();
+        assert!(e.contains("\"tools\"") && e.contains(&rec.digest), "{e}");
+        assert!(e.contains("\"signed\"") && e.contains("not signed"), "{e}");
+        // The built-in host template cannot satisfy it either.
+        let e = reg.resolve("host", &WHO).unwrap_err().to_string();
+        assert!(e.contains("cannot be signed"), "{e}");
+        // Another class: the rule does not apply.
+        assert!(reg.resolve("tools", &Subject::new("acme", "gpu")).is_ok());
+        // Without the policy the same registry resolves it.
+        assert!(plain.resolve("tools", &WHO).is_ok());
+
+        // A bundle for another digest is not attached.
+        let key = SigningKey::from_pem(&private).unwrap();
+        let other = key.sign(b"another tree").unwrap().to_json().unwrap();
+        let e = reg.attach("tools", &other).unwrap_err().to_string();
+        assert!(e.contains("not this template's"), "{e}");
+        assert!(reg.attach("tools", "{}").is_err());
+
+        // Signed: admitted.
+        let (_, file, _) = reg.sign("tools", &key).unwrap();
+        assert!(file.ends_with(".sigstore.json"));
+        let (_, d) = reg.resolve("tools", &WHO).unwrap();
+        assert_eq!(d, rec.digest);
+        // Re-pointing the name at a changed tree loses the signature.
+        fs::write(src.join("etc/hostname"), b"changed\n").unwrap();
+        let changed = reg.import_dir("tools", &src).unwrap();
+        let e = reg.resolve("tools", &WHO).unwrap_err();
+        assert!(matches!(e, RegistryError::Untrusted(ref t) if t.digest == changed.digest));
+        // ... while the signed digest, pinned, still names the old content only.
+        assert!(reg.resolve(&format!("tools@{}", rec.digest), &WHO).is_err());
+
+        // A manifest lost (a registry from before manifests were kept) is made again.
+        fs::remove_file(reg.root().join("manifests").join(&changed.digest[7..])).unwrap();
+        assert_eq!(digest_of(&reg.manifest(&changed.digest).unwrap()), changed.digest);
     }
 
     #[test]
@@ -552,19 +849,19 @@ mod tests {
             "x@sha256:abc",
             "x@md5:00",
         ] {
-            match reg.resolve(bad) {
+            match reg.resolve(bad, &WHO) {
                 Err(RegistryError::BadReference { .. }) => {}
                 other => panic!("{bad:?}: {other:?}"),
             }
         }
         assert!(matches!(
-            reg.resolve("missing"),
+            reg.resolve("missing", &WHO),
             Err(RegistryError::NotFound { .. })
         ));
-        let e = reg.resolve("/").unwrap_err().to_string();
+        let e = reg.resolve("/", &WHO).unwrap_err().to_string();
         assert!(e.contains("never a host path"), "{e}");
-        assert_eq!(reg.resolve("host").unwrap().0, Template::Host);
-        assert_eq!(resolve_in(None, "base").unwrap().0, Template::Host);
+        assert_eq!(reg.resolve("host", &WHO).unwrap().0, Template::Host);
+        assert_eq!(resolve_in(None, "base", &WHO).unwrap().0, Template::Host);
     }
 
     #[test]

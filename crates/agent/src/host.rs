@@ -213,14 +213,18 @@ fn owner_host(owner: &str) -> &str {
     owner.split('/').next().unwrap_or_default()
 }
 
-/// The sandbox a runtime's sessions get, and its template's digest. The template is
-/// resolved through the registry: a name, never a host path.
+/// The sandbox `tenant`'s sessions of a runtime get, and its template's digest. The
+/// template is resolved through the registry (a name, never a host path) and admitted
+/// by its trust policy for the tenant in the class agent sessions run in.
 fn sandbox_spec(
+    tenant: &str,
     spec: &RuntimeSpec,
     templates: Option<&tessera_sandbox::TemplateRegistry>,
 ) -> Result<(SandboxSpec, String), AgentError> {
-    let (template, digest) = tessera_sandbox::registry::resolve_in(templates, &spec.template)
-        .map_err(|e| AgentError::invalid("template", e.to_string()))?;
+    let who = tessera_sandbox::trust::Subject::new(tenant, tessera_sandbox::class::DEFAULT_CLASS);
+    let (template, digest) =
+        tessera_sandbox::registry::resolve_in(templates, &spec.template, &who)
+            .map_err(|e| AgentError::invalid("template", e.to_string()))?;
     Ok((
         SandboxSpec {
             template,
@@ -329,7 +333,7 @@ impl Host {
             self.inner.rt.clone().map_err(|e| {
                 AgentError::Unavailable(format!("sandboxes cannot be made here: {e}"))
             })?;
-        let (ss, digest) = sandbox_spec(spec, self.inner.cfg.templates.as_ref())?;
+        let (ss, digest) = sandbox_spec(tenant, spec, self.inner.cfg.templates.as_ref())?;
         let k = pool_key(&ss, &digest);
         let mut pools = self.inner.pools.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(e) = pools.get_mut(&k) {
@@ -370,9 +374,10 @@ impl Host {
         Ok(pool)
     }
 
-    /// Checks that this host can run the runtime: its template is registered here.
-    pub fn check(&self, spec: &RuntimeSpec) -> Result<(), AgentError> {
-        sandbox_spec(spec, self.inner.cfg.templates.as_ref()).map(drop)
+    /// Checks that this host can run `tenant`'s runtime: its template is registered
+    /// here and the trust policy admits it.
+    pub fn check(&self, tenant: &str, spec: &RuntimeSpec) -> Result<(), AgentError> {
+        sandbox_spec(tenant, spec, self.inner.cfg.templates.as_ref()).map(drop)
     }
 
     /// Starts a warm pool for the runtime's template (called when a runtime

@@ -46,7 +46,7 @@ enum Command {
     /// Sandbox templates: build a root file system from an OCI image layout or with
     /// debootstrap.
     #[command(subcommand)]
-    Template(cmd::sandbox::TemplateCommand),
+    Template(cmd::template::TemplateCommand),
     /// Start the control plane on this machine: store, API, scheduler loop.
     Up(cmd::up::UpArgs),
     /// Queues of your tenant (server and key from `tessera login`, or TESSERA_URL
@@ -109,7 +109,7 @@ fn main() {
         Command::Bench(c) => bench::run(c),
         Command::Guard(c) => cmd::guard::run(c),
         Command::Sandbox(c) => cmd::sandbox::run(c),
-        Command::Template(c) => cmd::sandbox::template(c),
+        Command::Template(c) => cmd::template::template(c),
         Command::Up(a) => cmd::up::run(a),
         Command::Queue(c) => cmd::client::queue(c),
         Command::Job(c) => cmd::client::job(c),

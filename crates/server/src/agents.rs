@@ -201,7 +201,7 @@ async fn create_runtime(State(a): State<App>, c: Caller, Body(mut b): Body<Value
         }
     };
     let spec = parse_spec(b)?;
-    h.check(&spec)?;
+    h.check(&c.tenant, &spec)?;
     let v = runtimes::create(
         a.plane.store(),
         &c.tenant,
@@ -231,7 +231,7 @@ async fn update_runtime(
     c.require(Role::Developer)?;
     let h = a.agents.host()?;
     let spec = parse_spec(b)?;
-    h.check(&spec)?;
+    h.check(&c.tenant, &spec)?;
     let v = runtimes::update(
         a.plane.store(),
         &c.tenant,

@@ -644,7 +644,18 @@ impl Executor {
         };
         let template = match spec.template.as_deref() {
             None => TemplateRef::Host,
-            Some(t) => match tessera_sandbox::registry::resolve_in(nr.templates.as_ref(), t) {
+            // The trust policy is asked again at every start (a signature may have
+            // been revoked since the job was admitted).
+            Some(t) => match tessera_sandbox::registry::resolve_in(
+                nr.templates.as_ref(),
+                t,
+                &tessera_sandbox::trust::Subject::new(
+                    &tref.0,
+                    spec.runtime_class
+                        .as_deref()
+                        .unwrap_or(tessera_sandbox::class::DEFAULT_CLASS),
+                ),
+            ) {
                 Ok((tessera_sandbox::Template::Host, _)) => TemplateRef::Host,
                 Ok((tessera_sandbox::Template::Dir(d), _)) => TemplateRef::Dir(d),
                 Err(e) => {

@@ -115,6 +115,9 @@ pub struct ServerConfig {
     /// The template registry's folder (`tessera template import` writes there);
     /// `None`: only the built-in `host` template.
     pub templates: Option<std::path::PathBuf>,
+    /// The trust policy every template is admitted by, at submit and at every start
+    /// (`tessera up --trust-policy FILE`; needs `templates`).
+    pub trust: Option<std::sync::Arc<tessera_sandbox::trust::TrustPolicy>>,
     /// Runtime classes (`standard`, `isolated`, and the operator's) and each tenant's
     /// minimum class.
     pub classes: classes::ClassPolicy,
@@ -209,6 +212,7 @@ impl Default for ServerConfig {
             guard: Default::default(),
             node: Default::default(),
             templates: None,
+            trust: None,
             classes: Default::default(),
         }
     }
@@ -352,12 +356,22 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
         .with_guard(cfg.guard.clone())
         .with_classes(cfg.classes.clone())
         .with_templates(match &cfg.templates {
-            Some(dir) => Some(tessera_sandbox::TemplateRegistry::open(dir).map_err(|e| {
-                StartError::Component {
-                    what: "templates",
-                    message: e.to_string(),
-                }
-            })?),
+            Some(dir) => Some(
+                tessera_sandbox::TemplateRegistry::open(dir)
+                    .map_err(|e| StartError::Component {
+                        what: "templates",
+                        message: e.to_string(),
+                    })?
+                    .with_policy(cfg.trust.clone()),
+            ),
+            // A policy with no registry would have nothing to ask it: refuse.
+            None if cfg.trust.is_some() => {
+                return Err(StartError::Component {
+                    what: "trust policy",
+                    message: "a trust policy needs a template registry (--templates DIR)"
+                        .into(),
+                });
+            }
             None => None,
         });
     let admin_key = plane.bootstrap().await.map_err(StartError::Bootstrap)?;

@@ -249,9 +249,10 @@ impl ControlPlane {
         &self,
         field: &str,
         reference: &str,
+        who: &tessera_sandbox::trust::Subject<'_>,
     ) -> Result<(tessera_sandbox::Template, String), ApiError> {
-        tessera_sandbox::registry::resolve_in(self.templates.as_ref(), reference)
-            .map_err(|e| ApiError::invalid(field, format!("{field}: {e}")))
+        tessera_sandbox::registry::resolve_in(self.templates.as_ref(), reference, who)
+            .map_err(|e| template_error(field, e))
     }
 
     /// The template registry, if this server has one.
@@ -1059,10 +1060,18 @@ impl ControlPlane {
             )?;
             t.runtime_class = Some(d.class);
         }
-        // A template is a registered name (or `host`), never a host path.
-        for (i, t) in spec.tasks.iter().enumerate() {
+        // A template is a registered name (or `host`), never a host path, and one the
+        // trust policy admits for the tenant and the task's class. The name is pinned
+        // here: the digest it names now is what runs, whatever the name names later.
+        for (i, t) in spec.tasks.iter_mut().enumerate() {
             if let Some(tpl) = &t.template {
-                self.resolve_template(&format!("tasks[{i}].template"), tpl)?;
+                let class = t.runtime_class.as_deref().unwrap_or_default();
+                let who = tessera_sandbox::trust::Subject::new(&c.tenant, class);
+                let (_, digest) =
+                    self.resolve_template(&format!("tasks[{i}].template"), tpl, &who)?;
+                if let Ok((name, None)) = tessera_sandbox::registry::parse_reference(tpl) {
+                    t.template = Some(format!("{name}@{digest}"));
+                }
             }
         }
         if self
@@ -1386,6 +1395,13 @@ impl From<Code> for ApiError {
     }
 }
 
+/// A template the registry refused, as the API reports it: 400 naming the field, for
+/// a name that is not registered and for one the trust policy refuses alike (as a
+/// runtime class below the tenant's minimum is).
+pub(crate) fn template_error(field: &str, e: tessera_sandbox::RegistryError) -> ApiError {
+    ApiError::invalid(field, format!("{field}: {e}"))
+}
+
 #[cfg(test)]
 mod queue_caps_tests {
     use super::*;
@@ -1474,3 +1490,4 @@ mod queue_caps_tests {
             .unwrap();
     }
 }
+

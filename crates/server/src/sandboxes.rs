@@ -317,13 +317,18 @@ fn info(e: &Entry) -> Value {
 
 // ------------------------------------------------------------------ handlers
 
-fn spec_for(inner: &Inner, b: &NewSandbox) -> Result<(SandboxSpec, String), ApiError> {
+fn spec_for(
+    inner: &Inner,
+    b: &NewSandbox,
+    who: &tessera_sandbox::trust::Subject<'_>,
+) -> Result<(SandboxSpec, String), ApiError> {
     let mut spec = inner.base.clone();
     let name = b.template.clone().unwrap_or_else(|| "base".into());
-    // A registered template by name (or name@digest), never a host path.
+    // A registered template by name (or name@digest), never a host path, and one the
+    // trust policy admits for this tenant and class.
     let (template, _digest) =
-        tessera_sandbox::registry::resolve_in(inner.templates.as_ref(), &name)
-            .map_err(|e| ApiError::invalid("template", format!("template: {e}")))?;
+        tessera_sandbox::registry::resolve_in(inner.templates.as_ref(), &name, who)
+            .map_err(|e| crate::plane::template_error("template", e))?;
     spec.template = template;
     if let Some(m) = b.memory_mb {
         if m == 0 || m > 1 << 20 {
@@ -388,12 +393,16 @@ async fn create(
             format!("seconds between 1 and {MAX_TIMEOUT_S}"),
         ));
     }
-    let (spec, template) = spec_for(&inner, &b)?;
     let decided = a.plane.classes().decide(
         &c.tenant,
         "runtime_class",
         b.runtime_class.as_deref(),
         false,
+    )?;
+    let (spec, template) = spec_for(
+        &inner,
+        &b,
+        &tessera_sandbox::trust::Subject::new(&c.tenant, &decided.class),
     )?;
     if decided.tier == TierKind::Microvm && inner.microvm.is_none() {
         return Err(ApiError::new(

@@ -12,5 +12,6 @@ pub mod routing;
 pub mod sandbox;
 pub mod sched;
 pub mod sim;
+pub mod template;
 pub mod tool;
 pub mod up;

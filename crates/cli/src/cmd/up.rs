@@ -78,6 +78,12 @@ pub struct UpArgs {
     /// jobs name a template (`NAME` or `NAME@sha256:<hex>`); none may give a host path.
     #[arg(long, value_name = "DIR")]
     pub templates: Option<PathBuf>,
+    /// The trust policy (YAML, docs/trust.md): which templates must be signed, by whom,
+    /// or pinned to digests, per tenant and runtime class. Applied when a job is
+    /// submitted, a sandbox made or an agent session started, and again at every start.
+    /// Default: none (every registered template runs).
+    #[arg(long, value_name = "FILE", env = "TESSERA_TRUST_POLICY")]
+    pub trust_policy: Option<PathBuf>,
     /// With --sandboxes: sandboxes of the base template kept ready (a warm pool).
     #[arg(long, value_name = "N", default_value_t = 2)]
     pub sandbox_warm: usize,
@@ -306,10 +312,21 @@ async fn serve(a: UpArgs, listen: SocketAddr) -> i32 {
         Ok(p) => p,
         Err(e) => return fail(EXIT_BAD_INPUT, e),
     };
+    let trust = match &a.trust_policy {
+        Some(p) => match tessera_sandbox::trust::TrustPolicy::load(p) {
+            Ok(t) => {
+                eprintln!("tessera: trust policy {}", t.file());
+                Some(std::sync::Arc::new(t))
+            }
+            Err(e) => return fail(EXIT_BAD_INPUT, format!("--trust-policy: {e}")),
+        },
+        None => None,
+    };
     let cfg = ServerConfig {
         listen,
         body_limit: a.body_limit,
         classes,
+        trust,
         register_local_node: !a.no_local_node,
         executor_logs: Some(data.join("logs")),
         templates: Some(

@@ -222,9 +222,8 @@ fn sandbox_spec(
     templates: Option<&tessera_sandbox::TemplateRegistry>,
 ) -> Result<(SandboxSpec, String), AgentError> {
     let who = tessera_sandbox::trust::Subject::new(tenant, tessera_sandbox::class::DEFAULT_CLASS);
-    let (template, digest) =
-        tessera_sandbox::registry::resolve_in(templates, &spec.template, &who)
-            .map_err(|e| AgentError::invalid("template", e.to_string()))?;
+    let (template, digest) = tessera_sandbox::registry::resolve_in(templates, &spec.template, &who)
+        .map_err(|e| AgentError::invalid("template", e.to_string()))?;
     Ok((
         SandboxSpec {
             template,

@@ -35,7 +35,9 @@ use sha2::{Digest, Sha256};
 
 use crate::spec::Template;
 use crate::template::{OciOptions, TemplateError, check_dir, unpack_oci_layout};
-use crate::trust::{Admitted, Candidate, SigningKey, StoredBundle, Subject, TrustError, TrustPolicy};
+use crate::trust::{
+    Admitted, Candidate, SigningKey, StoredBundle, Subject, TrustError, TrustPolicy,
+};
 use std::sync::Arc;
 
 /// The built-in template: the host's `/usr` (and `/bin`, `/lib*` links) read-only with
@@ -272,6 +274,7 @@ impl TemplateRegistry {
                 bytes,
             };
             self.write_record(&rec)?;
+            self.remember(&rec)?;
             Ok(rec)
         })();
         if res.is_err() {
@@ -284,6 +287,38 @@ impl TemplateRegistry {
         let path = self.name_file(&rec.name);
         let data = serde_json::to_vec_pretty(rec).expect("a record serializes");
         write_atomic(&path, &data)
+    }
+
+    /// Appends the digest a name now names to the name's history, so that a reference
+    /// pinned to it (`NAME@sha256:…`, as a job's template is pinned when the job is
+    /// admitted) keeps naming that content after the name moves on.
+    fn remember(&self, rec: &TemplateRecord) -> Result<(), RegistryError> {
+        let path = self
+            .root
+            .join("names")
+            .join(format!("{}.digests", rec.name));
+        if self.history(&rec.name).iter().any(|d| d == &rec.digest) {
+            return Ok(());
+        }
+        let mut f = fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(io_err("open", &path))?;
+        f.write_all(format!("{}\n", rec.digest).as_bytes())
+            .and_then(|()| f.sync_all())
+            .map_err(io_err("write", &path))
+    }
+
+    fn history(&self, name: &str) -> Vec<String> {
+        let path = self.root.join("names").join(format!("{name}.digests"));
+        fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| crate::trust::is_digest(l))
+            .map(str::to_string)
+            .collect()
     }
 
     fn hex_of(digest: &str) -> &str {
@@ -415,6 +450,14 @@ impl TemplateRegistry {
         if let Some(want) = pinned
             && want != rec.digest
         {
+            // A digest the name named before, whose content is still here.
+            if self.history(name).iter().any(|d| d == want) && self.content(want).is_dir() {
+                return Ok(TemplateRecord {
+                    digest: want.to_string(),
+                    source: format!("{} (an earlier import of {name})", rec.source),
+                    ..rec
+                });
+            }
             return Err(RegistryError::DigestMismatch {
                 name: name.to_string(),
                 wanted: want.to_string(),
@@ -768,7 +811,15 @@ mod tests {
         fs::write(src.join("etc/hostname"), b"u\n").unwrap();
         let c = reg.import_dir("tools", &src).unwrap();
         assert_ne!(c.digest, a.digest);
-        assert!(reg.resolve(&format!("tools@{}", a.digest), &WHO).is_err());
+        // A reference pinned to the old digest still names the old content.
+        let (_, d) = reg.resolve(&format!("tools@{}", a.digest), &WHO).unwrap();
+        assert_eq!(d, a.digest);
+        // A digest the name never named is refused, even if stored under another name.
+        let other = reg.import_dir("other", &src).unwrap();
+        assert!(
+            reg.resolve(&format!("tools-copy@{}", other.digest), &WHO)
+                .is_err()
+        );
         assert!(reg.resolve("tools-copy", &WHO).is_ok());
     }
 
@@ -823,12 +874,20 @@ mod tests {
         let changed = reg.import_dir("tools", &src).unwrap();
         let e = reg.resolve("tools", &WHO).unwrap_err();
         assert!(matches!(e, RegistryError::Untrusted(ref t) if t.digest == changed.digest));
-        // ... while the signed digest, pinned, still names the old content only.
-        assert!(reg.resolve(&format!("tools@{}", rec.digest), &WHO).is_err());
+        // ... while the signed digest, pinned, still names the signed content.
+        let (Template::Dir(old), d) = reg.resolve(&format!("tools@{}", rec.digest), &WHO).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(d, rec.digest);
+        assert_ne!(fs::read(old.join("etc/hostname")).unwrap(), b"changed\n");
 
         // A manifest lost (a registry from before manifests were kept) is made again.
         fs::remove_file(reg.root().join("manifests").join(&changed.digest[7..])).unwrap();
-        assert_eq!(digest_of(&reg.manifest(&changed.digest).unwrap()), changed.digest);
+        assert_eq!(
+            digest_of(&reg.manifest(&changed.digest).unwrap()),
+            changed.digest
+        );
     }
 
     #[test]

@@ -237,16 +237,17 @@ struct RuleFile {
 /// `sha256:` and 64 lower-case hex digits.
 pub fn is_digest(d: &str) -> bool {
     d.strip_prefix("sha256:").is_some_and(|h| {
-        h.len() == 64 && h.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        h.len() == 64
+            && h.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     })
 }
 
 /// Parses a PEM public key (`-----BEGIN PUBLIC KEY-----`, what `cosign generate-key-pair`,
 /// `openssl pkey -pubout` and `tessera template keygen` write): ECDSA P-256 or Ed25519.
 pub fn parse_public_key(pem_text: &str) -> Result<DerPublicKey, String> {
-    let key = DerPublicKey::from_pem(pem_text.trim()).map_err(|e| {
-        format!("not a PEM public key (-----BEGIN PUBLIC KEY-----): {e}")
-    })?;
+    let key = DerPublicKey::from_pem(pem_text.trim())
+        .map_err(|e| format!("not a PEM public key (-----BEGIN PUBLIC KEY-----): {e}"))?;
     match sigstore_verify::crypto::KeyAlgorithm::from_spki(&key) {
         Ok(
             sigstore_verify::crypto::KeyAlgorithm::EcdsaP256
@@ -327,10 +328,7 @@ impl TrustPolicy {
                 ),
                 (None, None, Some(subject), Some(issuer)) => {
                     if subject.is_empty() || issuer.is_empty() {
-                        return Err(err(
-                            &field,
-                            "subject and issuer must not be empty".into(),
-                        ));
+                        return Err(err(&field, "subject and issuer must not be empty".into()));
                     }
                     SignerKind::Identity {
                         subject: subject.clone(),
@@ -388,8 +386,7 @@ impl TrustPolicy {
                 if list.is_empty() {
                     return Err(err(
                         &format!("{field}.{what}"),
-                        "empty: the rule would apply to nothing; leave it out for all (`*`)"
-                            .into(),
+                        "empty: the rule would apply to nothing; leave it out for all (`*`)".into(),
                     ));
                 }
             }
@@ -528,8 +525,9 @@ impl TrustPolicy {
                     .is_empty();
                 if !has_tlog {
                     if s.require_tlog {
-                        return Err("no transparency-log entry, and this signer requires one"
-                            .into());
+                        return Err(
+                            "no transparency-log entry, and this signer requires one".into()
+                        );
                     }
                     if !has_time {
                         // What `cosign sign-blob --tlog-upload=false` makes and `cosign
@@ -570,7 +568,10 @@ fn verify_offline(artifact: &[u8], b: &Bundle, key: &DerPublicKey) -> Result<(),
     };
     if let Some(md) = &m.message_digest {
         if md.algorithm != HashAlgorithm::Sha2256 {
-            return Err(format!("message digest algorithm {:?}, not SHA2_256", md.algorithm));
+            return Err(format!(
+                "message digest algorithm {:?}, not SHA2_256",
+                md.algorithm
+            ));
         }
         if md.digest.as_bytes() != Sha256::digest(artifact).as_slice() {
             return Err(format!(
@@ -654,7 +655,9 @@ impl SigningKey {
     /// Reads a PKCS#8 PEM private key.
     pub fn from_pem(text: &str) -> Result<SigningKey, SignError> {
         let p = pem::parse(text.trim()).map_err(|e| {
-            SignError(format!("not a PEM key: {e}; give a PKCS#8 `PRIVATE KEY` file"))
+            SignError(format!(
+                "not a PEM key: {e}; give a PKCS#8 `PRIVATE KEY` file"
+            ))
         })?;
         match p.tag() {
             "PRIVATE KEY" => SigningKey::from_pkcs8(p.contents()),
@@ -684,9 +687,7 @@ impl SigningKey {
         }
         aws_lc_rs::signature::Ed25519KeyPair::from_pkcs8_maybe_unchecked(der)
             .map(SigningKey::Ed25519)
-            .map_err(|_| {
-                SignError("a PKCS#8 key that is neither ECDSA P-256 nor Ed25519".into())
-            })
+            .map_err(|_| SignError("a PKCS#8 key that is neither ECDSA P-256 nor Ed25519".into()))
     }
 
     /// The public key, as DER SubjectPublicKeyInfo.

@@ -368,8 +368,7 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
             None if cfg.trust.is_some() => {
                 return Err(StartError::Component {
                     what: "trust policy",
-                    message: "a trust policy needs a template registry (--templates DIR)"
-                        .into(),
+                    message: "a trust policy needs a template registry (--templates DIR)".into(),
                 });
             }
             None => None,

@@ -1490,4 +1490,3 @@ mod queue_caps_tests {
             .unwrap();
     }
 }
-

@@ -358,7 +358,6 @@ pub fn template(c: TemplateCommand) -> i32 {
     }
 }
 
-
 fn write_new(path: &std::path::Path, data: &[u8], mode: u32) -> Result<(), String> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt as _;
@@ -438,7 +437,12 @@ fn attach(a: &AttachArgs) -> i32 {
     };
     match reg.attach(&a.name, &text) {
         Ok((rec, file)) => {
-            println!("attached {} to {}@{} ({file})", a.bundle.display(), rec.name, rec.digest);
+            println!(
+                "attached {} to {}@{} ({file})",
+                a.bundle.display(),
+                rec.name,
+                rec.digest
+            );
             0
         }
         Err(e @ tessera_sandbox::RegistryError::Signature { .. }) => {

@@ -138,7 +138,10 @@ fn pinned_digests_and_scopes() {
         ),
     );
     // Pinned digest: admitted; another digest of the same name: refused.
-    assert_eq!(pol.check(&cand(&d, MANIFEST, &[]), &ALL).unwrap().rules, ["pin"]);
+    assert_eq!(
+        pol.check(&cand(&d, MANIFEST, &[]), &ALL).unwrap().rules,
+        ["pin"]
+    );
     let e = pol.check(&cand(&other, b"other", &[]), &ALL).unwrap_err();
     assert_eq!(e.rule, "pin");
     assert!(e.why.contains(&d), "{e}");
@@ -168,7 +171,10 @@ fn identities_want_certificates_and_keys_want_keys() {
     let b = [stored(p256.sign(MANIFEST).unwrap())];
     let e = pol.check(&cand(&d, MANIFEST, &b), &ALL).unwrap_err();
     assert_eq!(e.rule, "rules[0]");
-    assert!(e.why.contains("signed with a key, not a certificate"), "{e}");
+    assert!(
+        e.why.contains("signed with a key, not a certificate"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -188,18 +194,61 @@ fn a_signer_may_require_a_log_entry() {
 #[test]
 fn bad_policies_name_the_file_and_the_field() {
     let (_, p256_pub) = key(KeyKind::P256);
-    let k = format!("signers:\n  release:\n    public_key: |\n{}", indent(&p256_pub));
+    let k = format!(
+        "signers:\n  release:\n    public_key: |\n{}",
+        indent(&p256_pub)
+    );
     let cases = [
-        ("rules: [{require_signed: true, sigers: [x]}]\n".to_string(), "rules[0].sigers", "unknown field"),
-        (format!("{k}rules: [{{require_signed: true, signers: [relase]}}]\n"), "rules[0].signers[0]", "no signer \"relase\""),
-        (format!("{k}rules: [{{digests: [\"sha256:abc\"]}}]\n"), "rules[0].digests[0]", "64"),
-        (format!("{k}rules: [{{tenants: [acme]}}]\n"), "rules[0]", "asks for nothing"),
-        (format!("{k}rules: [{{require_signed: true, tenants: []}}]\n"), "rules[0].tenants", "empty"),
-        ("rules: [{require_signed: true}]\n".to_string(), "rules[0].require_signed", "no signers"),
-        ("signers: {x: {public_key: nonsense}}\n".to_string(), "signers.x.public_key", "PEM"),
-        ("signers: {x: {subject: a}}\n".to_string(), "signers.x", "either `key`"),
-        ("signers: {x: {key: missing.pub}}\n".to_string(), "signers.x.key", "missing.pub"),
-        ("trusted_root: nowhere.json\n".to_string(), "trusted_root", "nowhere.json"),
+        (
+            "rules: [{require_signed: true, sigers: [x]}]\n".to_string(),
+            "rules[0].sigers",
+            "unknown field",
+        ),
+        (
+            format!("{k}rules: [{{require_signed: true, signers: [relase]}}]\n"),
+            "rules[0].signers[0]",
+            "no signer \"relase\"",
+        ),
+        (
+            format!("{k}rules: [{{digests: [\"sha256:abc\"]}}]\n"),
+            "rules[0].digests[0]",
+            "64",
+        ),
+        (
+            format!("{k}rules: [{{tenants: [acme]}}]\n"),
+            "rules[0]",
+            "asks for nothing",
+        ),
+        (
+            format!("{k}rules: [{{require_signed: true, tenants: []}}]\n"),
+            "rules[0].tenants",
+            "empty",
+        ),
+        (
+            "rules: [{require_signed: true}]\n".to_string(),
+            "rules[0].require_signed",
+            "no signers",
+        ),
+        (
+            "signers: {x: {public_key: nonsense}}\n".to_string(),
+            "signers.x.public_key",
+            "PEM",
+        ),
+        (
+            "signers: {x: {subject: a}}\n".to_string(),
+            "signers.x",
+            "either `key`",
+        ),
+        (
+            "signers: {x: {key: missing.pub}}\n".to_string(),
+            "signers.x.key",
+            "missing.pub",
+        ),
+        (
+            "trusted_root: nowhere.json\n".to_string(),
+            "trusted_root",
+            "nowhere.json",
+        ),
     ];
     for (text, field, needle) in cases {
         let e = TrustPolicy::parse("trust.yaml", &text, Path::new("/nonexistent")).unwrap_err();
@@ -214,15 +263,27 @@ fn bundles_have_cosigns_layout() {
     let (p256, public) = key(KeyKind::P256);
     let b = p256.sign(MANIFEST).unwrap();
     let v: serde_json::Value = serde_json::from_str(&b.to_json().unwrap()).unwrap();
-    assert_eq!(v["mediaType"], "application/vnd.dev.sigstore.bundle.v0.3+json");
-    assert_eq!(v["messageSignature"]["messageDigest"]["algorithm"], "SHA2_256");
-    let hint = v["verificationMaterial"]["publicKey"]["hint"].as_str().unwrap();
+    assert_eq!(
+        v["mediaType"],
+        "application/vnd.dev.sigstore.bundle.v0.3+json"
+    );
+    assert_eq!(
+        v["messageSignature"]["messageDigest"]["algorithm"],
+        "SHA2_256"
+    );
+    let hint = v["verificationMaterial"]["publicKey"]["hint"]
+        .as_str()
+        .unwrap();
     let der = parse_public_key(&public).unwrap();
     let want = base64::engine::general_purpose::STANDARD.encode(Sha256::digest(der.as_bytes()));
     assert_eq!(hint, want);
-    let md = v["messageSignature"]["messageDigest"]["digest"].as_str().unwrap();
+    let md = v["messageSignature"]["messageDigest"]["digest"]
+        .as_str()
+        .unwrap();
     assert_eq!(
-        base64::engine::general_purpose::STANDARD.decode(md).unwrap(),
+        base64::engine::general_purpose::STANDARD
+            .decode(md)
+            .unwrap(),
         Sha256::digest(MANIFEST).to_vec()
     );
 }
@@ -246,12 +307,58 @@ fn a_bundle_signed_by_openssl_verifies() {
     let dir = tempfile::tempdir().unwrap();
     let p = |n: &str| dir.path().join(n).display().to_string();
     std::fs::write(p("manifest"), MANIFEST).unwrap();
-    assert!(openssl(&["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", &p("ec.key")]));
-    assert!(openssl(&["pkey", "-in", &p("ec.key"), "-pubout", "-out", &p("ec.pub")]));
-    assert!(openssl(&["dgst", "-sha256", "-sign", &p("ec.key"), "-out", &p("ec.sig"), &p("manifest")]));
-    assert!(openssl(&["genpkey", "-algorithm", "ed25519", "-out", &p("ed.key")]));
-    assert!(openssl(&["pkey", "-in", &p("ed.key"), "-pubout", "-out", &p("ed.pub")]));
-    assert!(openssl(&["pkeyutl", "-sign", "-rawin", "-inkey", &p("ed.key"), "-in", &p("manifest"), "-out", &p("ed.sig")]));
+    assert!(openssl(&[
+        "genpkey",
+        "-algorithm",
+        "EC",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-out",
+        &p("ec.key")
+    ]));
+    assert!(openssl(&[
+        "pkey",
+        "-in",
+        &p("ec.key"),
+        "-pubout",
+        "-out",
+        &p("ec.pub")
+    ]));
+    assert!(openssl(&[
+        "dgst",
+        "-sha256",
+        "-sign",
+        &p("ec.key"),
+        "-out",
+        &p("ec.sig"),
+        &p("manifest")
+    ]));
+    assert!(openssl(&[
+        "genpkey",
+        "-algorithm",
+        "ed25519",
+        "-out",
+        &p("ed.key")
+    ]));
+    assert!(openssl(&[
+        "pkey",
+        "-in",
+        &p("ed.key"),
+        "-pubout",
+        "-out",
+        &p("ed.pub")
+    ]));
+    assert!(openssl(&[
+        "pkeyutl",
+        "-sign",
+        "-rawin",
+        "-inkey",
+        &p("ed.key"),
+        "-in",
+        &p("manifest"),
+        "-out",
+        &p("ed.sig")
+    ]));
     let std_b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
     let bundle = |sig: &str| {
         let j = serde_json::json!({
@@ -282,5 +389,8 @@ fn a_bundle_signed_by_openssl_verifies() {
     // OpenSSL's private keys sign here too.
     let k = SigningKey::from_pem(&std::fs::read_to_string(p("ed.key")).unwrap()).unwrap();
     let b = [stored(k.sign(MANIFEST).unwrap())];
-    assert_eq!(pol.check(&cand(&d, MANIFEST, &b), &ALL).unwrap().signers, ["edge"]);
+    assert_eq!(
+        pol.check(&cand(&d, MANIFEST, &b), &ALL).unwrap().signers,
+        ["edge"]
+    );
 }

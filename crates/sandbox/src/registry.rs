@@ -89,9 +89,15 @@ pub enum RegistryError {
     #[error(transparent)]
     Template(#[from] TemplateError),
     #[error(transparent)]
-    Untrusted(#[from] TrustError),
+    Untrusted(Box<TrustError>),
     #[error("template {name}: {why}")]
     Signature { name: String, why: String },
+}
+
+impl From<Box<TrustError>> for RegistryError {
+    fn from(e: Box<TrustError>) -> Self {
+        RegistryError::Untrusted(e)
+    }
 }
 
 fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> RegistryError + 'a {

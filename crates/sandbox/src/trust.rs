@@ -437,16 +437,18 @@ impl TrustPolicy {
     }
 
     /// Admits or refuses a template for `who`: every rule that applies must hold.
-    pub fn check(&self, c: &Candidate<'_>, who: &Subject<'_>) -> Result<Admitted, TrustError> {
+    pub fn check(&self, c: &Candidate<'_>, who: &Subject<'_>) -> Result<Admitted, Box<TrustError>> {
         let mut ok = Admitted::default();
         for rule in self.rules.iter().filter(|r| r.applies(c.name, who)) {
-            let refuse = |why: String| TrustError {
-                name: c.name.to_string(),
-                digest: c.digest.to_string(),
-                rule: rule.name.clone(),
-                tenant: who.tenant.to_string(),
-                class: who.runtime_class.to_string(),
-                why,
+            let refuse = |why: String| {
+                Box::new(TrustError {
+                    name: c.name.to_string(),
+                    digest: c.digest.to_string(),
+                    rule: rule.name.clone(),
+                    tenant: who.tenant.to_string(),
+                    class: who.runtime_class.to_string(),
+                    why,
+                })
             };
             if !rule.digests.is_empty() && !rule.digests.iter().any(|d| d == c.digest) {
                 return Err(refuse(format!(

@@ -299,10 +299,7 @@ impl TemplateRegistry {
     /// pinned to it (`NAME@sha256:…`, as a job's template is pinned when the job is
     /// admitted) keeps naming that content after the name moves on.
     fn remember(&self, rec: &TemplateRecord) -> Result<(), RegistryError> {
-        let path = self
-            .root
-            .join("names")
-            .join(format!("{}.digests", rec.name));
+        let path = self.history_file(&rec.name);
         if self.history(&rec.name).iter().any(|d| d == &rec.digest) {
             return Ok(());
         }
@@ -317,9 +314,12 @@ impl TemplateRegistry {
             .map_err(io_err("write", &path))
     }
 
+    fn history_file(&self, name: &str) -> PathBuf {
+        self.root.join("names").join(format!("{name}.digests"))
+    }
+
     fn history(&self, name: &str) -> Vec<String> {
-        let path = self.root.join("names").join(format!("{name}.digests"));
-        fs::read_to_string(path)
+        fs::read_to_string(self.history_file(name))
             .unwrap_or_default()
             .lines()
             .filter(|l| crate::trust::is_digest(l))
@@ -374,7 +374,7 @@ impl TemplateRegistry {
         reference: &str,
         bundle_json: &str,
     ) -> Result<(TemplateRecord, String), RegistryError> {
-        let rec = self.record_of(reference)?;
+        let rec = self.record(reference)?;
         let sig_err = |why: String| RegistryError::Signature {
             name: rec.name.clone(),
             why,
@@ -411,7 +411,7 @@ impl TemplateRegistry {
         reference: &str,
         key: &SigningKey,
     ) -> Result<(TemplateRecord, String, String), RegistryError> {
-        let rec = self.record_of(reference)?;
+        let rec = self.record(reference)?;
         let manifest = self.manifest(&rec.digest)?;
         let bundle = key.sign(&manifest).map_err(|e| RegistryError::Signature {
             name: rec.name.clone(),
@@ -447,8 +447,9 @@ impl TemplateRegistry {
         Ok(out)
     }
 
-    /// The record a reference (`NAME` or `NAME@sha256:<hex>`) names.
-    fn record_of(&self, reference: &str) -> Result<TemplateRecord, RegistryError> {
+    /// The record a reference (`NAME` or `NAME@sha256:<hex>`) names, without asking
+    /// the trust policy (to sign, attach or print a template, never to run one).
+    pub fn record(&self, reference: &str) -> Result<TemplateRecord, RegistryError> {
         let (name, pinned) = parse_reference(reference)?;
         let rec = self.get(name)?.ok_or_else(|| RegistryError::NotFound {
             reference: quote(reference),
@@ -482,10 +483,22 @@ impl TemplateRegistry {
         reference: &str,
         who: &Subject<'_>,
     ) -> Result<(TemplateRecord, Admitted), RegistryError> {
-        let rec = self.record_of(reference)?;
+        let rec = self.record(reference)?;
+        let ok = self.admit(policy, &rec, who)?;
+        Ok((rec, ok))
+    }
+
+    /// Asks `policy` about the template `rec` records, with its stored manifest and
+    /// the bundles attached to its digest.
+    fn admit(
+        &self,
+        policy: &TrustPolicy,
+        rec: &TemplateRecord,
+        who: &Subject<'_>,
+    ) -> Result<Admitted, RegistryError> {
         let manifest = self.manifest(&rec.digest)?;
         let bundles = self.signatures(&rec.digest)?;
-        let ok = policy.check(
+        Ok(policy.check(
             &Candidate {
                 name: &rec.name,
                 digest: &rec.digest,
@@ -493,8 +506,7 @@ impl TemplateRegistry {
                 bundles: &bundles,
             },
             who,
-        )?;
-        Ok((rec, ok))
+        )?)
     }
 
     /// A registered template by name, if any.
@@ -589,7 +601,7 @@ pub fn resolve_in(
     };
     parse_reference(reference)?;
     let reg = registry.ok_or_else(not_found)?;
-    let rec = reg.record_of(reference)?;
+    let rec = reg.record(reference)?;
     let dir = reg.content(&rec.digest);
     if !dir.is_dir() {
         return Err(not_found());
@@ -597,17 +609,7 @@ pub fn resolve_in(
     if let Some(p) = policy
         && p.applies(&rec.name, who)
     {
-        let manifest = reg.manifest(&rec.digest)?;
-        let bundles = reg.signatures(&rec.digest)?;
-        p.check(
-            &Candidate {
-                name: &rec.name,
-                digest: &rec.digest,
-                manifest: Some(&manifest),
-                bundles: &bundles,
-            },
-            who,
-        )?;
+        reg.admit(p, &rec, who)?;
     }
     Ok((Template::Dir(dir), rec.digest))
 }

@@ -525,6 +525,7 @@ impl TrustPolicy {
                     .timestamp_verification_data
                     .rfc3161_timestamps
                     .is_empty();
+                let mut policy = PublicKeyVerificationPolicy::new(der.clone());
                 if !has_tlog {
                     if s.require_tlog {
                         return Err(
@@ -536,15 +537,10 @@ impl TrustPolicy {
                         // verify-blob --insecure-ignore-tlog` accepts: the signature alone.
                         return verify_offline(manifest, b, der);
                     }
-                    let policy = PublicKeyVerificationPolicy::new(der.clone()).skip_tlog_unsafe();
-                    return self
-                        .verifier
-                        .verify(manifest, b, &policy)
-                        .map(drop)
-                        .map_err(|e| e.to_string());
+                    // Signing time from the RFC 3161 timestamp instead.
+                    policy = policy.skip_tlog_unsafe();
                 }
-                self.verifier
-                    .verify(manifest, b, &PublicKeyVerificationPolicy::new(der.clone()))
+                self.verifier.verify(manifest, b, &policy)
             }
             SignerKind::Identity { subject, issuer } => {
                 if !keyless {

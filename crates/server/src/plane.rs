@@ -1067,9 +1067,12 @@ impl ControlPlane {
             if let Some(tpl) = &t.template {
                 let class = t.runtime_class.as_deref().unwrap_or_default();
                 let who = tessera_sandbox::trust::Subject::new(&c.tenant, class);
-                let (_, digest) =
+                let (root, digest) =
                     self.resolve_template(&format!("tasks[{i}].template"), tpl, &who)?;
-                if let Ok((name, None)) = tessera_sandbox::registry::parse_reference(tpl) {
+                // Only a registered template has a digest to pin (`host` has none).
+                if let tessera_sandbox::Template::Dir(_) = root
+                    && let Ok((name, None)) = tessera_sandbox::registry::parse_reference(tpl)
+                {
                     t.template = Some(format!("{name}@{digest}"));
                 }
             }

@@ -87,6 +87,11 @@ async fn templates_are_admitted_by_the_trust_policy() {
     let (_, j) = beta.get("/v1/jobs/j1").await;
     let pinned = format!("tools@{}", rec.digest);
     assert_eq!(j["spec"]["tasks"][0]["template"], pinned.as_str(), "{j}");
+    // The built-in template has no digest: it is stored as it was named.
+    let (st, v) = beta.post("/v1/jobs", task_job("j2", "host")).await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    let (_, j) = beta.get("/v1/jobs/j2").await;
+    assert_eq!(j["spec"]["tasks"][0]["template"], "host", "{j}");
 
     // Signed by the key the rule names: admitted.
     let key = SigningKey::from_pem(&private).unwrap();

@@ -280,10 +280,8 @@ pub fn template(c: TemplateCommand) -> i32 {
         TemplateCommand::Attach(a) => attach(&a),
         TemplateCommand::Manifest { at, name } => {
             match at.open().and_then(|r| {
-                let (_, digest) = r
-                    .resolve(&name, &tessera_sandbox::trust::Subject::new("", ""))
-                    .map_err(|e| e.to_string())?;
-                r.manifest(&digest).map_err(|e| e.to_string())
+                let rec = r.record(&name).map_err(|e| e.to_string())?;
+                r.manifest(&rec.digest).map_err(|e| e.to_string())
             }) {
                 Ok(m) => {
                     use std::io::Write as _;

@@ -18,11 +18,14 @@
 //! - [`mig`]: MIG actuation behind a backend trait, journaled and resumable.
 //! - [`gpu`]: what the driver says (NVML), mapped to the model's devices.
 //! - [`health`]: heartbeat and conditions.
+//! - [`attest`]: the node's TPM (keys, measurements, quotes) and the verifier's
+//!   pure check of a quote against approved reference values.
 //! - [`bench`]: `tessera bench node`.
 //!
 //! Never knows: the store, HTTP, the scheduler's algorithms; the server decides,
 //! this crate carries out and reports.
 
+pub mod attest;
 pub mod bench;
 pub mod compute;
 pub mod faults;

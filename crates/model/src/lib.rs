@@ -19,7 +19,7 @@ pub mod topology;
 
 pub use group::{GpuRequest, GroupKind, PodGroup, Task, TaskId};
 pub use node::{
-    GpuDevice, Node, RUNTIME_CLASS_LABEL_PREFIX, Taint, TaintEffect, Toleration,
+    ATTESTED_LABEL, GpuDevice, Node, RUNTIME_CLASS_LABEL_PREFIX, Taint, TaintEffect, Toleration,
     TolerationOperator, runtime_class_label,
 };
 pub use plan::{Binding, Choice, Eviction, MigRef, MigStep, Pending, Plan, Reservation};

@@ -13,6 +13,11 @@ use crate::resources::Resources;
 /// `class` module owns the class table; the server checks the two prefixes agree.)
 pub const RUNTIME_CLASS_LABEL_PREFIX: &str = "runtime-class.tessera.io/";
 
+/// The node label a node carries, `"true"`, while its last TPM quote verified against
+/// the values an operator approved (node attestation, `tessera-node`'s `attest`). A
+/// workload that requires attestation carries it as a node selector.
+pub const ATTESTED_LABEL: &str = "attested.tessera.io";
+
 /// The node label of runtime class `name`.
 pub fn runtime_class_label(name: &str) -> String {
     format!("{RUNTIME_CLASS_LABEL_PREFIX}{name}")

@@ -40,6 +40,10 @@ fn a_node_attests_and_loses_it_when_what_it_runs_changes() {
     let id = tpm.identity().unwrap();
     // The same keys on a second call (persistent handles).
     assert_eq!(tpm.identity().unwrap(), id);
+    // Registration: the TPM recovers the verifier's secret, so the AK lives beside
+    // the EK.
+    let cred = tessera_node::attest::challenge(&id, b"registration secret", &[7; 32]).unwrap();
+    assert_eq!(tpm.activate(&cred).unwrap(), b"registration secret");
     tpm.measure(&log(b"tessera 1", b"config 1")).unwrap();
 
     let nonce = b"nonce-0001-verifier";

@@ -32,6 +32,7 @@
 //!     require_signed: true
 //!     signers: [release, ci]      # default: any signer above
 //!     digests: []                 # a non-empty list pins: only these digests run
+//!     require_attested: false     # true: runs only on nodes whose TPM quote verified
 //! ```
 //!
 //! Every rule that applies to a (tenant, runtime class, template) must hold: rules only
@@ -148,6 +149,8 @@ struct Rule {
     classes: Vec<String>,
     templates: Vec<String>,
     require_signed: bool,
+    /// Workloads it applies to run only on attested nodes (`attested.tessera.io`).
+    require_attested: bool,
     /// Names into `TrustPolicy::signers`; all of them where the file named none.
     signers: Vec<String>,
     digests: Vec<String>,
@@ -228,6 +231,8 @@ struct RuleFile {
     templates: Vec<String>,
     #[serde(default)]
     require_signed: bool,
+    #[serde(default)]
+    require_attested: bool,
     #[serde(default)]
     signers: Vec<String>,
     #[serde(default)]
@@ -396,10 +401,10 @@ impl TrustPolicy {
                     "the policy has no signers, so nothing could satisfy this rule".into(),
                 ));
             }
-            if !r.require_signed && r.digests.is_empty() {
+            if !r.require_signed && r.digests.is_empty() && !r.require_attested {
                 return Err(err(
                     &field,
-                    "neither `require_signed` nor `digests`: the rule asks for nothing".into(),
+                    "none of `require_signed`, `digests`, `require_attested`: the rule asks for nothing".into(),
                 ));
             }
             let signers_of = if r.signers.is_empty() {
@@ -413,6 +418,7 @@ impl TrustPolicy {
                 classes: r.runtime_classes,
                 templates: r.templates,
                 require_signed: r.require_signed,
+                require_attested: r.require_attested,
                 signers: signers_of,
                 digests: r.digests,
             });
@@ -434,6 +440,14 @@ impl TrustPolicy {
     /// to be read to admit it).
     pub fn applies(&self, template: &str, who: &Subject<'_>) -> bool {
         self.rules.iter().any(|r| r.applies(template, who))
+    }
+
+    /// The first rule that makes `template` for `who` run only on attested nodes.
+    pub fn requires_attestation(&self, template: &str, who: &Subject<'_>) -> Option<&str> {
+        self.rules
+            .iter()
+            .find(|r| r.require_attested && r.applies(template, who))
+            .map(|r| r.name.as_str())
     }
 
     /// Admits or refuses a template for `who`: every rule that applies must hold.

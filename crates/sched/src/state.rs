@@ -614,6 +614,11 @@ pub fn class_failure(c: &NodeClass<'_>, s: &Sig<'_>) -> Option<String> {
                     "do not run runtime class `{class}` (no label {k}={v})"
                 ));
             }
+            if k == tessera_model::ATTESTED_LABEL {
+                return Some(format!(
+                    "are not attested (no label {k}={v}: `tessera node attestation NODE` says why)"
+                ));
+            }
             return Some(format!("do not match node selector {k}={v}"));
         }
     }

@@ -26,7 +26,7 @@
 //! not certified by a manufacturer here), nor that the measurements were taken by
 //! firmware rather than by the software being measured. See `docs/trust.md`.
 
-// pub mod credential; (lands with credential activation)
+pub mod credential;
 pub mod quote;
 pub mod tpm;
 
@@ -45,9 +45,7 @@ pub const MEASURE_PCR: u32 = 23;
 /// machine; zeros on swtpm).
 pub const BOOT_PCRS: [u32; 8] = [0, 1, 2, 3, 4, 5, 6, 7];
 
-/// The node label a node carries, `"true"`, while its last quote verified and is
-/// fresh. A workload that requires attestation carries it as a node selector.
-pub const ATTESTED_LABEL: &str = "attested.tessera.io";
+pub use tessera_model::ATTESTED_LABEL;
 
 /// One thing the node measured: a name (`tessera-binary`, `sandbox-init`,
 /// `seccomp-policy`, `node-config`, `guest-kernel`) and its SHA-256.
@@ -153,4 +151,26 @@ pub fn unhex(s: &str) -> Option<Vec<u8>> {
         .step_by(2)
         .map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok())
         .collect()
+}
+
+/// The verifier's registration challenge for `id` (credential activation): `secret`
+/// encrypted to the EK and bound to the AK's name, which the verifier computes itself
+/// from the AK's public area after checking it is a restricted signing key. Only a TPM
+/// holding both keys recovers `secret` ([`Tpm::activate`]). `seed`: 32 random bytes.
+pub fn challenge(id: &Identity, secret: &[u8], seed: &[u8; 32]) -> Result<Vec<u8>, AttestError> {
+    let ak = unhex(&id.ak_public).ok_or_else(|| AttestError::Malformed {
+        what: "the attestation key",
+        why: "not hex".into(),
+    })?;
+    let ak = quote::parse_ak_public(&ak)?;
+    let ek = unhex(&id.ek_public).ok_or_else(|| AttestError::Malformed {
+        what: "the endorsement key",
+        why: "not hex".into(),
+    })?;
+    credential::make_credential(&ek, &ak.name, secret, seed)
+        .map(|c| c.to_tpm2_tools_file())
+        .map_err(|e| AttestError::Malformed {
+            what: "the endorsement key",
+            why: e.to_string(),
+        })
 }

@@ -319,13 +319,7 @@ impl Swtpm {
         })?;
         let state = dir.path().display().to_string();
         let setup = Command::new("swtpm_setup")
-            .args([
-                "--tpm2",
-                "--tpmstate",
-                &state,
-                "--create-ek-cert",
-                "--overwrite",
-            ])
+            .args(["--tpm2", "--tpmstate", &state, "--createek", "--overwrite"])
             .output()
             .map_err(|source| TpmError::Io {
                 what: "running swtpm_setup".into(),

@@ -394,3 +394,30 @@ fn a_bundle_signed_by_openssl_verifies() {
         ["edge"]
     );
 }
+
+#[test]
+fn attestation_is_required_where_a_rule_says_so() {
+    let p = TrustPolicy::parse(
+        "policy.yaml",
+        "rules:\n  - name: secure-on-attested\n    tenants: [secure]\n    require_attested: true\n",
+        Path::new("."),
+    )
+    .unwrap();
+    let secure = Subject::new("secure", "standard");
+    assert_eq!(
+        p.requires_attestation("host", &secure),
+        Some("secure-on-attested")
+    );
+    assert_eq!(
+        p.requires_attestation("tools", &Subject::new("beta", "standard")),
+        None
+    );
+    // Asking only for attestation admits any template, `host` included.
+    let c = Candidate {
+        name: "host",
+        digest: "host",
+        manifest: None,
+        bundles: &[],
+    };
+    assert!(p.check(&c, &secure).is_ok());
+}

@@ -35,6 +35,8 @@ pub struct App {
     pub tools: crate::tools::ToolsState,
     pub gateway: crate::gateway::GatewayState,
     pub cluster: crate::cluster::ClusterState,
+    /// The local node's verifier, when it has a TPM (`tessera up --tpm`).
+    pub attester: Option<std::sync::Arc<crate::attestation::Attester>>,
 }
 
 /// A tenant-wide caller: a user's, service account's or OIDC key. Session-scoped keys
@@ -214,6 +216,17 @@ async fn list_nodes(State(a): State<App>, c: Caller) -> R {
 async fn get_node(State(a): State<App>, c: Caller, Path(n): Path<String>) -> R {
     let v = a.plane.get_node(&c, &n).await?;
     ok(a.cluster.with_gpu_use(vec![v]).await?.remove(0))
+}
+async fn get_attestation(State(a): State<App>, c: Caller, Path(n): Path<String>) -> R {
+    ok(a.plane.get_attestation(&c, &n).await?)
+}
+async fn check_attestation(State(a): State<App>, c: Caller, Path(n): Path<String>) -> R {
+    ok(a.plane
+        .check_attestation(&c, &n, a.attester.as_deref())
+        .await?)
+}
+async fn trust_node(State(a): State<App>, c: Caller, Path(n): Path<String>) -> R {
+    ok(a.plane.trust_node(&c, &n, a.attester.as_deref()).await?)
 }
 async fn put_node(
     State(a): State<App>,
@@ -438,6 +451,9 @@ routes! {
     get "/v1/nodes" list_nodes "List nodes" None, 200;
     get "/v1/nodes/{name}" get_node "Get a node" None, 200;
     put "/v1/nodes/{name}" put_node "Register or replace a node (system operators)" Some("Node"), 200;
+    get "/v1/nodes/{name}/attestation" get_attestation "The node's attestation: keys, measurements, approved values, last verdict" None, 200;
+    post "/v1/nodes/{name}/attestation/check" check_attestation "Attest the node now (a fresh nonce and quote)" None, 200;
+    post "/v1/nodes/{name}/attestation/trust" trust_node "Approve the node's last authentic quote as its reference values (system operators)" None, 200;
     post "/v1/queues" create_queue "Create a queue" Some("QueueSpec"), 201;
     get "/v1/queues" list_queues "List queues" None, 200;
     get "/v1/queues/{name}" get_queue "Get a queue" None, 200;

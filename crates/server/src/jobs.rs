@@ -607,6 +607,68 @@ async fn lost_nodes(store: &tessera_store::AnyStore, l: &Lifecycle) {
     }
 }
 
+/// Evicts the live tasks on `node` whose node selector asks for `label` (the node lost
+/// the property they need, e.g. its attestation): each is stopped there (SIGTERM, the
+/// grace period, SIGKILL) and waits to be placed again where the label holds.
+/// Retried on a conflicting write, job by job.
+pub async fn evict_on_node(store: &tessera_store::AnyStore, node: &str, label: &str, reason: &str) {
+    use tessera_store::{Key, Op, Store};
+    let Ok(all) = store.list(crate::plane::kind::JOB, None).await else {
+        return;
+    };
+    for o in all.objects {
+        let (mut o, mut tries) = (o, 0);
+        while let Ok(mut job) = serde_json::from_value::<JobBody>(o.body.clone()) {
+            let now = crate::plane::now_ms();
+            let hit: Vec<String> =
+                job.spec
+                    .tasks
+                    .iter()
+                    .filter(|t| t.node_selector.contains_key(label))
+                    .filter(|t| {
+                        job.status.tasks.get(&t.name).is_some_and(|st| {
+                            st.node == node && st.state.is_some_and(TaskState::live)
+                        })
+                    })
+                    .map(|t| t.name.clone())
+                    .collect();
+            if hit.is_empty() {
+                break;
+            }
+            let mut marked = Vec::new();
+            for t in &hit {
+                marked.extend(evict(&mut job, t, None, reason, now));
+            }
+            let Ok(body) = serde_json::to_value(&job) else {
+                break;
+            };
+            let mut ops = vec![Op::Update {
+                key: Key::new(crate::plane::kind::JOB, &o.tenant, &o.name),
+                expected: Some(o.version),
+                body,
+            }];
+            ops.extend(crate::plane::event_op(
+                &o.tenant,
+                format!("job/{}", o.name),
+                "Evicted",
+                format!("{}: {reason}", marked.join(", ")),
+                now,
+            ));
+            if store.commit(ops).await.is_ok() || tries >= 3 {
+                break;
+            }
+            tries += 1;
+            match store
+                .get(&Key::new(crate::plane::kind::JOB, &o.tenant, &o.name))
+                .await
+            {
+                Ok(Some(n)) => o = n,
+                _ => break,
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,6 +11,7 @@
 
 pub mod agents;
 pub mod api;
+pub mod attestation;
 pub mod auth;
 pub mod classes;
 pub mod cluster;
@@ -152,6 +153,12 @@ pub struct NodeSettings {
     /// local node runs the micro-VM tier too (QEMU must be installed) and advertises
     /// the classes that map to it; without it, only the namespace tier's.
     pub vm_kernel: Option<std::path::PathBuf>,
+    /// The local node's TPM, as a TCTI (`device:/dev/tpmrm0`, `swtpm:host=…,port=…`), or
+    /// `swtpm` for a software TPM this server starts (proves the protocol, not
+    /// hardware). `None`: the node is never attested.
+    pub tpm: Option<String>,
+    /// How often the node is re-attested.
+    pub attest_period: Duration,
 }
 
 impl Default for NodeSettings {
@@ -168,6 +175,8 @@ impl Default for NodeSettings {
             sandbox_capacity: None,
             faults: None,
             vm_kernel: None,
+            tpm: None,
+            attest_period: Duration::from_secs(60),
         }
     }
 }
@@ -573,6 +582,20 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
             stop_rx.clone(),
         )));
     }
+    // Node attestation (the local node's TPM): registered, measured and verified now,
+    // then every period.
+    let attester = match (&cfg.node.tpm, cfg.register_local_node) {
+        (Some(tcti), true) => {
+            let a = start_attestation(&cfg, &plane, &local.name, tcti).await?;
+            tasks.push(tokio::spawn(attestation::run_loop(
+                a.clone(),
+                cfg.node.attest_period,
+                stop_rx.clone(),
+            )));
+            Some(a)
+        }
+        _ => None,
+    };
     // API sandboxes are placed on the local node by the agent scheduler, within
     // the capacity it gives them (its allocatable; unbounded where the machine is
     // not registered as a node).
@@ -617,6 +640,7 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
         tools,
         gateway,
         cluster,
+        attester,
     });
     let mut srx = stop_rx;
     tasks.push(tokio::spawn(async move {
@@ -638,6 +662,63 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
         stop,
         tasks,
     })
+}
+
+/// Opens the local node's TPM (a software one for `swtpm`) and starts its attester.
+async fn start_attestation(
+    cfg: &ServerConfig,
+    plane: &ControlPlane,
+    node: &str,
+    tcti: &str,
+) -> Result<std::sync::Arc<attestation::Attester>, StartError> {
+    let fail = |message: String| StartError::Component {
+        what: "TPM (--tpm)",
+        message,
+    };
+    let software = tcti == "swtpm" || tcti.starts_with("swtpm:");
+    let dir = cfg
+        .node
+        .data_dir
+        .clone()
+        .or_else(|| {
+            cfg.executor_logs
+                .as_ref()
+                .and_then(|l| l.parent().map(|p| p.to_path_buf()))
+        })
+        .unwrap_or_else(std::env::temp_dir)
+        .join("node")
+        .join("tpm");
+    let (tpm, sw) = tokio::task::spawn_blocking({
+        let tcti = tcti.to_string();
+        move || {
+            let sw = if tcti == "swtpm" {
+                Some(tessera_node::attest::tpm::Swtpm::start().map_err(|e| e.to_string())?)
+            } else {
+                None
+            };
+            let t = sw.as_ref().map(|s| s.tcti()).unwrap_or(tcti);
+            let tpm = tessera_node::attest::Tpm::open(&t, &dir).map_err(|e| e.to_string())?;
+            Ok::<_, String>((tpm, sw))
+        }
+    })
+    .await
+    .map_err(|e| fail(e.to_string()))?
+    .map_err(fail)?;
+    if software {
+        eprintln!(
+            "tessera: node {node}: attesting with a software TPM ({}): this proves the protocol, not hardware",
+            tpm.tcti()
+        );
+    }
+    let a = attestation::Attester::start(
+        plane.store().clone(),
+        node.to_string(),
+        tpm,
+        sw,
+        attestation::measurements(cfg),
+    )
+    .await;
+    Ok(a)
 }
 
 impl Running {

@@ -684,13 +684,28 @@ impl ControlPlane {
         })
     }
 
-    pub async fn put_node(&self, c: &Caller, name: &str, node: Node) -> Result<Value, ApiError> {
+    pub async fn put_node(
+        &self,
+        c: &Caller,
+        name: &str,
+        mut node: Node,
+    ) -> Result<Value, ApiError> {
         c.require_system(Role::Operator)?;
         if node.name != name {
             return Err(ApiError::invalid(
                 "name",
                 format!("the body names node {:?} but the path {name:?}", node.name),
             ));
+        }
+        // Only the verifier sets the attested label: the body's is replaced by the
+        // stored one (an operator cannot declare a node attested).
+        node.labels.remove(tessera_model::ATTESTED_LABEL);
+        if let Some(o) = self.store.get(&Key::new(kind::NODE, "", name)).await?
+            && let Ok(old) = serde_json::from_value::<Node>(o.body)
+            && let Some(v) = old.labels.get(tessera_model::ATTESTED_LABEL)
+        {
+            node.labels
+                .insert(tessera_model::ATTESTED_LABEL.into(), v.clone());
         }
         Ok(render(&self.upsert_node(&node).await?))
     }
@@ -1074,6 +1089,21 @@ impl ControlPlane {
                     && let Ok((name, None)) = tessera_sandbox::registry::parse_reference(tpl)
                 {
                     t.template = Some(format!("{name}@{digest}"));
+                }
+            }
+            // A rule that requires attestation: the task runs only on attested nodes.
+            if let Some(p) = self.templates.as_ref().and_then(|r| r.policy()) {
+                let class = t.runtime_class.as_deref().unwrap_or_default();
+                let who = tessera_sandbox::trust::Subject::new(&c.tenant, class);
+                let name = t
+                    .template
+                    .as_deref()
+                    .and_then(|r| tessera_sandbox::registry::parse_reference(r).ok())
+                    .map(|(n, _)| n.to_string())
+                    .unwrap_or_else(|| tessera_sandbox::registry::HOST_TEMPLATE.to_string());
+                if p.requires_attestation(&name, &who).is_some() {
+                    t.node_selector
+                        .insert(tessera_model::ATTESTED_LABEL.into(), "true".into());
                 }
             }
         }

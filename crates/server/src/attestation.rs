@@ -376,7 +376,7 @@ pub async fn get(store: &AnyStore, node: &str) -> Result<Value, ApiError> {
         .await?
         .ok_or_else(|| {
             ApiError::not_found(format!(
-                "attestation of node {node:?}: the node has no TPM configured (`tessera up --tpm`)"
+                "attestation of node {node:?} (a node attests only with a TPM: `tessera up --tpm`)"
             ))
         })?;
     Ok(o.body)

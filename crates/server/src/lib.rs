@@ -691,8 +691,13 @@ async fn start_attestation(
     let (tpm, sw) = tokio::task::spawn_blocking({
         let tcti = tcti.to_string();
         move || {
+            // `swtpm`: a software TPM whose state is kept in the data folder, so its
+            // keys (and the approved reference) survive a restart.
             let sw = if tcti == "swtpm" {
-                Some(tessera_node::attest::tpm::Swtpm::start().map_err(|e| e.to_string())?)
+                Some(
+                    tessera_node::attest::tpm::Swtpm::start_in(&dir.join("swtpm"))
+                        .map_err(|e| e.to_string())?,
+                )
             } else {
                 None
             };

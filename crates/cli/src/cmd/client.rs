@@ -120,6 +120,27 @@ pub enum NodeCommand {
         #[command(flatten)]
         out: Out,
     },
+    /// Show a node's attestation: whether it is attested and why (or why not), its TPM,
+    /// what it measured at start beside the values an operator approved.
+    Attestation {
+        name: String,
+        #[command(flatten)]
+        out: Out,
+    },
+    /// Attest a node now: a fresh nonce, its TPM's quote, the verdict (operators).
+    Attest {
+        name: String,
+        #[command(flatten)]
+        out: Out,
+    },
+    /// Approve a node's current measurements (its last authentic quote) as the values
+    /// its quotes must show from now on, then attest it (system operators). Check them
+    /// first with `tessera node attestation NODE`.
+    Trust {
+        name: String,
+        #[command(flatten)]
+        out: Out,
+    },
 }
 
 /// A failed call: the exit status and the message.
@@ -479,6 +500,49 @@ fn queue_detail(q: &Value) -> String {
 }
 
 /// `tessera node get`: the node, its GPUs, its conditions.
+/// A node's attestation record: the verdict, then each measurement beside its
+/// approved value.
+fn attestation_detail(a: &Value) -> String {
+    let tpm = format!(
+        "{}{}",
+        cell(&a["tcti"]),
+        if a["software_tpm"] == true {
+            " (software TPM: proves the protocol, not hardware)"
+        } else {
+            ""
+        }
+    );
+    let mut out = fields(&[
+        ("node", cell(&a["node"])),
+        ("attested", cell(&a["attested"])),
+        ("reason", cell(&a["reason"])),
+        ("tpm", tpm),
+        ("registered", cell(&a["registered"])),
+        ("checked", cell(&a["checked_ms"])),
+        ("last ok", cell(&a["last_ok_ms"])),
+    ]);
+    let approved = &a["reference"]["measurements"];
+    let rows: Vec<Vec<String>> = a["measurements"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| {
+            let name = m["name"].as_str().unwrap_or_default();
+            let digest = m["digest"].as_str().unwrap_or_default();
+            let state = match approved.get(name).and_then(Value::as_str) {
+                None if a["reference"].is_null() => "not approved yet",
+                None => "not in the approved values",
+                Some(d) if d == digest => "approved",
+                Some(_) => "CHANGED",
+            };
+            vec![name.to_string(), digest.to_string(), state.to_string()]
+        })
+        .collect();
+    out.push('\n');
+    out.push_str(&table(&["MEASUREMENT", "DIGEST", "STATE"], rows));
+    out
+}
+
 fn node_detail(n: &Value) -> String {
     let labels = n["labels"].as_object().map_or(String::new(), |m| {
         m.iter()
@@ -786,6 +850,21 @@ pub fn node(c: NodeCommand) -> i32 {
                         .call(reqwest::Method::GET, &format!("/v1/nodes/{name}"), None)
                         .await?;
                     show(&v, out.format, node_detail)
+                }
+                NodeCommand::Attestation { name, out } => {
+                    let path = format!("/v1/nodes/{name}/attestation");
+                    let v = client.call(reqwest::Method::GET, &path, None).await?;
+                    show(&v, out.format, attestation_detail)
+                }
+                NodeCommand::Attest { name, out } => {
+                    let path = format!("/v1/nodes/{name}/attestation/check");
+                    let v = client.call(reqwest::Method::POST, &path, None).await?;
+                    show(&v, out.format, attestation_detail)
+                }
+                NodeCommand::Trust { name, out } => {
+                    let path = format!("/v1/nodes/{name}/attestation/trust");
+                    let v = client.call(reqwest::Method::POST, &path, None).await?;
+                    show(&v, out.format, attestation_detail)
                 }
             }
         })

@@ -119,6 +119,16 @@ pub struct UpArgs {
     /// such work stays pending, with the class in its reason.
     #[arg(long, value_name = "DIR", env = "TESSERA_VM_KERNEL_TEMPLATE")]
     pub vm_kernel: Option<PathBuf>,
+    /// The local node's TPM, for node attestation (docs/trust.md): a tpm2-tools TCTI
+    /// (`device:/dev/tpmrm0`, `swtpm:host=127.0.0.1,port=2321`), or `swtpm` for a
+    /// software TPM started here (proves the protocol, not hardware). The node is then
+    /// measured at start and quoted every --attest-period; it is attested once an
+    /// operator approves its values (`tessera node trust NODE`). Needs tpm2-tools.
+    #[arg(long, value_name = "TCTI", env = "TESSERA_TPM")]
+    pub tpm: Option<String>,
+    /// With --tpm: how often the node is quoted again, in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    pub attest_period: u64,
     /// Adds or remaps a runtime class: `NAME=TIER` (`namespace` or `microvm`), beside
     /// `standard=namespace` and `isolated=microvm`. Repeatable.
     #[arg(long = "runtime-class", value_name = "NAME=TIER")]
@@ -363,6 +373,8 @@ async fn serve(a: UpArgs, listen: SocketAddr) -> i32 {
                 &data.join("gpushare"),
             ),
             vm_kernel: a.vm_kernel.clone(),
+            tpm: a.tpm.clone(),
+            attest_period: std::time::Duration::from_secs(a.attest_period.max(1)),
             ..Default::default()
         },
         ..ServerConfig::default()

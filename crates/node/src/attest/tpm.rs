@@ -300,7 +300,7 @@ fn parse_pcr_lines(s: &str) -> std::collections::BTreeMap<u32, String> {
 pub struct Swtpm {
     child: std::process::Child,
     port: u16,
-    _dir: tempfile::TempDir,
+    _dir: Option<tempfile::TempDir>,
 }
 
 impl Swtpm {
@@ -311,15 +311,35 @@ impl Swtpm {
             .all(|t| which(t).is_some())
     }
 
-    /// Manufactures and starts a fresh software TPM.
+    /// Manufactures and starts a fresh software TPM (its state in a temporary folder).
     pub fn start() -> Result<Swtpm, TpmError> {
         let dir = tempfile::tempdir().map_err(|source| TpmError::Io {
             what: "making the swtpm state folder".into(),
             source,
         })?;
-        let state = dir.path().display().to_string();
+        let mut sw = Self::start_in(dir.path())?;
+        sw._dir = Some(dir);
+        Ok(sw)
+    }
+
+    /// Starts a software TPM whose state lives in `state` (manufactured there on
+    /// first use), so its keys outlive a restart.
+    pub fn start_in(state: &Path) -> Result<Swtpm, TpmError> {
+        std::fs::create_dir_all(state).map_err(|source| TpmError::Io {
+            what: format!("creating {}", state.display()),
+            source,
+        })?;
+        let manufactured = state.join("tpm2-00.permall").is_file();
+        let state = state.display().to_string();
+        if !manufactured {
+            Self::manufacture(&state)?;
+        }
+        Self::serve(&state)
+    }
+
+    fn manufacture(state: &str) -> Result<(), TpmError> {
         let setup = Command::new("swtpm_setup")
-            .args(["--tpm2", "--tpmstate", &state, "--createek", "--overwrite"])
+            .args(["--tpm2", "--tpmstate", state, "--createek", "--overwrite"])
             .output()
             .map_err(|source| TpmError::Io {
                 what: "running swtpm_setup".into(),
@@ -332,6 +352,10 @@ impl Swtpm {
                 stderr: String::from_utf8_lossy(&setup.stderr).trim().to_string(),
             });
         }
+        Ok(())
+    }
+
+    fn serve(state: &str) -> Result<Swtpm, TpmError> {
         let mut last = None;
         for _ in 0..20 {
             let port = free_port_pair();
@@ -360,7 +384,7 @@ impl Swtpm {
                     return Ok(Swtpm {
                         child,
                         port,
-                        _dir: dir,
+                        _dir: None,
                     });
                 }
                 if let Ok(Some(st)) = child.try_wait() {

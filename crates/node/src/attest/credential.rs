@@ -19,48 +19,13 @@
 //! randomness is drawn inside aws-lc. Bad input is an error, never a panic.
 
 use aws_lc_rs::cipher::{AES_128, AES_256, EncryptingKey, EncryptionContext, UnboundCipherKey};
-use aws_lc_rs::digest;
 use aws_lc_rs::hmac;
 use aws_lc_rs::iv::FixedLength;
 use aws_lc_rs::rsa::{
     OAEP_SHA256_MGF1SHA256, OaepPublicEncryptingKey, PublicEncryptingKey, PublicKeyComponents,
 };
 
-/// `TPM_ALG_RSA`.
-const ALG_RSA: u16 = 0x0001;
-/// `TPM_ALG_SHA1`.
-const ALG_SHA1: u16 = 0x0004;
-/// `TPM_ALG_AES`.
-const ALG_AES: u16 = 0x0006;
-/// `TPM_ALG_KEYEDHASH`.
-const ALG_KEYEDHASH: u16 = 0x0008;
-/// `TPM_ALG_SHA256`.
-const ALG_SHA256: u16 = 0x000B;
-/// `TPM_ALG_SHA384`.
-const ALG_SHA384: u16 = 0x000C;
-/// `TPM_ALG_SHA512`.
-const ALG_SHA512: u16 = 0x000D;
-/// `TPM_ALG_NULL`.
-const ALG_NULL: u16 = 0x0010;
-/// `TPM_ALG_SM3_256`.
-const ALG_SM3_256: u16 = 0x0012;
-/// `TPM_ALG_SM4`.
-const ALG_SM4: u16 = 0x0013;
-/// `TPM_ALG_ECC`.
-const ALG_ECC: u16 = 0x0023;
-/// `TPM_ALG_SYMCIPHER`.
-const ALG_SYMCIPHER: u16 = 0x0025;
-/// `TPM_ALG_CAMELLIA`.
-const ALG_CAMELLIA: u16 = 0x0026;
-/// `TPM_ALG_CFB`.
-const ALG_CFB: u16 = 0x0043;
-
-/// `TPMA_OBJECT.restricted`.
-const ATTR_RESTRICTED: u32 = 1 << 16;
-/// `TPMA_OBJECT.decrypt`.
-const ATTR_DECRYPT: u32 = 1 << 17;
-/// `TPMA_OBJECT.sign`.
-const ATTR_SIGN: u32 = 1 << 18;
+use super::wire::*;
 
 /// The digest size of SHA-256, the only EK nameAlg supported: the seed's size and
 /// the largest secret the TPM accepts (Part 3 MakeCredential: `TPM_RC_SIZE`).
@@ -71,6 +36,19 @@ const IDENTITY_LABEL: &[u8] = b"IDENTITY\0";
 const TPM2_TOOLS_MAGIC: u32 = 0xBADC_C0DE;
 /// The version of tpm2-tools' credential file format.
 const TPM2_TOOLS_VERSION: u32 = 1;
+
+impl From<WireError> for CredentialError {
+    fn from(e: WireError) -> Self {
+        match e {
+            WireError::Truncated {
+                field, need, have, ..
+            } => CredentialError::Truncated { field, need, have },
+            WireError::Trailing { field, count, .. } => {
+                CredentialError::TrailingBytes { field, count }
+            }
+        }
+    }
+}
 
 /// Why a credential could not be made: the field at fault and the value found.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -195,10 +173,10 @@ pub struct EkPublic {
 /// Anything else is refused with an error naming the field and the value found;
 /// so are truncated input and trailing bytes.
 pub fn parse_ek_public(tpm2b_public: &[u8]) -> Result<EkPublic, CredentialError> {
-    let mut outer = Reader::new(tpm2b_public);
+    let mut outer = Reader::new("EK public", tpm2b_public);
     let area = outer.tpm2b("TPM2B_PUBLIC")?;
     outer.finish("TPM2B_PUBLIC")?;
-    let mut r = Reader::new(area);
+    let mut r = Reader::new("EK public", area);
     let key_type = r.u16("TPMT_PUBLIC.type")?;
     if key_type != ALG_RSA {
         return Err(CredentialError::KeyType { found: key_type });
@@ -356,12 +334,6 @@ fn encrypt_seed(ek: &EkPublic, seed: &[u8; 32]) -> Result<Vec<u8>, CredentialErr
     Ok(out)
 }
 
-/// `bytes` without its leading zero bytes (aws-lc wants minimal big-endian).
-fn strip_leading_zeros(bytes: &[u8]) -> &[u8] {
-    let first = bytes.iter().position(|&b| b != 0).unwrap_or(bytes.len());
-    &bytes[first..]
-}
-
 /// Refuses objectAttributes that are not a storage key's (restricted, decrypt,
 /// not sign): the TPM refuses MakeCredential/ActivateCredential with any other.
 fn check_attributes(attributes: u32) -> Result<u32, CredentialError> {
@@ -441,13 +413,6 @@ fn check_name(name: &[u8]) -> Result<(), CredentialError> {
     }
 }
 
-/// The name of a public area whose nameAlg is SHA-256: `0x000b || SHA-256(area)`.
-fn sha256_name(area: &[u8]) -> Vec<u8> {
-    let mut name = ALG_SHA256.to_be_bytes().to_vec();
-    name.extend_from_slice(digest::digest(&digest::SHA256, area).as_ref());
-    name
-}
-
 /// `bytes` marshalled as a TPM2B: u16 BE size, then the bytes.
 fn tpm2b(field: &'static str, bytes: &[u8]) -> Result<Vec<u8>, CredentialError> {
     let size = u16::try_from(bytes.len()).map_err(|_| CredentialError::TooLarge {
@@ -458,90 +423,6 @@ fn tpm2b(field: &'static str, bytes: &[u8]) -> Result<Vec<u8>, CredentialError> 
     out.extend_from_slice(&size.to_be_bytes());
     out.extend_from_slice(bytes);
     Ok(out)
-}
-
-/// A cursor over TPM-marshalled (big-endian) bytes whose reads name the field
-/// they are for, so that truncation errors say where.
-struct Reader<'a> {
-    rest: &'a [u8],
-}
-
-impl<'a> Reader<'a> {
-    /// A reader at the start of `bytes`.
-    fn new(bytes: &'a [u8]) -> Self {
-        Self { rest: bytes }
-    }
-
-    /// The next `n` bytes, or `Truncated` naming `field`.
-    fn take(&mut self, n: usize, field: &'static str) -> Result<&'a [u8], CredentialError> {
-        let (head, tail) = self
-            .rest
-            .split_at_checked(n)
-            .ok_or(CredentialError::Truncated {
-                field,
-                need: n,
-                have: self.rest.len(),
-            })?;
-        self.rest = tail;
-        Ok(head)
-    }
-
-    /// The next u16 (big-endian).
-    fn u16(&mut self, field: &'static str) -> Result<u16, CredentialError> {
-        let mut b = [0u8; 2];
-        b.copy_from_slice(self.take(2, field)?);
-        Ok(u16::from_be_bytes(b))
-    }
-
-    /// The next u32 (big-endian).
-    fn u32(&mut self, field: &'static str) -> Result<u32, CredentialError> {
-        let mut b = [0u8; 4];
-        b.copy_from_slice(self.take(4, field)?);
-        Ok(u32::from_be_bytes(b))
-    }
-
-    /// The contents of the next TPM2B (u16 size, then that many bytes).
-    fn tpm2b(&mut self, field: &'static str) -> Result<&'a [u8], CredentialError> {
-        let size = self.u16(field)?;
-        self.take(usize::from(size), field)
-    }
-
-    /// Refuses bytes left over after `field`, the last one read.
-    fn finish(&self, field: &'static str) -> Result<(), CredentialError> {
-        match self.rest.len() {
-            0 => Ok(()),
-            count => Err(CredentialError::TrailingBytes { field, count }),
-        }
-    }
-}
-
-/// The TPM's name of an algorithm id, for error messages.
-fn alg_name(alg: u16) -> &'static str {
-    match alg {
-        ALG_RSA => "RSA",
-        ALG_SHA1 => "SHA-1",
-        ALG_AES => "AES",
-        ALG_KEYEDHASH => "KEYEDHASH",
-        ALG_SHA256 => "SHA-256",
-        ALG_SHA384 => "SHA-384",
-        ALG_SHA512 => "SHA-512",
-        ALG_NULL => "NULL",
-        ALG_SM3_256 => "SM3-256",
-        ALG_SM4 => "SM4",
-        ALG_ECC => "ECC",
-        ALG_SYMCIPHER => "SYMCIPHER",
-        ALG_CAMELLIA => "CAMELLIA",
-        ALG_CFB => "CFB",
-        0x0014 => "RSASSA",
-        0x0015 => "RSAES",
-        0x0016 => "RSAPSS",
-        0x0017 => "OAEP",
-        0x0040 => "CTR",
-        0x0041 => "OFB",
-        0x0042 => "CBC",
-        0x0044 => "ECB",
-        _ => "an unknown algorithm",
-    }
 }
 
 #[cfg(test)]
@@ -674,10 +555,10 @@ mod tests {
             )
             .ok()?
             .to_vec();
-        let id = Reader::new(&cred.id_object).tpm2b("id").ok()?;
-        let mut r = Reader::new(id);
+        let id = Reader::new("EK public", &cred.id_object).tpm2b("id").ok()?;
+        let mut r = Reader::new("EK public", id);
         let integrity = r.tpm2b("integrity").ok()?;
-        let enc_identity = r.rest;
+        let enc_identity = r.rest();
         let hmac_key = kdfa_sha256(&seed, "INTEGRITY", &[], &[], 32);
         if hmac_sha256(&hmac_key, &[enc_identity, name]) != integrity {
             return None;
@@ -688,7 +569,7 @@ mod tests {
         let mut plain = enc_identity.to_vec();
         let iv = DecryptionContext::Iv128(FixedLength::from([0u8; 16]));
         let plain = key.decrypt(&mut plain, iv).ok()?;
-        let mut r = Reader::new(plain);
+        let mut r = Reader::new("EK public", plain);
         let secret = r.tpm2b("credential").ok()?.to_vec();
         r.finish("credential").ok()?;
         Some(secret)

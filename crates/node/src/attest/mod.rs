@@ -29,6 +29,7 @@
 pub mod credential;
 pub mod quote;
 pub mod tpm;
+mod wire;
 
 use std::collections::BTreeMap;
 
@@ -128,8 +129,10 @@ impl Reference {
 }
 
 pub(crate) fn sha256(b: &[u8]) -> [u8; 32] {
-    use sha2::Digest;
-    sha2::Sha256::digest(b).into()
+    let d = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, b);
+    let mut out = [0u8; 32];
+    out.copy_from_slice(d.as_ref());
+    out
 }
 
 /// Lower-case hex of `b`.

@@ -4,19 +4,12 @@
 
 use std::collections::BTreeMap;
 
+use super::wire::{
+    ALG_ECC, ALG_ECDSA, ALG_NULL, ALG_SHA256, ATTR_DECRYPT, ATTR_FIXED_TPM, ATTR_RESTRICTED,
+    ATTR_SIGN, CURVE_P256, Reader, ST_ATTEST_QUOTE, TPM_GENERATED, WireError, sha256_name,
+    strip_leading_zeros,
+};
 use super::{BOOT_PCRS, Evidence, MEASURE_PCR, Measurement, Reference, hex, sha256, unhex};
-
-const TPM_GENERATED: u32 = 0xff54_4347;
-const ST_ATTEST_QUOTE: u16 = 0x8018;
-const ALG_ECC: u16 = 0x0023;
-const ALG_ECDSA: u16 = 0x0018;
-const ALG_SHA256: u16 = 0x000b;
-const ALG_NULL: u16 = 0x0010;
-const CURVE_P256: u16 = 0x0003;
-const ATTR_FIXED_TPM: u32 = 1 << 1;
-const ATTR_RESTRICTED: u32 = 1 << 16;
-const ATTR_DECRYPT: u32 = 1 << 17;
-const ATTR_SIGN: u32 = 1 << 18;
 
 /// A quote or a key refused; the message says which check and what was seen.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -74,55 +67,21 @@ fn bad(what: &'static str, why: impl Into<String>) -> AttestError {
     }
 }
 
-/// A bounds-checked big-endian reader over TPM wire bytes.
-struct Reader<'a> {
-    what: &'static str,
-    b: &'a [u8],
-}
-
-impl<'a> Reader<'a> {
-    fn new(what: &'static str, b: &'a [u8]) -> Self {
-        Reader { what, b }
-    }
-    fn take(&mut self, n: usize, field: &str) -> Result<&'a [u8], AttestError> {
-        if self.b.len() < n {
-            return Err(bad(
-                self.what,
-                format!("{field}: needs {n} bytes, {} are left", self.b.len()),
-            ));
-        }
-        let (h, t) = self.b.split_at(n);
-        self.b = t;
-        Ok(h)
-    }
-    fn u8(&mut self, f: &str) -> Result<u8, AttestError> {
-        Ok(self.take(1, f)?[0])
-    }
-    fn u16(&mut self, f: &str) -> Result<u16, AttestError> {
-        let b = self.take(2, f)?;
-        Ok(u16::from_be_bytes([b[0], b[1]]))
-    }
-    fn u32(&mut self, f: &str) -> Result<u32, AttestError> {
-        let b = self.take(4, f)?;
-        Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
-    }
-    fn u64(&mut self, f: &str) -> Result<u64, AttestError> {
-        let hi = self.u32(f)? as u64;
-        Ok(hi << 32 | self.u32(f)? as u64)
-    }
-    /// A TPM2B: a u16 size, then that many bytes.
-    fn sized(&mut self, f: &str) -> Result<&'a [u8], AttestError> {
-        let n = self.u16(f)? as usize;
-        self.take(n, f)
-    }
-    fn end(&self) -> Result<(), AttestError> {
-        if self.b.is_empty() {
-            Ok(())
-        } else {
-            Err(bad(
-                self.what,
-                format!("{} bytes after the end", self.b.len()),
-            ))
+impl From<WireError> for AttestError {
+    fn from(e: WireError) -> Self {
+        match e {
+            WireError::Truncated {
+                what,
+                field,
+                need,
+                have,
+            } => bad(
+                what,
+                format!("{field}: needs {need} bytes, {have} are left"),
+            ),
+            WireError::Trailing { what, field, count } => {
+                bad(what, format!("{count} bytes after {field}"))
+            }
         }
     }
 }
@@ -159,8 +118,8 @@ pub fn parse_attest(b: &[u8]) -> Result<Attest, AttestError> {
             format!("type is {ty:#06x}, not a quote (0x8018)"),
         ));
     }
-    let qualified_signer = r.sized("qualifiedSigner")?.to_vec();
-    let extra_data = r.sized("extraData")?.to_vec();
+    let qualified_signer = r.tpm2b("qualifiedSigner")?.to_vec();
+    let extra_data = r.tpm2b("extraData")?.to_vec();
     let clock = r.u64("clockInfo.clock")?;
     let reset_count = r.u32("clockInfo.resetCount")?;
     let restart_count = r.u32("clockInfo.restartCount")?;
@@ -184,8 +143,8 @@ pub fn parse_attest(b: &[u8]) -> Result<Attest, AttestError> {
             .collect();
         selection.push((hash, idx));
     }
-    let pcr_digest = r.sized("pcrDigest")?.to_vec();
-    r.end()?;
+    let pcr_digest = r.tpm2b("pcrDigest")?.to_vec();
+    r.finish("pcrDigest")?;
     Ok(Attest {
         qualified_signer,
         extra_data,
@@ -212,20 +171,15 @@ pub fn parse_signature(b: &[u8]) -> Result<[u8; 64], AttestError> {
     }
     let mut out = [0u8; 64];
     for (i, f) in ["signatureR", "signatureS"].into_iter().enumerate() {
-        let v = r.sized(f)?;
-        let v = strip_zeros(v);
+        let v = r.tpm2b(f)?;
+        let v = strip_leading_zeros(v);
         if v.len() > 32 {
             return Err(bad(WHAT, format!("{f} is {} bytes, over 32", v.len())));
         }
         out[i * 32 + 32 - v.len()..(i + 1) * 32].copy_from_slice(v);
     }
-    r.end()?;
+    r.finish("signatureS")?;
     Ok(out)
-}
-
-fn strip_zeros(v: &[u8]) -> &[u8] {
-    let n = v.iter().take_while(|b| **b == 0).count();
-    &v[n..]
 }
 
 /// An attestation key, from its TPM2B_PUBLIC.
@@ -243,13 +197,13 @@ pub struct AkPublic {
 pub fn parse_ak_public(b: &[u8]) -> Result<AkPublic, AttestError> {
     const WHAT: &str = "the attestation key (TPM2B_PUBLIC)";
     let mut outer = Reader::new(WHAT, b);
-    let area = outer.sized("size")?;
-    outer.end()?;
+    let area = outer.tpm2b("size")?;
+    outer.finish("TPM2B_PUBLIC")?;
     let mut r = Reader::new(WHAT, area);
     let ty = r.u16("type")?;
     let name_alg = r.u16("nameAlg")?;
     let attrs = r.u32("objectAttributes")?;
-    r.sized("authPolicy")?;
+    r.tpm2b("authPolicy")?;
     if ty != ALG_ECC {
         return Err(AttestError::WeakKey(format!(
             "type {ty:#06x}; Tessera makes ECC attestation keys"
@@ -290,18 +244,19 @@ pub fn parse_ak_public(b: &[u8]) -> Result<AkPublic, AttestError> {
     if r.u16("parameters.kdf")? != ALG_NULL {
         r.u16("parameters.kdf.hashAlg")?;
     }
-    let x = r.sized("unique.x")?;
-    let y = r.sized("unique.y")?;
-    r.end()?;
+    let x = r.tpm2b("unique.x")?;
+    let y = r.tpm2b("unique.y")?;
+    r.finish("unique.y")?;
     if x.len() != 32 || y.len() != 32 {
         return Err(bad(WHAT, format!("point of {}+{} bytes", x.len(), y.len())));
     }
     let mut point = vec![4u8];
     point.extend_from_slice(x);
     point.extend_from_slice(y);
-    let mut name = ALG_SHA256.to_be_bytes().to_vec();
-    name.extend_from_slice(&sha256(area));
-    Ok(AkPublic { point, name })
+    Ok(AkPublic {
+        point,
+        name: sha256_name(area),
+    })
 }
 
 /// What a verified quote showed.

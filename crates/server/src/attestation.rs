@@ -391,11 +391,7 @@ impl crate::plane::ControlPlane {
         node: &str,
     ) -> Result<Value, ApiError> {
         c.require(crate::auth::Role::Viewer)?;
-        let mut v = get(self.store(), node).await?;
-        if let Some(o) = v.as_object_mut() {
-            o.remove("evidence");
-        }
-        Ok(v)
+        Ok(public(get(self.store(), node).await?))
     }
 
     /// Attests `node` now (operators; only the local node has a verifier here).
@@ -407,11 +403,9 @@ impl crate::plane::ControlPlane {
     ) -> Result<Value, ApiError> {
         c.require_system(crate::auth::Role::Operator)?;
         let a = local(a, node)?;
-        let mut v = serde_json::to_value(a.check().await).map_err(ApiError::internal)?;
-        if let Some(o) = v.as_object_mut() {
-            o.remove("evidence");
-        }
-        Ok(v)
+        Ok(public(
+            serde_json::to_value(a.check().await).map_err(ApiError::internal)?,
+        ))
     }
 
     /// Approves `node`'s last authentic quote as its reference values (system
@@ -424,12 +418,18 @@ impl crate::plane::ControlPlane {
     ) -> Result<Value, ApiError> {
         c.require_system(crate::auth::Role::Operator)?;
         let a = local(a, node)?;
-        let mut v = serde_json::to_value(a.trust().await?).map_err(ApiError::internal)?;
-        if let Some(o) = v.as_object_mut() {
-            o.remove("evidence");
-        }
-        Ok(v)
+        Ok(public(
+            serde_json::to_value(a.trust().await?).map_err(ApiError::internal)?,
+        ))
     }
+}
+
+/// A record as the API shows it: without the last evidence's raw bytes.
+fn public(mut v: Value) -> Value {
+    if let Some(o) = v.as_object_mut() {
+        o.remove("evidence");
+    }
+    v
 }
 
 fn local<'a>(a: Option<&'a Attester>, node: &str) -> Result<&'a Attester, ApiError> {

@@ -322,17 +322,7 @@ async fn start_microvm(
     cfg: &ServerConfig,
     kernel: &std::path::Path,
 ) -> Result<std::sync::Arc<tessera_sandbox::vm::MicroVmTier>, StartError> {
-    let cache = cfg
-        .node
-        .data_dir
-        .clone()
-        .or_else(|| {
-            cfg.executor_logs
-                .as_ref()
-                .and_then(|l| l.parent().map(|p| p.to_path_buf()))
-        })
-        .unwrap_or_else(std::env::temp_dir)
-        .join("vm");
+    let cache = node_data(cfg).join("vm");
     let mut vcfg = tessera_sandbox::vm::MicroVmConfig::new(kernel, cache);
     vcfg.guard = cfg.guard.clone();
     vcfg.init = cfg.node.init.clone();
@@ -664,6 +654,20 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
     })
 }
 
+/// The folder the local node keeps its state in: the data folder, else the one above
+/// the task logs, else the temporary folder.
+fn node_data(cfg: &ServerConfig) -> std::path::PathBuf {
+    cfg.node
+        .data_dir
+        .clone()
+        .or_else(|| {
+            cfg.executor_logs
+                .as_ref()
+                .and_then(|l| l.parent().map(|p| p.to_path_buf()))
+        })
+        .unwrap_or_else(std::env::temp_dir)
+}
+
 /// Opens the local node's TPM (a software one for `swtpm`) and starts its attester.
 async fn start_attestation(
     cfg: &ServerConfig,
@@ -676,18 +680,7 @@ async fn start_attestation(
         message,
     };
     let software = tcti == "swtpm" || tcti.starts_with("swtpm:");
-    let dir = cfg
-        .node
-        .data_dir
-        .clone()
-        .or_else(|| {
-            cfg.executor_logs
-                .as_ref()
-                .and_then(|l| l.parent().map(|p| p.to_path_buf()))
-        })
-        .unwrap_or_else(std::env::temp_dir)
-        .join("node")
-        .join("tpm");
+    let dir = node_data(cfg).join("node").join("tpm");
     let (tpm, sw) = tokio::task::spawn_blocking({
         let tcti = tcti.to_string();
         move || {

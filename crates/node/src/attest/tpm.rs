@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
 
-use super::{BOOT_PCRS, Evidence, Identity, MEASURE_PCR, Measurement, hex};
+use super::{Evidence, Identity, MEASURE_PCR, Measurement, hex};
 
 /// The persistent handle of the endorsement key (the TCG's default RSA EK handle).
 pub const EK_HANDLE: &str = "0x81010001";
@@ -213,26 +213,23 @@ impl Tpm {
         let mut g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         g.clear();
         self.run("tpm2_pcrreset", &[&MEASURE_PCR.to_string()])?;
-        for m in log {
-            let d = m
-                .digest
-                .strip_prefix("sha256:")
-                .ok_or_else(|| TpmError::Output(format!("measurement {} is not sha256", m.name)))?;
-            self.run("tpm2_pcrextend", &[&format!("{MEASURE_PCR}:sha256={d}")])?;
-            g.push(m.clone());
-        }
-        Ok(())
+        log.iter().try_for_each(|m| self.extend_log(&mut g, m))
     }
 
     /// Extends one more measurement onto the log.
     pub fn extend(&self, m: &Measurement) -> Result<(), TpmError> {
         let mut g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.extend_log(&mut g, m)
+    }
+
+    /// Extends PCR [`MEASURE_PCR`] with `m` and appends it to `log` (held locked).
+    fn extend_log(&self, log: &mut Vec<Measurement>, m: &Measurement) -> Result<(), TpmError> {
         let d = m
             .digest
             .strip_prefix("sha256:")
             .ok_or_else(|| TpmError::Output(format!("measurement {} is not sha256", m.name)))?;
         self.run("tpm2_pcrextend", &[&format!("{MEASURE_PCR}:sha256={d}")])?;
-        g.push(m.clone());
+        log.push(m.clone());
         Ok(())
     }
 
@@ -240,9 +237,8 @@ impl Tpm {
     /// with the PCR values it covers and the measurement log.
     pub fn quote(&self, nonce: &[u8]) -> Result<Evidence, TpmError> {
         let g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-        let list: Vec<String> = BOOT_PCRS
+        let list: Vec<String> = super::quote::quoted_pcrs()
             .iter()
-            .chain(std::iter::once(&MEASURE_PCR))
             .map(|i| i.to_string())
             .collect();
         let sel = format!("sha256:{}", list.join(","));

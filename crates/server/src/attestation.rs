@@ -118,6 +118,13 @@ impl Attester {
         rec.node = a.node.clone();
         rec.tcti = a.tpm.tcti().to_string();
         rec.software_tpm = software;
+        if software {
+            eprintln!(
+                "tessera: node {}: attesting with a software TPM ({}): this proves the protocol, not hardware",
+                a.node,
+                a.tpm.tcti()
+            );
+        }
         rec.attested = false;
         rec.measurements = measurements.clone();
         match a.register(measurements).await {
@@ -179,40 +186,7 @@ impl Attester {
         let _g = self.lock.lock().await;
         let mut rec = self.read().await.unwrap_or_default();
         let was = rec.attested;
-        let nonce: [u8; 32] = random();
-        let tpm = self.tpm.clone();
-        let quoted = blocking(move || tpm.quote(&nonce).map_err(|e| e.to_string())).await;
-        let verdict: Result<String, String> = match (&rec.identity, quoted) {
-            _ if !rec.registered => Err(rec.reason.clone()),
-            (None, _) => Err("the node has no registered keys".into()),
-            (_, Err(e)) => Err(format!("the TPM did not quote: {e}")),
-            (Some(id), Ok(e)) => match attest::quote::authentic(&id.ak_public, &e, &nonce) {
-                Err(err) => Err(err.to_string()),
-                Ok(_) => {
-                    rec.evidence = Some(e.clone());
-                    match &rec.reference {
-                        None => Err(format!(
-                            "no reference values approved for node {}: check its measurements with `tessera node attestation {0}`, then `tessera node trust {0}`",
-                            self.node
-                        )),
-                        Some(r) if r.ak_public != id.ak_public => {
-                            Err(attest::AttestError::KeyChanged.to_string())
-                        }
-                        Some(r) => attest::verify(r, &e, &nonce)
-                            .map(|v| {
-                                format!(
-                                    "quote verified: {} measurements, TPM clock {} (resets {}, restarts {})",
-                                    v.measurements.len(),
-                                    v.clock,
-                                    v.reset_count,
-                                    v.restart_count
-                                )
-                            })
-                            .map_err(|e| e.to_string()),
-                    }
-                }
-            },
-        };
+        let verdict = self.verdict(&mut rec).await;
         let now = now_ms();
         rec.checked_ms = now;
         match verdict {
@@ -244,6 +218,42 @@ impl Attester {
             .await;
         }
         rec
+    }
+
+    /// Quotes a registered node with a fresh nonce and judges it against its
+    /// reference; keeps the quote in `rec` when it is authentic.
+    async fn verdict(&self, rec: &mut Record) -> Result<String, String> {
+        if !rec.registered {
+            return Err(rec.reason.clone());
+        }
+        let id = rec
+            .identity
+            .clone()
+            .ok_or("the node has no registered keys")?;
+        let nonce: [u8; 32] = random();
+        let tpm = self.tpm.clone();
+        let e = blocking(move || tpm.quote(&nonce).map_err(|e| e.to_string()))
+            .await
+            .map_err(|e| format!("the TPM did not quote: {e}"))?;
+        attest::quote::authentic(&id.ak_public, &e, &nonce).map_err(|e| e.to_string())?;
+        rec.evidence = Some(e.clone());
+        let r = rec.reference.as_ref().ok_or_else(|| {
+            format!(
+                "no reference values approved for node {}: check its measurements with `tessera node attestation {0}`, then `tessera node trust {0}`",
+                self.node
+            )
+        })?;
+        if r.ak_public != id.ak_public {
+            return Err(attest::AttestError::KeyChanged.to_string());
+        }
+        let v = attest::verify(r, &e, &nonce).map_err(|e| e.to_string())?;
+        Ok(format!(
+            "quote verified: {} measurements, TPM clock {} (resets {}, restarts {})",
+            v.measurements.len(),
+            v.clock,
+            v.reset_count,
+            v.restart_count
+        ))
     }
 
     /// Approves the node's last authentic quote as its reference values.

@@ -679,7 +679,6 @@ async fn start_attestation(
         what: "TPM (--tpm)",
         message,
     };
-    let software = tcti == "swtpm" || tcti.starts_with("swtpm:");
     let dir = node_data(cfg).join("node").join("tpm");
     let (tpm, sw) = tokio::task::spawn_blocking({
         let tcti = tcti.to_string();
@@ -702,12 +701,6 @@ async fn start_attestation(
     .await
     .map_err(|e| fail(e.to_string()))?
     .map_err(fail)?;
-    if software {
-        eprintln!(
-            "tessera: node {node}: attesting with a software TPM ({}): this proves the protocol, not hardware",
-            tpm.tcti()
-        );
-    }
     let a = attestation::Attester::start(
         plane.store().clone(),
         node.to_string(),

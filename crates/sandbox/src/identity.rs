@@ -326,9 +326,15 @@ pub fn sha256(mut f: File, size: u64) -> Option<[u8; 32]> {
     Some(h.finalize().into())
 }
 
-/// Hex form of a hash (the wire form between runner and supervisor).
-pub fn hex(h: &[u8; 32]) -> String {
-    h.iter().map(|b| format!("{b:02x}")).collect()
+/// Lower-case hex of `b` (a hash's wire form between runner and supervisor, digests
+/// in the registry, TPM structures in attestation).
+pub fn hex(b: &[u8]) -> String {
+    use std::fmt::Write;
+    b.iter()
+        .fold(String::with_capacity(b.len() * 2), |mut s, x| {
+            let _ = write!(s, "{x:02x}");
+            s
+        })
 }
 
 /// Parses [`hex`]'s output.

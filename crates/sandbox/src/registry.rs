@@ -758,14 +758,7 @@ fn collect(root: &Path, rel: &Path, out: &mut Vec<PathBuf>) -> Result<(), Regist
     Ok(())
 }
 
-fn hex(b: &[u8]) -> String {
-    use std::fmt::Write;
-    let mut s = String::with_capacity(b.len() * 2);
-    for x in b {
-        let _ = write!(s, "{x:02x}");
-    }
-    s
-}
+use crate::identity::hex;
 
 #[cfg(test)]
 mod tests {

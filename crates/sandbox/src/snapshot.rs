@@ -101,7 +101,7 @@ fn sha256_file(path: &Path) -> io::Result<(u64, String)> {
         h.update(&buf[..k]);
         n += k as u64;
     }
-    Ok((n, crate::identity::hex(&h.finalize().into())))
+    Ok((n, crate::identity::hex(&h.finalize())))
 }
 
 fn sibling(dir: &Path, tag: &str) -> PathBuf {

@@ -135,15 +135,7 @@ pub(crate) fn sha256(b: &[u8]) -> [u8; 32] {
     out
 }
 
-/// Lower-case hex of `b`.
-pub fn hex(b: &[u8]) -> String {
-    use std::fmt::Write;
-    b.iter()
-        .fold(String::with_capacity(b.len() * 2), |mut s, x| {
-            let _ = write!(s, "{x:02x}");
-            s
-        })
-}
+pub use tessera_sandbox::identity::hex;
 
 /// The bytes of hex `s` (either case), or `None`.
 pub fn unhex(s: &str) -> Option<Vec<u8>> {

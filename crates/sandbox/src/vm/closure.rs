@@ -250,7 +250,7 @@ pub fn host_closure_cached(cache: &Path) -> Result<PathBuf, TemplateError> {
         use std::os::unix::fs::MetadataExt;
         h.update(format!("dpkg {} {}\n", md.len(), md.mtime()).as_bytes());
     }
-    let fp = crate::identity::hex(&h.finalize().into());
+    let fp = crate::identity::hex(&h.finalize());
     let dir = cache.join(format!("host-{}", &fp[..16]));
     if dir.is_dir() {
         return Ok(dir);

@@ -475,7 +475,7 @@ pub fn shared_libs(bin: &Path) -> Result<Vec<PathBuf>, ImageError> {
 /// SHA-256 (hex) of a file.
 pub fn file_sha256(p: &Path) -> Result<String, ImageError> {
     let data = fs::read(p).map_err(ferr(p))?;
-    Ok(crate::identity::hex(&Sha256::digest(&data).into()))
+    Ok(crate::identity::hex(&Sha256::digest(&data)))
 }
 
 /// The agent's initramfs part: `init` as `/init` with its shared libraries (at the

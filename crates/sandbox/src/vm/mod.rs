@@ -267,7 +267,7 @@ impl MicroVmTier {
         let agent = image::agent_cpio(&init.path).map_err(vm_err)?;
         let mut both = modules;
         both.extend_from_slice(&agent);
-        let isha = crate::identity::hex(&<sha2::Sha256 as sha2::Digest>::digest(&both).into());
+        let isha = crate::identity::hex(&<sha2::Sha256 as sha2::Digest>::digest(&both));
         let ipath = cfg.cache.join(format!("initrd-{}.img", &isha[..16]));
         if !ipath.exists() {
             let tmp = ipath.with_extension(format!("tmp-{}", crate::registry::nonce()));

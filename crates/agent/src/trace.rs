@@ -218,9 +218,7 @@ pub fn render(session: &str, roots: &[Node]) -> String {
 mod tests {
     use super::*;
 
-    fn hex(b: &[u8]) -> String {
-        b.iter().map(|x| format!("{x:02x}")).collect()
-    }
+    use tessera_sandbox::identity::hex;
 
     /// Exported ids must not change between versions: a backend joins spans
     /// recorded before and after an upgrade only if they do.

@@ -59,14 +59,7 @@ pub struct NewKey {
 
 pub const KEY_PREFIX: &str = "tsk_";
 
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(s, "{b:02x}");
-    }
-    s
-}
+use tessera_sandbox::identity::hex;
 
 /// `n` random bytes as hex.
 pub fn random_hex(n: usize) -> String {

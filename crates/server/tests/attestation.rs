@@ -128,6 +128,37 @@ async fn only_attested_nodes_run_what_requires_attestation() {
             .await;
     }
 
+    // From inside a sandbox, another tenant's task cannot reach the TPM to tamper with
+    // it: its network namespace has only its own loopback.
+    if run_tasks {
+        let port = tcti.rsplit('=').next().unwrap();
+        let other = s.tenant("other").await;
+        let (st, v) = other.post("/v1/queues", json!({"name": "q"})).await;
+        assert_eq!(st, StatusCode::CREATED, "{v}");
+        // (Python's socket, not the shell's /dev/tcp, which the guard refuses
+        // before the wall is reached.)
+        let probe = format!(
+            "import socket\nprint('tried', flush=True)\ntry:\n    socket.create_connection(('127.0.0.1', {port}), 2)\n    print('reached-the-tpm')\nexcept OSError as e:\n    print('refused', e)\n"
+        );
+        let job = json!({"name": "probe", "queue": "q", "tasks": [{
+            "name": "t0", "command": ["python3", "-c", probe],
+            "resources": {"cpu_milli": 100, "memory": 64 << 20},
+        }]});
+        let (st, v) = other.post("/v1/jobs", job).await;
+        assert_eq!(st, StatusCode::CREATED, "{v}");
+        other
+            .wait_for("/v1/jobs/probe", |v| v["status"]["phase"] == "succeeded")
+            .await;
+        let r = other
+            .request(common::Method::GET, "/v1/jobs/probe/logs")
+            .send()
+            .await
+            .unwrap();
+        let log = r.text().await.unwrap();
+        assert!(log.contains("tried") && log.contains("refused"), "{log}");
+        assert!(!log.contains("reached-the-tpm"), "{log}");
+    }
+
     // Someone extends the measurement PCR behind the node's back: the next quote does
     // not replay, the node loses its label, the task is evicted from it.
     let intruder = tempfile::tempdir().unwrap();

@@ -279,3 +279,22 @@ proptest! {
         }
     }
 }
+
+/// A task holds a GPU once: a recorded binding naming one device twice (an
+/// inconsistent snapshot) is refused and changes nothing, instead of charging the
+/// device twice (which underflowed its free share).
+#[test]
+fn one_gpu_named_twice_is_not_assigned() {
+    use tessera_model::{GpuDevice, GpuRequest, Node, Resources};
+    let mut n = Node::new("n", Resources::new(8_000, 1 << 36).with_gpu_milli(4000));
+    n.gpus = (0..4).map(|i| GpuDevice::new(i, "T4", 16 << 30)).collect();
+    let mut g = tessera_sched::gpu::NodeGpus::from_node(&n);
+    let two = GpuRequest::Whole {
+        count: 2,
+        models: vec![],
+    };
+    assert!(!g.assign(&two, &[2, 2]));
+    assert_eq!(g.whole_free(), 4);
+    assert!(g.assign(&two, &[1, 2]));
+    assert_eq!(g.whole_free(), 2);
+}

@@ -633,15 +633,21 @@ impl NodeGpus {
     }
 
     /// Records that `req` holds the GPUs `indices`. Returns false (and changes
-    /// nothing) when they are not free enough: the caller's accounting is wrong.
+    /// nothing) when they are not free enough, or name one GPU twice (a task holds
+    /// a device once): the caller's accounting is wrong.
     pub fn assign(&mut self, req: &GpuRequest, indices: &[u32]) -> bool {
         let (milli, mem) = per_gpu(req);
-        let ok = indices.iter().all(|i| {
-            self.slots
-                .iter()
-                .find(|s| s.index == *i)
-                .is_some_and(|s| s.free_milli >= milli && s.free_memory >= mem)
-        });
+        let twice = indices
+            .iter()
+            .enumerate()
+            .any(|(k, i)| indices[..k].contains(i));
+        let ok = !twice
+            && indices.iter().all(|i| {
+                self.slots
+                    .iter()
+                    .find(|s| s.index == *i)
+                    .is_some_and(|s| s.free_milli >= milli && s.free_memory >= mem)
+            });
         if !ok {
             return false;
         }

@@ -1035,9 +1035,14 @@ impl Session<'_, '_, '_> {
         self.pending_evictions.clear();
     }
 
-    /// Puts an evicted task back where it ran, on the devices it had.
+    /// Puts an evicted task back where it ran, on the devices it had. A task that
+    /// ran on no known node (an inconsistent snapshot) held nothing here: evicting
+    /// it changed only its status, and so does this.
     fn unevict(&mut self, t: u32) {
-        let n = self.st.tasks[t as usize].node.unwrap_or(0);
+        let Some(n) = self.st.tasks[t as usize].node else {
+            self.st.tasks[t as usize].status = TaskStatus::Running;
+            return;
+        };
         self.releasing[n as usize] -= 1;
         let gpus = std::mem::take(&mut self.st.tasks[t as usize].gpus);
         let mig = self.st.tasks[t as usize].mig.take();
@@ -1998,9 +2003,11 @@ impl Session<'_, '_, '_> {
             })
             .collect();
         for (&v, r) in victims.iter().zip(reasons) {
-            let n = self.st.tasks[v as usize].node.unwrap_or(0);
+            // A task on no known node frees room on none.
+            if let Some(n) = self.st.tasks[v as usize].node {
+                self.releasing[n as usize] += 1;
+            }
             self.st.unplace(v, TaskStatus::Evicted);
-            self.releasing[n as usize] += 1;
             stmt.ops.push(Op::Evicted(v));
             self.pending_evictions.push((v, r));
         }

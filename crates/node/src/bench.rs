@@ -89,6 +89,7 @@ fn spec(dir: &std::path::Path, i: usize, command: Vec<String>) -> WorkloadSpec {
         record: vec![],
         log: dir.join(format!("t{i}.log")),
         tier: tessera_sandbox::TierKind::Namespace,
+        weights: Vec::new(),
     }
 }
 

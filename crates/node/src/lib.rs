@@ -20,6 +20,9 @@
 //! - [`health`]: heartbeat and conditions.
 //! - [`attest`]: the node's TPM (keys, measurements, quotes) and the verifier's
 //!   pure check of a quote against approved reference values.
+//! - [`weights`]: model weights released by the key service to this node (a TPM
+//!   quote binds the ephemeral key they are wrapped to) and decrypted into the
+//!   task's memory-backed, read-only folder; nothing decrypted reaches a disk.
 //! - [`bench`]: `tessera bench node`.
 //!
 //! Never knows: the store, HTTP, the scheduler's algorithms; the server decides,
@@ -36,6 +39,7 @@ pub mod health;
 pub mod mig;
 pub mod runtime;
 pub mod spec;
+pub mod weights;
 
 pub use fence::{DeviceDirs, GpuAssignment, Mismatch};
 pub use runtime::{

@@ -62,6 +62,9 @@ pub struct NodeConfig {
     /// The micro-VM tier, for tasks whose runtime class maps to it; `None`: this node
     /// runs only the namespace tier (and advertises only its classes).
     pub microvm: Option<Arc<tessera_sandbox::vm::MicroVmTier>>,
+    /// The key service and this node's TPM, for tasks that name model weights;
+    /// `None`: such tasks are refused (weights go only to attested nodes).
+    pub weights: Option<crate::weights::WeightsAccess>,
 }
 
 impl std::fmt::Debug for NodeConfig {
@@ -102,6 +105,7 @@ impl NodeConfig {
             defaults: Defaults::default(),
             faults: None,
             microvm: None,
+            weights: None,
         }
     }
 }
@@ -128,6 +132,9 @@ pub struct WorkloadSpec {
     /// micro-VM of [`NodeConfig::microvm`], and has no GPUs (vfio pass-through is not
     /// built: see docs/sandbox.md).
     pub tier: TierKind,
+    /// Model weights released into the sandbox (each a sealed folder, see
+    /// [`crate::weights`]) after the device-view check and before the command.
+    pub weights: Vec<crate::weights::WeightsMount>,
 }
 
 /// What a task used, read from its cgroup before the sandbox is removed.
@@ -274,6 +281,10 @@ pub enum StartError {
     NoCommand,
     #[error("tier: {0}")]
     Tier(String),
+    /// The task's weights were not released or not delivered (the reason, from the
+    /// key service or the delivery).
+    #[error("{0}")]
+    Weights(String),
 }
 
 /// Receives a task's end.
@@ -670,8 +681,37 @@ impl NodeRuntime {
                 .map(|p| p.display().to_string())
                 .collect(),
             device_allow: Some(fence.rules.clone()),
+            sealed: self.sealed_folders(w)?,
         };
         Ok((sbspec, env, fence.view))
+    }
+
+    /// The sealed folders of a task's weights; refuses what cannot receive them.
+    fn sealed_folders(&self, w: &WorkloadSpec) -> Result<Vec<String>, StartError> {
+        if w.weights.is_empty() {
+            return Ok(Vec::new());
+        }
+        if self.cfg.weights.is_none() {
+            return Err(StartError::Weights(format!(
+                "node {} cannot receive model weights: weights are released only to an attested node, and this one has no TPM (start it with --tpm)",
+                self.cfg.name
+            )));
+        }
+        if w.tier != TierKind::Namespace {
+            return Err(StartError::Weights(format!(
+                "model weights cannot be delivered into the {} tier yet (a guest needs a memory-backed folder of its own): use a class of the namespace tier",
+                w.tier
+            )));
+        }
+        let mut paths: Vec<String> = w.weights.iter().map(|m| m.path.clone()).collect();
+        paths.sort();
+        if let Some(d) = paths.windows(2).find(|p| p[0] == p[1]) {
+            return Err(StartError::Weights(format!(
+                "two of the task's weights would both appear at {}: their names must differ in the last part",
+                d[0]
+            )));
+        }
+        Ok(paths)
     }
 
     /// Starts a task: checks the device view, makes its sandbox, and runs its command
@@ -734,6 +774,23 @@ impl NodeRuntime {
                     .spawn(&sbspec)
                     .map_err(|e| StartError::Sandbox(e.to_string()))?;
                 sb.set_tenant(Some(w.key.tenant.clone()));
+                // Weights, after the device-view check (in `prepare`) and before the
+                // command: a failure drops (destroys) the sandbox and what it held.
+                if !w.weights.is_empty() {
+                    let access = self.cfg.weights.as_ref().ok_or_else(|| {
+                        StartError::Weights("this node cannot receive weights".into())
+                    })?;
+                    crate::weights::deliver(
+                        &sb,
+                        access,
+                        &self.cfg.name,
+                        &w.key,
+                        &w.weights,
+                        &view,
+                        sbspec.limits.memory_bytes,
+                    )
+                    .map_err(StartError::Weights)?;
+                }
                 Held::Namespace(Arc::new(sb))
             }
             TierKind::Microvm => {

@@ -166,6 +166,7 @@ impl Rig {
             record: tessera_node::gpu::map_gpus(&self.raw),
             log: self.dir.join(format!("{name}.log")),
             tier: tessera_sandbox::TierKind::Namespace,
+            weights: Vec::new(),
         }
     }
 

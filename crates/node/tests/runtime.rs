@@ -73,6 +73,7 @@ fn task(dir: &Path, name: &str, cmd: &str) -> WorkloadSpec {
         record: vec![],
         log: dir.join(format!("{name}.log")),
         tier: tessera_sandbox::TierKind::Namespace,
+        weights: Vec::new(),
     }
 }
 

@@ -117,6 +117,8 @@ struct State {
     seccomp: Vec<seccompiler::BpfProgram>,
     landlock: Option<RulesetCreated>,
     rlimits: crate::spec::Rlimits,
+    /// Sealed folders not sealed yet (see [`SandboxSpec::sealed`]).
+    unsealed: BTreeSet<String>,
 }
 
 fn close_from(first: u32) {
@@ -216,6 +218,14 @@ fn serve(ctrl: &OwnedFd, sfd: &SignalFd, st: &mut State) -> Result<(), String> {
                 }
                 Reply::Done
             }
+            Request::Fill { path, file, bytes } => match fill(st, &path, &file, bytes, fds) {
+                Ok(()) => Reply::Done,
+                Err(e) => Reply::Failed(e),
+            },
+            Request::Seal { path } => match seal(st, &path) {
+                Ok(()) => Reply::Done,
+                Err(e) => Reply::Failed(e),
+            },
             Request::Job(job) => match start_job(ctrl, st, job, fds) {
                 Ok(pid) => {
                     runners.insert(pid);
@@ -404,6 +414,9 @@ fn setup(spec: &SandboxSpec, uid: u32, gid: u32) -> Result<State, StepError> {
     for m in &spec.masked_paths {
         check_inner_path("mask", m)?;
     }
+    for m in &spec.sealed {
+        check_inner_path("sealed", m)?;
+    }
 
     let nosuid_nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
     mnt(
@@ -572,6 +585,21 @@ fn setup(spec: &SandboxSpec, uid: u32, gid: u32) -> Result<State, StepError> {
             Err(_) => {}
         }
     }
+    // Sealed folders: ramfs (its pages are never swapped out), closed to the
+    // commands (root's, 0700) until filled and sealed.
+    for m in &spec.sealed {
+        let t = s(m.trim_start_matches('/'));
+        if !Path::new(&t).is_dir() {
+            fs::create_dir_all(&t).map_err(se("mkdir", &t))?;
+        }
+        mnt(
+            Some("tessera-sealed"),
+            &t,
+            Some("ramfs"),
+            nosuid_nodev | MsFlags::MS_NOEXEC,
+            Some("mode=0700"),
+        )?;
+    }
     mnt(
         None,
         &s("dev"),
@@ -614,7 +642,79 @@ fn setup(spec: &SandboxSpec, uid: u32, gid: u32) -> Result<State, StepError> {
         seccomp,
         landlock,
         rlimits: spec.rlimits,
+        unsealed: spec.sealed.iter().cloned().collect(),
     })
+}
+
+/// Writes one file of an unsealed folder from the pipe in `fds` (exactly `bytes`
+/// bytes, or the file is removed again).
+fn fill(
+    st: &State,
+    path: &str,
+    file: &str,
+    bytes: u64,
+    fds: Vec<OwnedFd>,
+) -> Result<(), StepError> {
+    if !st.unsealed.contains(path) {
+        return Err(StepError::new(
+            "fill",
+            path,
+            "not an unsealed folder of this sandbox",
+        ));
+    }
+    if file.is_empty() || file == "." || file == ".." || file.contains(['/', '\0']) {
+        return Err(StepError::new("fill", file, "not a plain file name"));
+    }
+    let Some(src) = fds.into_iter().next() else {
+        return Err(StepError::new("fill", path, "no data pipe was passed"));
+    };
+    let target = format!("{path}/{file}");
+    let mut out = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o400)
+        .open(&target)
+        .map_err(se("create", &target))?;
+    let mut src = std::io::Read::take(fs::File::from(src), bytes + 1);
+    let r = std::io::copy(&mut src, &mut out);
+    drop(src);
+    let fail = |m: String| {
+        drop(fs::remove_file(&target));
+        Err(StepError::new("fill", &target, m))
+    };
+    match r {
+        Ok(n) if n == bytes => {}
+        Ok(n) if n > bytes => return fail(format!("more than the {bytes} bytes announced")),
+        Ok(n) => return fail(format!("the stream ended after {n} of {bytes} bytes")),
+        Err(e) => return fail(e.to_string()),
+    }
+    out.set_permissions(fs::Permissions::from_mode(0o444))
+        .map_err(se("chmod", &target))?;
+    Ok(())
+}
+
+/// Opens a filled folder to the commands, read-only for good.
+fn seal(st: &mut State, path: &str) -> Result<(), StepError> {
+    if !st.unsealed.remove(path) {
+        return Err(StepError::new(
+            "seal",
+            path,
+            "not an unsealed folder of this sandbox",
+        ));
+    }
+    fs::set_permissions(path, fs::Permissions::from_mode(0o555)).map_err(se("chmod", path))?;
+    mnt(
+        None,
+        path,
+        None,
+        MsFlags::MS_REMOUNT
+            | MsFlags::MS_BIND
+            | MsFlags::MS_RDONLY
+            | MsFlags::MS_NOSUID
+            | MsFlags::MS_NODEV
+            | MsFlags::MS_NOEXEC,
+        None,
+    )
 }
 
 /// Brings loopback up in the calling thread's network namespace (nothing to do when a
@@ -702,6 +802,10 @@ fn landlock_ruleset(spec: &SandboxSpec) -> Result<Option<RulesetCreated>, StepEr
     }
     for p in &ro {
         rs = rule(rs, p, read)?;
+    }
+    // Sealed folders: read, never execute (and read-only once sealed).
+    for p in &spec.sealed {
+        rs = rule(rs, p, AccessFs::ReadFile | AccessFs::ReadDir)?;
     }
     rs = rule(
         rs,

@@ -27,6 +27,19 @@ pub enum Request {
         pid: i32,
     },
     Ping,
+    /// Writes `file` in the unsealed folder `path` (one of the spec's `sealed`) from the
+    /// pipe passed as the one fd, which must carry exactly `bytes` bytes; a short or
+    /// long stream removes the file again. Answered once the pipe is closed.
+    Fill {
+        path: String,
+        file: String,
+        bytes: u64,
+    },
+    /// Makes the sealed folder `path` readable to the sandbox's commands and
+    /// read-only for good (no further `Fill`).
+    Seal {
+        path: String,
+    },
 }
 
 /// A job: a command, or a file operation run with the same confinement as commands.

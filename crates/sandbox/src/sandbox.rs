@@ -948,6 +948,74 @@ impl Sandbox {
             .map_err(|e| ExecError::Protocol(e.to_string()))
     }
 
+    /// Writes `file` (exactly `bytes` bytes, from what `produce` writes) into the
+    /// sealed folder `dir` (one of the spec's [`SandboxSpec::sealed`], not sealed yet).
+    /// The bytes go over a pipe straight into the sandbox's memory-backed folder:
+    /// nothing is staged on a disk, and a stream that ends early (a failed `produce`)
+    /// leaves no file behind. Not a tenant's operation: no guard, no redaction.
+    pub fn fill_sealed(
+        &self,
+        dir: &str,
+        file: &str,
+        bytes: u64,
+        produce: impl FnOnce(&mut dyn io::Write) -> io::Result<()>,
+    ) -> Result<(), FileError> {
+        if !self.spec.sealed.iter().any(|p| p == dir) {
+            return Err(FileError::Op {
+                path: dir.into(),
+                source: StepError::new("fill", dir, "not a sealed folder of this sandbox"),
+            });
+        }
+        self.check_alive()?;
+        let (r, w) = pipe2(OFlag::O_CLOEXEC).map_err(|e| ExecError::Syscall {
+            syscall: "pipe2",
+            source: e.into(),
+        })?;
+        let ctrl = self.ctrl.lock().unwrap_or_else(|p| p.into_inner());
+        let req = Request::Fill {
+            path: dir.into(),
+            file: file.into(),
+            bytes,
+        };
+        proto::send(ctrl.as_fd(), &req, &[r.as_raw_fd()]).map_err(ExecError::Protocol)?;
+        drop(r);
+        let mut pipe = fs::File::from(w);
+        let produced = produce(&mut pipe);
+        // EOF for init: it answers once it has all (or knows it is short).
+        drop(pipe);
+        let reply = recv_timeout::<Reply>(&ctrl, Duration::from_secs(60))
+            .map_err(|e| ExecError::Protocol(e.to_string()))?;
+        let at = format!("{dir}/{file}");
+        match (reply, produced) {
+            (Reply::Done, Ok(())) => Ok(()),
+            (Reply::Done, Err(e)) => Err(FileError::Op {
+                path: at.clone(),
+                source: StepError::new("fill", &at, e.to_string()),
+            }),
+            (Reply::Failed(source), Err(e)) if e.kind() != io::ErrorKind::BrokenPipe => {
+                Err(FileError::Op {
+                    path: at.clone(),
+                    source: StepError::new("fill", &at, format!("{e} ({source})")),
+                })
+            }
+            (Reply::Failed(source), _) => Err(FileError::Op { path: at, source }),
+            (r, _) => Err(ExecError::Protocol(format!("unexpected reply {r:?}")).into()),
+        }
+    }
+
+    /// Opens the sealed folder `dir` to the sandbox's commands, read-only from now on.
+    pub fn seal(&self, dir: &str) -> Result<(), FileError> {
+        self.check_alive()?;
+        match self.request(&Request::Seal { path: dir.into() }, &[])? {
+            Reply::Done => Ok(()),
+            Reply::Failed(source) => Err(FileError::Op {
+                path: dir.into(),
+                source,
+            }),
+            r => Err(ExecError::Protocol(format!("unexpected reply {r:?}")).into()),
+        }
+    }
+
     /// Round trip to init (liveness).
     pub fn ping(&self) -> Result<(), ExecError> {
         self.check_alive()?;

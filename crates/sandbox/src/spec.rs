@@ -40,6 +40,14 @@ pub struct SandboxSpec {
     /// and the bound ones, and a user namespace cannot `mknod`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_allow: Option<Vec<DeviceRule>>,
+    /// Sealed folders (absolute paths inside): memory-backed (ramfs: never swapped,
+    /// never on a disk), private to this sandbox's mount namespace, closed to its
+    /// commands (mode 0700, root's) until the trusted caller has filled them through
+    /// [`crate::Sandbox::fill_sealed`] and [`crate::Sandbox::seal`]; read-only (and
+    /// `noexec`) from then on. Where the node runtime puts released model weights.
+    /// Trusted callers only, like `binds`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sealed: Vec<String>,
 }
 
 /// One host path bound into a sandbox.
@@ -93,6 +101,7 @@ impl Default for SandboxSpec {
             binds: Vec::new(),
             masked_paths: Vec::new(),
             device_allow: None,
+            sealed: Vec::new(),
         }
     }
 }

@@ -37,6 +37,8 @@ pub struct App {
     pub cluster: crate::cluster::ClusterState,
     /// The local node's verifier, when it has a TPM (`tessera up --tpm`).
     pub attester: Option<std::sync::Arc<crate::attestation::Attester>>,
+    /// The weights store and key service.
+    pub weights: std::sync::Arc<crate::weights::KeyService>,
 }
 
 /// A tenant-wide caller: a user's, service account's or OIDC key. Session-scoped keys
@@ -434,6 +436,7 @@ pub const ROUTE_TABLES: &[&[RouteDoc]] = &[
     crate::guardpol::ROUTES,
     crate::queuecaps::ROUTES,
     crate::cluster::ROUTES,
+    crate::weights::ROUTES,
 ];
 
 routes! {
@@ -483,6 +486,7 @@ pub fn router(app: App) -> Router {
         .merge(crate::guardpol::routes())
         .merge(crate::queuecaps::routes())
         .merge(crate::cluster::routes())
+        .merge(crate::weights::routes())
         .merge(crate::ui::routes())
         .route("/v1/openapi.json", get(openapi))
         .route("/healthz", get(healthz))
@@ -554,6 +558,7 @@ pub fn openapi_document() -> Value {
                 "NewApiKey": {"type": "object", "additionalProperties": false, "required": ["subject"], "properties": {
                     "subject": {"type": "string"}, "role": {"$ref": "#/components/schemas/Role"}, "expires_in_seconds": {"type": "integer"}}},
                 "Role": {"type": "string", "enum": ["viewer", "developer", "operator", "admin"]},
+                "WeightsGrant": {"type": "object", "additionalProperties": false, "required": ["tenant"], "properties": {"tenant": {"type": "string"}, "revoke": {"type": "boolean", "description": "Take the grant back"}}},
                 "RoleBindingSpec": {"type": "object", "additionalProperties": false, "required": ["role"], "properties": {"role": {"$ref": "#/components/schemas/Role"}}},
                 "Resources": {"type": "object", "additionalProperties": false, "properties": {
                     "cpu_milli": {"type": "integer"}, "memory": {"description": "bytes; in requests also a quantity (16Gi, 512M)"}, "gpu_milli": {"type": "integer"},
@@ -582,6 +587,7 @@ pub fn openapi_document() -> Value {
                     "node_selector": {"type": "object"}, "tolerations": {"type": "array"}, "priority": {"type": "integer"},
                     "runtime_class": {"type": "string", "description": "standard (namespaces, the default), isolated (a micro-VM) or a class the operator added; none: the tenant's minimum class"},
                     "command": {"type": "array", "items": {"type": "string"}},
+                    "weights": {"type": "array", "items": {"type": "string"}, "description": "Model weights (NAME, or OWNER/NAME granted by another tenant) released into the task at /weights/NAME/FILE: memory-backed and read-only, on an attested node only"},
                     "duration": {"type": "number", "description": "Simulated seconds the task runs on a simulated node (tessera up --cluster)"},
                     "topology": {"description": "{\"scope\": \"nvlink_domain\"|\"pcie_root\"|\"numa\", \"strength\": \"hard\"|\"soft\"}"}}},
                 "JobSpec": {"type": "object", "additionalProperties": false, "required": ["name", "queue", "tasks"], "properties": {

@@ -163,12 +163,12 @@ impl Attester {
     }
 
     async fn read(&self) -> Option<Record> {
-        let o = self
-            .store
-            .get(&Key::new(ATTESTATION, "", &self.node))
-            .await
-            .ok()??;
-        serde_json::from_value(o.body).ok()
+        get_record(&self.store, &self.node).await
+    }
+
+    /// The node's TPM (the node runtime quotes weights releases with it).
+    pub fn tpm(&self) -> Arc<Tpm> {
+        self.tpm.clone()
     }
 
     async fn write(&self, rec: &Record) -> Result<(), ApiError> {
@@ -377,6 +377,12 @@ pub fn measurements(cfg: &crate::ServerConfig) -> Vec<Measurement> {
         }
     }
     v
+}
+
+/// A node's attestation record as stored.
+pub async fn get_record(store: &AnyStore, node: &str) -> Option<Record> {
+    let o = store.get(&Key::new(ATTESTATION, "", node)).await.ok()??;
+    serde_json::from_value(o.body).ok()
 }
 
 /// The attestation record of a node, for the API.

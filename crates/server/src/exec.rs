@@ -701,6 +701,11 @@ impl Executor {
             record,
             log: log_path(&nr.logs, &tref.0, &tref.1, job.created_at, &tref.2),
             tier: nr.classes.tier_of(spec.runtime_class.as_deref()),
+            weights: spec
+                .weights
+                .iter()
+                .map(|w| tessera_node::weights::WeightsMount::new(w))
+                .collect(),
         };
         let mig = st.mig.clone();
         let first_gpu = st.gpus.first().copied();

@@ -37,6 +37,7 @@ pub mod sandboxes;
 pub mod scheduler;
 pub mod tools;
 pub mod ui;
+pub mod weights;
 pub mod wire;
 
 use std::net::SocketAddr;
@@ -453,6 +454,29 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
         cfg.node.lifecycle,
         stop_rx.clone(),
     )));
+    // Node attestation (the local node's TPM): registered, measured and verified now,
+    // then every period.
+    let attester = match (&cfg.node.tpm, cfg.register_local_node) {
+        (Some(tcti), true) => {
+            let a = start_attestation(&cfg, &plane, &local.name, tcti).await?;
+            tasks.push(tokio::spawn(attestation::run_loop(
+                a.clone(),
+                cfg.node.attest_period,
+                stop_rx.clone(),
+            )));
+            Some(a)
+        }
+        _ => None,
+    };
+    // Model weights: sealed at rest under the KEK in the data folder; released by
+    // the key service to the attested local node only.
+    let weights =
+        weights::KeyService::open(plane.store().clone(), &node_data(&cfg)).map_err(|message| {
+            StartError::Component {
+                what: "weights key service",
+                message,
+            }
+        })?;
     if let (true, Some(logs)) = (cfg.register_local_node, cfg.executor_logs.clone()) {
         let data = cfg
             .node
@@ -499,6 +523,15 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
                 }
             }),
             microvm: microvm.clone(),
+            weights: attester
+                .as_ref()
+                .map(|a| tessera_node::weights::WeightsAccess {
+                    broker: std::sync::Arc::new(weights::LocalBroker {
+                        service: weights.clone(),
+                        handle: tokio::runtime::Handle::current(),
+                    }),
+                    tpm: a.tpm(),
+                }),
         };
         let node = tokio::task::spawn_blocking(move || tessera_node::NodeRuntime::new(ncfg))
             .await
@@ -572,20 +605,6 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
             stop_rx.clone(),
         )));
     }
-    // Node attestation (the local node's TPM): registered, measured and verified now,
-    // then every period.
-    let attester = match (&cfg.node.tpm, cfg.register_local_node) {
-        (Some(tcti), true) => {
-            let a = start_attestation(&cfg, &plane, &local.name, tcti).await?;
-            tasks.push(tokio::spawn(attestation::run_loop(
-                a.clone(),
-                cfg.node.attest_period,
-                stop_rx.clone(),
-            )));
-            Some(a)
-        }
-        _ => None,
-    };
     // API sandboxes are placed on the local node by the agent scheduler, within
     // the capacity it gives them (its allocatable; unbounded where the machine is
     // not registered as a node).
@@ -631,6 +650,7 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
         gateway,
         cluster,
         attester,
+        weights,
     });
     let mut srx = stop_rx;
     tasks.push(tokio::spawn(async move {

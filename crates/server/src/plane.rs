@@ -1107,6 +1107,22 @@ impl ControlPlane {
                 }
             }
         }
+        // Weights: ones the tenant owns or was granted, in a class their policy
+        // allows; such a task runs only on attested nodes (the key service releases
+        // to no other).
+        for (i, t) in spec.tasks.iter_mut().enumerate() {
+            if t.weights.is_empty() {
+                continue;
+            }
+            let class = t.runtime_class.clone().unwrap_or_default();
+            for (j, w) in t.weights.iter().enumerate() {
+                crate::weights::admit(&self.store, &c.tenant, w, &class)
+                    .await
+                    .map_err(|e| ApiError::invalid(format!("tasks[{i}].weights[{j}]"), e))?;
+            }
+            t.node_selector
+                .insert(tessera_model::ATTESTED_LABEL.into(), "true".into());
+        }
         if self
             .store
             .get(&Key::new(kind::QUEUE, &c.tenant, &spec.queue))

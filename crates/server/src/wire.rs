@@ -261,6 +261,12 @@ pub struct TaskSpec {
     /// task runs only on nodes that run its class.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime_class: Option<String>,
+    /// Model weights (`NAME`, or `OWNER/NAME` another tenant granted) released into
+    /// the task's sandbox at `/weights/NAME/FILE` before its command starts: in
+    /// memory, read-only, visible to no other sandbox. The task then runs only on
+    /// attested nodes, and only where the weights' policy allows its class.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub weights: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]

@@ -442,6 +442,11 @@ impl MicroVmTier {
                 "egress through the proxy is not available in the microvm tier yet; use the namespace tier (a class mapped to it) for sandboxes that need egress",
             ));
         }
+        if !spec.sealed.is_empty() {
+            return Err(vm_err(
+                "sealed folders (released model weights) are not built for the microvm tier yet; the guest would need its own memory-backed folder",
+            ));
+        }
         let tier = self.me.upgrade().ok_or_else(|| vm_err("tier dropped"))?;
         let run = self.cfg.cache.join("run");
         mkdir_cache(&run).map_err(|e| vm_err(format!("{}: {e}", run.display())))?;

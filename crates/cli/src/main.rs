@@ -59,6 +59,9 @@ enum Command {
     /// Nodes of the cluster.
     #[command(subcommand)]
     Node(cmd::client::NodeCommand),
+    /// Model weights: sealed at rest, released only into attested, isolated tasks.
+    #[command(subcommand)]
+    Weights(cmd::weights::WeightsCommand),
     /// Follow changes to your tenant's jobs, queues or events.
     Watch(cmd::client::WatchArgs),
     /// Agent runtimes: deploy agents as immutable versions, pin endpoints.
@@ -114,6 +117,7 @@ fn main() {
         Command::Queue(c) => cmd::client::queue(c),
         Command::Job(c) => cmd::client::job(c),
         Command::Node(c) => cmd::client::node(c),
+        Command::Weights(c) => cmd::weights::run(c),
         Command::Watch(a) => cmd::client::watch(a),
         Command::Runtime(c) => cmd::agents::runtime(c),
         Command::Agent(c) => cmd::agents::agent(c),

@@ -266,7 +266,7 @@ impl KeyService {
         let dek_bytes = *dek.as_bytes();
         // Sealing runs on a blocking thread; the body's frames reach it through a
         // small bounded channel (memory stays a few chunks, whatever the size).
-        let (tx, rx) = std::sync::mpsc::sync_channel::<axum::body::Bytes>(8);
+        let (tx, rx) = std::sync::mpsc::sync_channel::<axum::body::Bytes>(64);
         let tmp2 = tmp.clone();
         let sealer = tokio::task::spawn_blocking(move || -> Result<format::Sealed, String> {
             use std::io::Write;
@@ -286,12 +286,18 @@ impl KeyService {
         while let Some(frame) = body.next().await {
             match frame {
                 Ok(b) => {
-                    let tx = tx.clone();
-                    // A full channel blocks: wait for the sealer off the runtime.
-                    if tokio::task::spawn_blocking(move || tx.send(b))
-                        .await
-                        .map_or(true, |r| r.is_err())
-                    {
+                    let sent = match tx.try_send(b) {
+                        Ok(()) => true,
+                        Err(std::sync::mpsc::TrySendError::Full(b)) => {
+                            // Wait for the sealer off the async runtime's threads.
+                            let tx = tx.clone();
+                            tokio::task::spawn_blocking(move || tx.send(b))
+                                .await
+                                .is_ok_and(|r| r.is_ok())
+                        }
+                        Err(std::sync::mpsc::TrySendError::Disconnected(_)) => false,
+                    };
+                    if !sent {
                         failed = Some("the sealer stopped".to_string());
                         break;
                     }
@@ -306,7 +312,7 @@ impl KeyService {
         let sealed = sealer.await.map_err(ApiError::internal)?;
         let sealed = match (failed, sealed) {
             (None, Ok(s)) => s,
-            (Some(e), _) | (None, Err(e)) => {
+            (_, Err(e)) | (Some(e), Ok(_)) => {
                 let _ = std::fs::remove_file(&tmp);
                 return Err(ApiError::new(
                     Code::InvalidRequest,

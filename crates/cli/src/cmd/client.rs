@@ -207,6 +207,30 @@ impl Client {
         if let Some((ct, b)) = body {
             req = req.header("content-type", ct).body(b);
         }
+        self.reply(req).await
+    }
+
+    /// Sends a request whose body streams (`tessera weights put`); the reply as
+    /// [`Client::call`]'s.
+    pub(crate) async fn upload(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: reqwest::Body,
+    ) -> Result<Value, Failure> {
+        let req = self
+            .http
+            .request(method, format!("{}{path}", self.url))
+            .bearer_auth(&self.key)
+            .header("content-type", "application/octet-stream")
+            .body(body);
+        self.reply(req).await.map(|(v, _)| v)
+    }
+
+    async fn reply(
+        &self,
+        req: reqwest::RequestBuilder,
+    ) -> Result<(Value, reqwest::header::HeaderMap), Failure> {
         let resp = req.send().await.map_err(|e| {
             Failure(
                 EXIT_FAILURE,

@@ -15,3 +15,4 @@ pub mod sim;
 pub mod template;
 pub mod tool;
 pub mod up;
+pub mod weights;

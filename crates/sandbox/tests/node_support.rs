@@ -274,3 +274,85 @@ fn a_tiny_memory_limit_cannot_kill_the_supervisor() {
             .success()
     );
 }
+
+/// Sealed folders (where the node runtime puts released weights): closed to the
+/// commands until sealed, filled only through the pipe with exactly the announced
+/// bytes (a short stream leaves no file), read-only and noexec once sealed, and
+/// never filled again.
+#[test]
+fn sealed_folders() {
+    if !common::root_or_skip("sealed_folders") {
+        return;
+    }
+    let spec = SandboxSpec {
+        sealed: vec!["/weights/m".into()],
+        ..SandboxSpec::default()
+    };
+    let sb = common::spawn(&spec);
+    let sh = |c: &str| {
+        let o = sb.exec(&ExecRequest::shell(c)).unwrap();
+        String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr)
+    };
+    // Before the seal the commands cannot even list it.
+    assert!(sh("ls /weights/m || echo closed").contains("closed"));
+    // Only a sealed folder of the spec can be filled.
+    assert!(
+        sb.fill_sealed("/tmp", "f", 1, |w| w.write_all(b"x"))
+            .is_err()
+    );
+    // A short stream, or a producer that fails midway: no file is left.
+    let e = sb
+        .fill_sealed("/weights/m", "a.bin", 10, |w| w.write_all(b"12345"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("5 of 10"), "{e}");
+    let e = sb
+        .fill_sealed("/weights/m", "a.bin", 10, |w| {
+            w.write_all(b"123")?;
+            Err(std::io::Error::other("decrypt failed"))
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("decrypt failed"), "{e}");
+    // A long one neither.
+    assert!(
+        sb.fill_sealed("/weights/m", "a.bin", 2, |w| w.write_all(b"123"))
+            .is_err()
+    );
+    // A name with a slash is refused.
+    assert!(
+        sb.fill_sealed("/weights/m", "../x", 1, |w| w.write_all(b"1"))
+            .is_err()
+    );
+    let big: Vec<u8> = (0..(3 << 20)).map(|i| (i % 253) as u8).collect();
+    sb.fill_sealed("/weights/m", "a.bin", big.len() as u64, |w| {
+        w.write_all(&big)
+    })
+    .unwrap();
+    sb.seal("/weights/m").unwrap();
+    let out = sh("ls /weights/m; wc -c < /weights/m/a.bin; \
+        (echo x > /weights/m/a.bin) 2>/dev/null || echo write-refused; \
+        (touch /weights/m/b) 2>/dev/null || echo create-refused; \
+        grep ' /weights/m ' /proc/self/mountinfo");
+    assert!(out.starts_with("a.bin\n3145728\n"), "{out}");
+    assert!(
+        out.contains("write-refused") && out.contains("create-refused"),
+        "{out}"
+    );
+    assert!(
+        out.contains(" ro,") && out.contains("noexec") && out.contains("ramfs"),
+        "{out}"
+    );
+    assert_eq!(
+        sb.read_file("/weights/m/a.bin").unwrap().len(),
+        big.len(),
+        "readable by the sandbox's own file operations"
+    );
+    // Sealed for good.
+    assert!(
+        sb.fill_sealed("/weights/m", "c.bin", 1, |w| w.write_all(b"1"))
+            .is_err()
+    );
+    assert!(sb.seal("/weights/m").is_err());
+    sb.destroy().unwrap();
+}

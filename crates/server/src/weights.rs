@@ -3,7 +3,7 @@
 //!
 //! - **At rest**: `tessera weights put` streams the file in; it is sealed on the way
 //!   ([`tessera_node::weights::format`], a fresh data key per weights) into
-//!   `DATA/weights/TENANT/NAME.sealed`; the data key is kept only wrapped under the
+//!   `DATA/weights/TENANT/NAME.RANDOM.sealed`; the data key is kept only wrapped under the
 //!   key-encryption key (`DATA/keys/weights.kek`, 0600, made on first use).
 //! - **Policy** (the record `weights/TENANT/NAME`): the owner tenant, the tenants it
 //!   granted them to, and the runtime classes they may run in (none: any).
@@ -29,6 +29,9 @@ use tessera_store::{AnyStore, Key, Store};
 use crate::auth::Role;
 use crate::plane::{Caller, kind, now_ms};
 use crate::problem::{ApiError, Code};
+
+/// The frames [`KeyService::put`] takes.
+pub use axum::body::Bytes;
 
 /// The store kind of weights records (tenant-scoped).
 pub const WEIGHTS: &str = "weights";
@@ -58,6 +61,9 @@ pub struct WeightsRecord {
     pub wrapped_key: String,
     /// Which KEK wrapped it (the first bytes of its SHA-256).
     pub kek: String,
+    /// The sealed file's name in `DATA/weights/TENANT/` (unique per put, so two
+    /// racing puts of one name never share a file).
+    pub blob: String,
 }
 
 impl WeightsRecord {
@@ -219,8 +225,8 @@ impl KeyService {
         }))
     }
 
-    fn blob(&self, tenant: &str, name: &str) -> PathBuf {
-        self.dir.join(tenant).join(format!("{name}.sealed"))
+    fn blob(&self, tenant: &str, blob: &str) -> PathBuf {
+        self.dir.join(tenant).join(blob)
     }
 
     async fn read(&self, tenant: &str, name: &str) -> Result<Option<WeightsRecord>, ApiError> {
@@ -260,7 +266,8 @@ impl KeyService {
         let dir = self.dir.join(&c.tenant);
         std::fs::create_dir_all(&dir)
             .map_err(|e| ApiError::internal(format!("{}: {e}", dir.display())))?;
-        let final_path = self.blob(&c.tenant, name);
+        let blob = format!("{name}.{}.sealed", crate::auth::random_hex(6));
+        let final_path = self.blob(&c.tenant, &blob);
         let tmp = dir.join(format!(".{name}.{}.partial", crate::auth::random_hex(6)));
         let dek = DataKey::generate();
         let dek_bytes = *dek.as_bytes();
@@ -338,6 +345,7 @@ impl KeyService {
                 &dek,
             )),
             kek: self.kek_id.clone(),
+            blob,
         };
         let body = serde_json::to_value(&rec).map_err(ApiError::internal)?;
         if let Err(e) = self
@@ -454,8 +462,10 @@ impl KeyService {
             .get(&key)
             .await?
             .ok_or_else(|| ApiError::not_found(format!("weights {name:?}")))?;
+        let rec: WeightsRecord = serde_json::from_value(o.body).map_err(ApiError::internal)?;
         self.store.delete(key, Some(o.version)).await?;
-        let _ = std::fs::remove_file(self.blob(&c.tenant, name));
+        // A release under way keeps reading its open file.
+        let _ = std::fs::remove_file(self.blob(&c.tenant, &rec.blob));
         crate::tools::audit(&self.store, c, "weights.delete", format!("weights/{name}")).await;
         Ok(json!({ "deleted": name }))
     }
@@ -610,7 +620,7 @@ impl KeyService {
         let envelope = wrap::seal_to(&recipient, &ctx, &dek).map_err(|e| e.to_string())?;
         Ok(Release {
             envelope,
-            blob: self.blob(owner, name),
+            blob: self.blob(owner, &rec.blob),
             file: rec.file.clone(),
             bytes: rec.bytes,
         })

@@ -155,7 +155,13 @@ async fn the_key_service_releases_only_when_every_link_holds() {
     put(&svc, &acme, "classy", &["secure"], b"classified weights").await;
 
     // At rest: sealed, no plaintext; the KEK is the owner's alone (0600).
-    let blob = std::fs::read(dir.path().join("weights/acme/llama.sealed")).unwrap();
+    let sealed: Vec<_> = std::fs::read_dir(dir.path().join("weights/acme"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("llama."))
+        .collect();
+    assert_eq!(sealed.len(), 1, "one sealed file: {sealed:?}");
+    let blob = std::fs::read(sealed[0].path()).unwrap();
     assert!(!blob.windows(marker.len()).any(|w| w == marker));
     use std::os::unix::fs::PermissionsExt;
     let kek = std::fs::metadata(dir.path().join("keys/weights.kek")).unwrap();

@@ -14,6 +14,7 @@ pub mod sandbox;
 pub mod sched;
 pub mod tiers;
 pub mod tools;
+pub mod trust;
 
 use clap::Subcommand;
 
@@ -52,6 +53,9 @@ pub enum BenchCommand {
     /// first paint of the cluster view, and a change applied from the watch
     /// against listing again and redrawing.
     Console(console::Args),
+    /// The trust chain: template verify time, attestation round trip (swtpm), weights
+    /// key release latency, and the sealed format's decrypt throughput.
+    Trust(trust::Args),
 }
 
 /// Nearest-rank percentile of sorted samples (`p` in 0..=1); `None` when there
@@ -76,5 +80,6 @@ pub fn run(c: BenchCommand) -> i32 {
         BenchCommand::Node(a) => node::run(a),
         BenchCommand::Gpushare(a) => gpushare::run(a),
         BenchCommand::Console(a) => console::run(a),
+        BenchCommand::Trust(a) => trust::run(a),
     }
 }

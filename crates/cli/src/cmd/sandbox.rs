@@ -1091,7 +1091,7 @@ mod long {
     }
 }
 
-fn nix_is_root() -> bool {
+pub(crate) fn nix_is_root() -> bool {
     // SAFETY-free: geteuid via std is not available; read /proc.
     std::fs::read_to_string("/proc/self/status")
         .ok()

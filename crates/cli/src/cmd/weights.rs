@@ -196,7 +196,7 @@ fn progress_body(f: tokio::fs::File, len: u64) -> reqwest::Body {
             if last.elapsed().as_secs_f64() >= 1.0 || sent == len {
                 last = std::time::Instant::now();
                 let secs = start.elapsed().as_secs_f64().max(1e-3);
-                let pct = if len > 0 { sent * 100 / len } else { 100 };
+                let pct = (sent * 100).checked_div(len).unwrap_or(100);
                 eprint!(
                     "\r  sent {} of {} ({pct}%), {}/s   ",
                     human(sent),

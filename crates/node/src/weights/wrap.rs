@@ -122,7 +122,7 @@ pub fn seal_to(recipient: &[u8], context: &[u8], dek: &DataKey) -> Result<Envelo
         .compute_public_key()
         .map_err(|_| WrapError::BadPublicKey)?;
     let peer = UnparsedPublicKey::new(&ECDH_P256, recipient);
-    let mut key = agreement::agree(&mine, &peer, WrapError::BadPublicKey, |s| {
+    let mut key = agreement::agree(&mine, peer, WrapError::BadPublicKey, |s| {
         derive(s, context).map_err(|_| WrapError::BadPublicKey)
     })?;
     let mut buf = dek.as_bytes().to_vec();
@@ -169,7 +169,7 @@ impl Recipient {
             return Err(WrapError::Malformed("sealed is not 48 bytes"));
         }
         let peer = UnparsedPublicKey::new(&ECDH_P256, &sender);
-        let mut key = agreement::agree(&self.key, &peer, WrapError::BadPublicKey, |s| {
+        let mut key = agreement::agree(&self.key, peer, WrapError::BadPublicKey, |s| {
             derive(s, context).map_err(|_| WrapError::BadPublicKey)
         })?;
         let r = aead(&key)

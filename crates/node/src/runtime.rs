@@ -681,37 +681,15 @@ impl NodeRuntime {
                 .map(|p| p.display().to_string())
                 .collect(),
             device_allow: Some(fence.rules.clone()),
-            sealed: self.sealed_folders(w)?,
+            sealed: crate::weights::folders(
+                &self.cfg.name,
+                self.cfg.weights.is_some(),
+                w.tier,
+                &w.weights,
+            )
+            .map_err(StartError::Weights)?,
         };
         Ok((sbspec, env, fence.view))
-    }
-
-    /// The sealed folders of a task's weights; refuses what cannot receive them.
-    fn sealed_folders(&self, w: &WorkloadSpec) -> Result<Vec<String>, StartError> {
-        if w.weights.is_empty() {
-            return Ok(Vec::new());
-        }
-        if self.cfg.weights.is_none() {
-            return Err(StartError::Weights(format!(
-                "node {} cannot receive model weights: weights are released only to an attested node, and this one has no TPM (start it with --tpm)",
-                self.cfg.name
-            )));
-        }
-        if w.tier != TierKind::Namespace {
-            return Err(StartError::Weights(format!(
-                "model weights cannot be delivered into the {} tier yet (a guest needs a memory-backed folder of its own): use a class of the namespace tier",
-                w.tier
-            )));
-        }
-        let mut paths: Vec<String> = w.weights.iter().map(|m| m.path.clone()).collect();
-        paths.sort();
-        if let Some(d) = paths.windows(2).find(|p| p[0] == p[1]) {
-            return Err(StartError::Weights(format!(
-                "two of the task's weights would both appear at {}: their names must differ in the last part",
-                d[0]
-            )));
-        }
-        Ok(paths)
     }
 
     /// Starts a task: checks the device view, makes its sandbox, and runs its command
@@ -776,10 +754,8 @@ impl NodeRuntime {
                 sb.set_tenant(Some(w.key.tenant.clone()));
                 // Weights, after the device-view check (in `prepare`) and before the
                 // command: a failure drops (destroys) the sandbox and what it held.
-                if !w.weights.is_empty() {
-                    let access = self.cfg.weights.as_ref().ok_or_else(|| {
-                        StartError::Weights("this node cannot receive weights".into())
-                    })?;
+                // (`prepare` refused weights on a node without access.)
+                if let (false, Some(access)) = (w.weights.is_empty(), &self.cfg.weights) {
                     crate::weights::deliver(
                         &sb,
                         access,

@@ -108,6 +108,38 @@ pub fn context(binding: &[u8; 32], weights: &str) -> Vec<u8> {
     c
 }
 
+/// The sealed folders of a task's weights on node `node` (`can_receive`: it has a
+/// key service and a TPM); refuses what cannot receive them, saying why.
+pub fn folders(
+    node: &str,
+    can_receive: bool,
+    tier: tessera_sandbox::TierKind,
+    mounts: &[WeightsMount],
+) -> Result<Vec<String>, String> {
+    if mounts.is_empty() {
+        return Ok(Vec::new());
+    }
+    if !can_receive {
+        return Err(format!(
+            "node {node} cannot receive model weights: weights are released only to an attested node, and this one has no TPM (start it with --tpm)"
+        ));
+    }
+    if tier != tessera_sandbox::TierKind::Namespace {
+        return Err(format!(
+            "model weights cannot be delivered into the {tier} tier yet (a guest needs a memory-backed folder of its own): use a class of the namespace tier"
+        ));
+    }
+    let mut paths: Vec<String> = mounts.iter().map(|m| m.path.clone()).collect();
+    paths.sort();
+    if let Some(d) = paths.windows(2).find(|p| p[0] == p[1]) {
+        return Err(format!(
+            "two of the task's weights would both appear at {}: their names must differ in the last part",
+            d[0]
+        ));
+    }
+    Ok(paths)
+}
+
 /// What was delivered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Delivered {

@@ -108,7 +108,8 @@ fn header(chunk: usize) -> [u8; HEADER] {
 
 /// The sealed size of `plain` bytes under `chunk`-byte chunks.
 pub fn sealed_len(plain: u64, chunk: usize) -> u64 {
-    let chunks = plain / chunk as u64 + 1;
+    // The last chunk may be full; an empty input is one empty chunk.
+    let chunks = plain.div_ceil(chunk as u64).max(1);
     HEADER as u64 + plain + chunks * TAG as u64
 }
 
@@ -372,12 +373,16 @@ mod tests {
         let key = DataKey::generate();
         let data = vec![7u8; 64];
         let s = sealed_with(&key, &data, 16);
-        // Drop the final (empty, flagged) chunk and then whole chunks.
-        for cut in 1..=4 {
-            let keep = s.len() - TAG - (cut - 1) * (16 + TAG);
-            let e = opened(&key, &s[..keep]).unwrap_err();
-            assert!(matches!(e, FormatError::Truncated(_)), "cut {cut}: {e}");
+        // Four full chunks, the last flagged: cut after the first, second or third
+        // whole chunk, the rest opens but the end is missing.
+        for keep in 1..4 {
+            let at = HEADER + keep * (16 + TAG);
+            let e = opened(&key, &s[..at]).unwrap_err();
+            assert!(matches!(e, FormatError::Truncated(_)), "keep {keep}: {e}");
         }
+        // A cut inside a chunk is a forgery of that chunk.
+        let e = opened(&key, &s[..s.len() - 1]).unwrap_err();
+        assert!(matches!(e, FormatError::Forged(3)), "{e}");
     }
 
     #[test]

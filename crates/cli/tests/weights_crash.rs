@@ -71,7 +71,8 @@ fn sealed() -> Vec<(i32, u64)> {
 }
 
 /// The software TPM `tessera up --tpm swtpm` started outlives a SIGKILL of it (it
-/// is not told of its parent's death): stopped here so the test leaves nothing.
+/// is not told of its parent's death; the next start stops it): stopped here so the
+/// test leaves nothing.
 fn kill_swtpm_of(data: &Path) {
     let d = data.to_string_lossy().to_string();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
@@ -195,7 +196,6 @@ async fn kill_9_during_a_weights_release_leaves_no_plaintext() {
     }
     server.child.kill().unwrap();
     server.child.wait().unwrap();
-    kill_swtpm_of(&data);
     let size = mid.unwrap_or_else(|| panic!("the release never began: {last:?}"));
     eprintln!(
         "killed with {size} of {total} bytes delivered ({})",
@@ -226,4 +226,20 @@ async fn kill_9_during_a_weights_release_leaves_no_plaintext() {
     with_marker(Path::new("/dev/shm"), &src, &mut found);
     with_marker(&std::env::temp_dir(), &src, &mut found);
     assert!(found.is_empty(), "plaintext left behind: {found:?}");
+
+    // The software TPM outlived the SIGKILL (holding its state's lock): a restart
+    // stops it and starts afresh on the same state, still attested.
+    drop(server);
+    let again = up_with(&["--data", data.to_str().unwrap(), "--tpm", "swtpm"]);
+    let a = call(
+        &again.url,
+        &key,
+        reqwest::Method::GET,
+        &format!("/v1/nodes/{node}/attestation"),
+        None,
+    )
+    .await;
+    assert_eq!(a["attested"], true, "after the restart: {a}");
+    drop(again);
+    kill_swtpm_of(&data);
 }

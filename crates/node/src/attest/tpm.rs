@@ -290,6 +290,34 @@ fn parse_pcr_lines(s: &str) -> std::collections::BTreeMap<u32, String> {
         .collect()
 }
 
+/// Stops the swtpm a previous server left serving `state` (one killed with SIGKILL
+/// cannot stop its child; the survivor holds the state's lock, and a new swtpm on it
+/// would fail "Could not lock access to lockfile"). Only a process whose command line
+/// is swtpm's and names this folder is stopped.
+fn stop_stale(state: &Path) {
+    let Ok(pid) = std::fs::read_to_string(state.join("swtpm.pid")) else {
+        return;
+    };
+    let Ok(pid) = pid.trim().parse::<i32>() else {
+        return;
+    };
+    let ours = std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+        let c = String::from_utf8_lossy(&c);
+        c.starts_with("swtpm") && c.contains(&state.display().to_string())
+    });
+    if !ours {
+        return;
+    }
+    let p = nix::unistd::Pid::from_raw(pid);
+    let _ = nix::sys::signal::kill(p, nix::sys::signal::Signal::SIGKILL);
+    for _ in 0..200 {
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// A software TPM for tests and benchmarks: `swtpm` manufactured into a temporary
 /// state folder, serving on two free local TCP ports; killed on drop.
 #[derive(Debug)]
@@ -326,6 +354,7 @@ impl Swtpm {
             source,
         })?;
         let manufactured = state.join("tpm2-00.permall").is_file();
+        stop_stale(state);
         let state = state.display().to_string();
         if !manufactured {
             Self::manufacture(&state)?;
@@ -367,6 +396,8 @@ impl Swtpm {
                     &format!("type=tcp,port={},bindaddr=127.0.0.1", port + 1),
                     "--flags",
                     "not-need-init,startup-clear",
+                    "--pid",
+                    &format!("file={state}/swtpm.pid"),
                 ])
                 .stdout(std::process::Stdio::null())
                 .stderr(std::process::Stdio::piped())

@@ -376,7 +376,7 @@ async fn evictions_are_carried_out() {
             .unwrap();
         let big = cpu * 3 / 4;
         let victim_cmd = if polite {
-            "trap 'echo got-term; sleep 0.3; exit 0' TERM; echo up; sleep 7373 & wait; wait"
+            "trap 'echo got-term; sleep 0.3; exit 0' TERM; echo up; sleep 737300$TESSERA_ATTEMPT & wait; wait"
         } else {
             "trap '' TERM; echo up; while :; do sleep 0.05; done"
         };
@@ -434,7 +434,10 @@ async fn evictions_are_carried_out() {
                 !t["message"].as_str().unwrap().contains("killed after"),
                 "{v}"
             );
-            assert!(no_process_with("7373"));
+            // Attempt 1's background sleep is gone. (The name carries the
+            // attempt: attempt 2, placed as soon as the preemptor ends, starts
+            // a sleep of its own.)
+            assert!(no_process_with("7373001"));
         } else {
             assert!(
                 t["message"]

@@ -193,7 +193,8 @@ pub fn task_env(
         ("TESSERA_TENANT".into(), key.tenant.clone()),
         ("TESSERA_JOB".into(), key.job.clone()),
         ("TESSERA_TASK".into(), key.task.clone()),
-        ("TESSERA_ATTEMPT".into(), key.attempt.to_string()),
+        // The job status's `attempt`: 1 on the first run (the key counts from 0).
+        ("TESSERA_ATTEMPT".into(), (key.attempt + 1).to_string()),
         ("TESSERA_NODE".into(), node.to_string()),
     ];
     env.extend(gpu_env.iter().cloned());
@@ -296,7 +297,8 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         assert_eq!(get("TESSERA_TENANT"), ["acme"]);
-        assert_eq!(get("TESSERA_ATTEMPT"), ["2"]);
+        // Key attempt 2 is the third run, as the job status counts it.
+        assert_eq!(get("TESSERA_ATTEMPT"), ["3"]);
         assert_eq!(get("CUDA_VISIBLE_DEVICES"), ["GPU-1"]);
         assert_eq!(get("EPOCHS"), ["3"]);
         assert!(

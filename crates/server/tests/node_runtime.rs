@@ -186,7 +186,7 @@ async fn restart_policy_and_backoff() {
     queue(&a).await;
     let mut j = one(
         "flaky",
-        "echo attempt $TESSERA_ATTEMPT; [ $TESSERA_ATTEMPT -ge 2 ]",
+        "echo attempt $TESSERA_ATTEMPT; [ $TESSERA_ATTEMPT -ge 3 ]",
     );
     j["restart_policy"] = json!("OnFailure");
     j["backoff_limit"] = json!(3);
@@ -201,7 +201,7 @@ async fn restart_policy_and_backoff() {
     );
     let text = logs(&a, "flaky").await;
     assert!(
-        text.contains("attempt 0") && text.contains("attempt 2"),
+        text.contains("attempt 1") && text.contains("attempt 3") && !text.contains("attempt 0"),
         "{text}"
     );
 
@@ -435,8 +435,8 @@ async fn evictions_are_carried_out() {
                 "{v}"
             );
             // Attempt 1's background sleep is gone. (The name carries the
-            // attempt: attempt 2, placed as soon as the preemptor ends, starts
-            // a sleep of its own.)
+            // attempt, TESSERA_ATTEMPT = the status's `attempt`: attempt 2,
+            // placed as soon as the preemptor ends, starts a sleep of its own.)
             assert!(no_process_with("7373001"));
         } else {
             assert!(

@@ -82,6 +82,9 @@ enum Command {
     Login(cmd::login::LoginArgs),
     /// Forget the saved API key.
     Logout,
+    /// Tenants: create (with its first admin key, system admins), list, get.
+    #[command(subcommand)]
+    Tenant(cmd::identity::TenantCommand),
     /// Users of your tenant: create, list, get, delete.
     #[command(subcommand)]
     User(cmd::identity::UserCommand),
@@ -126,6 +129,7 @@ fn main() {
         Command::Events(c) => cmd::agents::events(c),
         Command::Login(a) => cmd::login::login(a),
         Command::Logout => cmd::login::logout(),
+        Command::Tenant(c) => cmd::identity::tenant(c),
         Command::User(c) => cmd::identity::user(c),
         Command::Serviceaccount(c) => cmd::identity::service_account(c),
         Command::Apikey(c) => cmd::identity::api_key(c),

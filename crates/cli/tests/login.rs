@@ -1,7 +1,7 @@
 //! `tessera login` saves the server and key in a private config file that every
 //! client command reads; environment variables override it; `tessera logout`
-//! forgets the key. Then users, service accounts and keys from the command line,
-//! with `-o json` and `-o yaml`.
+//! forgets the key. Then users, service accounts, keys and tenants from the
+//! command line, with `-o json` and `-o yaml`.
 
 mod common;
 
@@ -144,6 +144,44 @@ fn login_saves_a_private_config_that_every_command_uses() {
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&o.stderr).contains("401"), "{o:?}");
+
+    // Tenants: the system admin makes one and gets its first admin key once;
+    // that key sees only its own tenant and may not make another.
+    let (code, out, err) = tessera(&cfg, None, &["tenant", "create", "beta"]);
+    assert_eq!(code, 0, "{err}");
+    let beta_key = out
+        .lines()
+        .find_map(|l| l.strip_prefix("ADMIN KEY of beta (shown only now): "))
+        .unwrap_or_else(|| panic!("{out}"))
+        .to_string();
+    let (code, out, _) = tessera(&cfg, None, &["tenant", "list"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("beta") && out.contains("admin") && out.contains("system"),
+        "{out}"
+    );
+    let beta = |args: &[&str]| {
+        Command::new(BIN)
+            .args(args)
+            .env("TESSERA_CONFIG", &cfg)
+            .env("TESSERA_API_KEY", &beta_key)
+            .output()
+            .unwrap()
+    };
+    let o = beta(&["tenant", "list", "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let names: Vec<_> = v["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].clone())
+        .collect();
+    assert_eq!(names, vec!["beta"], "{o:?}");
+    let o = beta(&["tenant", "create", "gamma"]);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("403"), "{o:?}");
+    let o = beta(&["tenant", "get", "admin"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("404"), "{o:?}");
 
     // Logout forgets the key, keeps the URL.
     let (code, _, _) = tessera(&cfg, None, &["logout"]);

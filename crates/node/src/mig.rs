@@ -602,10 +602,10 @@ mod tests {
         fake.insert(0, "1g.10gb", 1);
         let a = Actuator::new(Some(fake.clone()), d.path().join("mig.json"));
         let mut held = Held::new();
-        held.insert((0, "1g.10gb".into(), 1), "acme/j/t#0".into());
+        held.insert((0, "1g.10gb".into(), 1), "acme/j/t (attempt 1)".into());
         let s = step("2g.20gb", 0, &[("1g.10gb", 0), ("1g.10gb", 1)]);
         let e = a.apply("t", 0, &s, &held).unwrap_err();
-        assert!(e.to_string().contains("acme/j/t#0"), "{e}");
+        assert!(e.to_string().contains("acme/j/t (attempt 1)"), "{e}");
         assert!(fake.log().is_empty());
         assert_eq!(fake.layout(0), ["1g.10gb@0", "1g.10gb@1"]);
     }

@@ -35,12 +35,17 @@ impl TaskKey {
     }
 }
 
+/// `TENANT/JOB/TASK (attempt N)`, N as the job status and `TESSERA_ATTEMPT` count it
+/// (1 for the first run), for messages people read.
 impl fmt::Display for TaskKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{}/{}/{}#{}",
-            self.tenant, self.job, self.task, self.attempt
+            "{}/{}/{} (attempt {})",
+            self.tenant,
+            self.job,
+            self.task,
+            self.attempt + 1
         )
     }
 }

@@ -208,10 +208,6 @@ pub async fn admit(store: &AnyStore, tenant: &str, r: &str, class: &str) -> Resu
     Ok(())
 }
 
-fn refuse(m: impl Into<String>) -> String {
-    m.into()
-}
-
 impl KeyService {
     /// The service over `data` (the server's data folder): its KEK loaded or made.
     pub fn open(store: AnyStore, data: &Path) -> Result<Arc<KeyService>, String> {
@@ -524,9 +520,7 @@ impl KeyService {
     async fn decide(&self, req: &ReleaseRequest) -> Result<Release, String> {
         let nonce = tessera_node::attest::unhex(&req.nonce).unwrap_or_default();
         if !self.take_nonce(&nonce) {
-            return Err(refuse(
-                "the nonce was not issued by this key service, has expired, or was used already (a replayed request)",
-            ));
+            return Err("the nonce was not issued by this key service, has expired, or was used already (a replayed request)".to_string());
         }
         let t = &req.task;
         let job = self
@@ -535,24 +529,24 @@ impl KeyService {
             .await
             .map_err(|e| e.to_string())?
             .and_then(|o| serde_json::from_value::<crate::wire::JobBody>(o.body).ok())
-            .ok_or_else(|| refuse(format!("no job {}/{}", t.tenant, t.job)))?;
+            .ok_or_else(|| format!("no job {}/{}", t.tenant, t.job))?;
         let spec = job
             .spec
             .tasks
             .iter()
             .find(|s| s.name == t.task)
-            .ok_or_else(|| refuse(format!("job {} has no task {}", t.job, t.task)))?;
+            .ok_or_else(|| format!("job {} has no task {}", t.job, t.task))?;
         let st = job
             .status
             .tasks
             .get(&t.task)
             .filter(|s| s.node == req.node)
-            .ok_or_else(|| refuse(format!("task {} is not bound to node {}", t, req.node)))?;
+            .ok_or_else(|| format!("task {} is not bound to node {}", t, req.node))?;
         if !spec.weights.iter().any(|w| w == &req.weights) {
-            return Err(refuse(format!(
+            return Err(format!(
                 "task {} does not name weights {:?}",
                 t, req.weights
-            )));
+            ));
         }
         // Tenant and class.
         let (owner, name) = resolve_ref(&t.tenant, &req.weights);
@@ -560,58 +554,55 @@ impl KeyService {
             .read(owner, name)
             .await
             .map_err(|e| e.to_string())?
-            .ok_or_else(|| refuse(format!("no weights {owner}/{name}")))?;
+            .ok_or_else(|| format!("no weights {owner}/{name}"))?;
         if rec.tenant != t.tenant && !rec.grants.iter().any(|g| g == &t.tenant) {
-            return Err(refuse(format!(
+            return Err(format!(
                 "tenant {} was not granted weights {owner}/{name}",
                 t.tenant
-            )));
+            ));
         }
         let class = spec
             .runtime_class
             .as_deref()
             .unwrap_or(tessera_sandbox::class::DEFAULT_CLASS);
         if !rec.classes.is_empty() && !rec.classes.iter().any(|k| k == class) {
-            return Err(refuse(format!(
+            return Err(format!(
                 "weights {owner}/{name} may run only in runtime class {}; task {t} runs in {class}",
                 rec.classes.join(", ")
-            )));
+            ));
         }
         // The node: attested now, by a quote over this nonce and this recipient.
         let att = crate::attestation::get_record(&self.store, &req.node)
             .await
-            .ok_or_else(|| refuse(format!("node {} has no attestation record", req.node)))?;
+            .ok_or_else(|| format!("node {} has no attestation record", req.node))?;
         if !att.attested {
-            return Err(refuse(format!(
-                "node {} is not attested: {}",
-                req.node, att.reason
-            )));
+            return Err(format!("node {} is not attested: {}", req.node, att.reason));
         }
         let (Some(id), Some(reference)) = (&att.identity, &att.reference) else {
-            return Err(refuse(format!(
+            return Err(format!(
                 "node {} has no registered keys or approved values",
                 req.node
-            )));
+            ));
         };
         if reference.ak_public != id.ak_public {
-            return Err(refuse("the node's attestation key changed since approval"));
+            return Err("the node's attestation key changed since approval".to_string());
         }
         let recipient = tessera_node::attest::unhex(&req.recipient)
-            .ok_or_else(|| refuse("the recipient key is not hex"))?;
+            .ok_or_else(|| "the recipient key is not hex".to_string())?;
         let binding = wrap::binding(&nonce, &recipient);
         tessera_node::attest::verify(reference, &req.evidence, &binding)
-            .map_err(|e| refuse(format!("the node's quote does not verify: {e}")))?;
+            .map_err(|e| format!("the node's quote does not verify: {e}"))?;
         // The device view: what the sandbox sees is what the scheduler bound.
         self.check_view(req, &st.gpus).await?;
         // Released: the data key, from its wrapping at rest to the node's key.
         let dek = tessera_node::attest::unhex(&rec.wrapped_key)
-            .ok_or_else(|| refuse("the stored key is malformed"))
+            .ok_or_else(|| "the stored key is malformed".to_string())
             .and_then(|w| {
                 if rec.kek != self.kek_id {
-                    return Err(refuse(format!(
+                    return Err(format!(
                         "the weights were sealed under another key-encryption key ({}; this control plane holds {})",
                         rec.kek, self.kek_id
-                    )));
+                    ));
                 }
                 wrap::unwrap_at_rest(&self.kek, &format!("{owner}/{name}"), &w)
                     .map_err(|e| e.to_string())
@@ -633,16 +624,16 @@ impl KeyService {
             .await
             .map_err(|e| e.to_string())?
             .and_then(|o| serde_json::from_value::<tessera_model::Node>(o.body).ok())
-            .ok_or_else(|| refuse(format!("no node {}", req.node)))?;
+            .ok_or_else(|| format!("no node {}", req.node))?;
         if node
             .taints
             .iter()
             .any(|t| t.key == crate::heartbeat::MISMATCH_TAINT)
         {
-            return Err(refuse(format!(
+            return Err(format!(
                 "node {} carries the device-view mismatch taint: its GPUs do not match its record",
                 req.node
-            )));
+            ));
         }
         let mut seen: Vec<u32> = req.view.iter().map(|d| d.index).collect();
         seen.sort_unstable();
@@ -650,9 +641,9 @@ impl KeyService {
         let mut want = bound.to_vec();
         want.sort_unstable();
         if seen != want {
-            return Err(refuse(format!(
+            return Err(format!(
                 "device view mismatch: the scheduler bound GPUs {want:?}; the sandbox sees {seen:?}"
-            )));
+            ));
         }
         Ok(())
     }

@@ -1,11 +1,33 @@
-//! `tessera user …`, `tessera serviceaccount …` and `tessera apikey …`: the
-//! subjects of your tenant, their roles and their keys.
+//! `tessera tenant …` (system admins), `tessera user …`, `tessera serviceaccount …`
+//! and `tessera apikey …`: tenants, the subjects of your tenant, their roles and
+//! their keys.
 
 use clap::Subcommand;
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use super::client::{Client, Failure, Out, cell, finish, items, runtime, show, table};
+use super::client::{Client, Failure, Out, cell, finish, items, runtime, show, table, time_cell};
+
+#[derive(Debug, Subcommand)]
+pub enum TenantCommand {
+    /// Create a tenant and its first admin key, printed once (system admins only).
+    Create {
+        name: String,
+        #[command(flatten)]
+        out: Out,
+    },
+    /// List tenants: every tenant for a system admin, else your own.
+    List {
+        #[command(flatten)]
+        out: Out,
+    },
+    /// Show one tenant.
+    Get {
+        name: String,
+        #[command(flatten)]
+        out: Out,
+    },
+}
 
 #[derive(Debug, Subcommand)]
 pub enum UserCommand {
@@ -130,13 +152,34 @@ fn key_table(v: &Value) -> String {
                 } else {
                     "active".into()
                 },
-                cell(&k["expires_at"]),
+                time_cell(&k["expires_at"], 1),
             ]
         })
         .collect();
     let mut out = table(&["ID", "SUBJECT", "STATE", "EXPIRES"], rows);
     if let Some(key) = v["key"].as_str() {
         out.push_str(&format!("\nKEY (shown only now): {key}\n"));
+    }
+    out
+}
+
+fn tenant_table(v: &Value) -> String {
+    let rows = items(v)
+        .iter()
+        .map(|t| {
+            vec![
+                cell(&t["name"]),
+                if t["system"] == true { "system" } else { "-" }.into(),
+                time_cell(&t["created_at"], 1000),
+            ]
+        })
+        .collect();
+    let mut out = table(&["NAME", "SYSTEM", "CREATED"], rows);
+    if let Some(key) = v["admin_key"].as_str() {
+        out.push_str(&format!(
+            "\nADMIN KEY of {} (shown only now): {key}\n",
+            cell(&v["name"])
+        ));
     }
     out
 }
@@ -154,6 +197,26 @@ fn run(f: impl AsyncFnOnce(Client) -> Result<i32, Failure>) -> i32 {
         let client = Client::from_env()?;
         runtime()?.block_on(f(client))
     })())
+}
+
+pub fn tenant(c: TenantCommand) -> i32 {
+    run(async move |client: Client| match c {
+        TenantCommand::Create { name, out } => {
+            let b = body(json!({ "name": name }));
+            let v = client.call(Method::POST, "/v1/tenants", b).await?;
+            show(&v, out.format, tenant_table)
+        }
+        TenantCommand::List { out } => {
+            let v = client.call(Method::GET, "/v1/tenants", None).await?;
+            show(&v, out.format, tenant_table)
+        }
+        TenantCommand::Get { name, out } => {
+            let v = client
+                .call(Method::GET, &format!("/v1/tenants/{name}"), None)
+                .await?;
+            show(&v, out.format, tenant_table)
+        }
+    })
 }
 
 pub fn user(c: UserCommand) -> i32 {

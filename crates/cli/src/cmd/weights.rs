@@ -178,6 +178,7 @@ fn progress_body(f: tokio::fs::File, len: u64) -> reqwest::Body {
     let start = std::time::Instant::now();
     let mut sent = 0u64;
     let mut last = std::time::Instant::now();
+    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let chunks = futures_util::stream::unfold(f, |mut f| async move {
         use tokio::io::AsyncReadExt;
         let mut buf = vec![0u8; 1 << 20];
@@ -193,12 +194,21 @@ fn progress_body(f: tokio::fs::File, len: u64) -> reqwest::Body {
     let s = chunks.map(move |chunk| {
         if let Ok(b) = &chunk {
             sent += b.len() as u64;
-            if last.elapsed().as_secs_f64() >= 1.0 || sent == len {
+            let done = sent == len;
+            if last.elapsed().as_secs_f64() >= 1.0 || done {
                 last = std::time::Instant::now();
                 let secs = start.elapsed().as_secs_f64().max(1e-3);
                 let pct = (sent * 100).checked_div(len).unwrap_or(100);
+                // On a terminal one line rewritten in place; elsewhere (a log, a pipe)
+                // a line each time. Either way the last one ends its line, so what the
+                // command prints next starts on a line of its own.
+                let (lead, end) = if tty {
+                    ("\r", if done { "\n" } else { "   " })
+                } else {
+                    ("", "\n")
+                };
                 eprint!(
-                    "\r  sent {} of {} ({pct}%), {}/s   ",
+                    "{lead}  sent {} of {} ({pct}%), {}/s{end}",
                     human(sent),
                     human(len),
                     human((sent as f64 / secs) as u64)

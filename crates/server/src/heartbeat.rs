@@ -1,7 +1,8 @@
 //! The local node's heartbeat: its status (conditions, tasks running, cgroups)
 //! written under [`NODESTATUS`] every period, and the node record kept in step
 //! with what the node knows: the device-view mismatch taint while the views
-//! disagree, and a GPU marked `unhealthy` (never placed on again until an operator
+//! disagree, the unreachable taint (put on by the lost-node sweep) gone once it
+//! reports again, and a GPU marked `unhealthy` (never placed on again until an operator
 //! clears it) after a fault event not confined to one task.
 
 use std::sync::Arc;
@@ -17,6 +18,10 @@ use crate::plane::{kind, now_ms};
 pub const NODESTATUS: &str = "nodestatus";
 /// The taint a node carries while its device view does not match its record.
 pub const MISMATCH_TAINT: &str = "tessera.io/device-view-mismatch";
+/// The taint a node carries once its heartbeat stopped for longer than
+/// [`NODE_LOST_AFTER`](crate::jobs::NODE_LOST_AFTER) (its live tasks were lost); its
+/// next heartbeat takes it off.
+pub const UNREACHABLE_TAINT: &str = "tessera.io/unreachable";
 
 /// Reports the node's heartbeat and conditions every `n.heartbeat`; keeps the
 /// mismatch taint on the node record while its device view and record disagree.
@@ -108,8 +113,10 @@ pub(crate) async fn heartbeat(
                     }
                 }
                 let has = rec.taints.iter().any(|t| t.key == MISMATCH_TAINT);
-                if has != mismatch || marked {
-                    rec.taints.retain(|t| t.key != MISMATCH_TAINT);
+                let unreachable = rec.taints.iter().any(|t| t.key == UNREACHABLE_TAINT);
+                if has != mismatch || marked || unreachable {
+                    rec.taints
+                        .retain(|t| t.key != MISMATCH_TAINT && t.key != UNREACHABLE_TAINT);
                     if mismatch {
                         rec.taints.push(tessera_model::Taint {
                             key: MISMATCH_TAINT.into(),

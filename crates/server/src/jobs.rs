@@ -542,6 +542,11 @@ async fn lost_nodes(store: &tessera_store::AnyStore, l: &Lifecycle) {
     if silent.is_empty() {
         return;
     }
+    // Nothing new is placed on a silent node until it reports again (its
+    // heartbeat takes the taint off).
+    for name in &silent {
+        taint_unreachable(store, name).await;
+    }
     let Ok(all) = store.list(crate::plane::kind::JOB, None).await else {
         return;
     };
@@ -585,7 +590,22 @@ async fn lost_nodes(store: &tessera_store::AnyStore, l: &Lifecycle) {
             if let Some(r) = record_end(&mut job, &n, attempt.saturating_sub(1), &end, now, l) {
                 events.push(r);
             }
+            // A task its restart policy restarts cannot restart in place: the node is
+            // gone. It waits to be placed again, elsewhere (the node is tainted
+            // unreachable below), with its restarts counted.
+            if let Some(t) = job.status.tasks.get_mut(&n)
+                && t.state.is_none()
+            {
+                t.state = Some(TaskState::Evicted);
+                t.not_before = None;
+                t.finished_at = Some(now);
+                t.message = Some(format!(
+                    "lost: node {node} stopped reporting; restart {} placed on another node",
+                    t.restarts
+                ));
+            }
         }
+        job.status.phase = phase(&job);
         let Ok(body) = serde_json::to_value(&job) else {
             continue;
         };
@@ -604,6 +624,35 @@ async fn lost_nodes(store: &tessera_store::AnyStore, l: &Lifecycle) {
             ));
         }
         let _ = store.commit(ops).await;
+    }
+}
+
+/// Puts [`UNREACHABLE_TAINT`](crate::heartbeat::UNREACHABLE_TAINT) on the node
+/// record of `name` (a node registered with no record is left alone).
+async fn taint_unreachable(store: &tessera_store::AnyStore, name: &str) {
+    use tessera_store::{Key, Store};
+    let key = Key::new(crate::plane::kind::NODE, "", name);
+    let Ok(Some(o)) = store.get(&key).await else {
+        return;
+    };
+    let Ok(mut rec) = serde_json::from_value::<tessera_model::Node>(o.body) else {
+        return;
+    };
+    if rec
+        .taints
+        .iter()
+        .any(|t| t.key == crate::heartbeat::UNREACHABLE_TAINT)
+    {
+        return;
+    }
+    rec.taints.push(tessera_model::Taint {
+        key: crate::heartbeat::UNREACHABLE_TAINT.into(),
+        value: "true".into(),
+        effect: tessera_model::TaintEffect::NoSchedule,
+    });
+    if let Ok(b) = serde_json::to_value(&rec) {
+        // A conflict: the next sweep looks again.
+        let _ = store.update(key, Some(o.version), b).await;
     }
 }
 

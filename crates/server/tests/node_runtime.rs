@@ -3,7 +3,7 @@
 //! no server environment), the job lifecycle (restart policy and back-off, gang
 //! failure, deadline, TTL, delete and name reuse), evictions carried out (SIGTERM →
 //! grace → SIGKILL, the preemptor starting only once the victim's tree is gone),
-//! GPU fencing and the device-view check with fake GPUs, and a MIG step a crash
+//! GPU fencing, metering and the device-view check with fake GPUs, and a MIG step a crash
 //! left half done finished at the next start.
 //!
 //! Each test checks `common::can_run_tasks` (root and the init program).
@@ -517,11 +517,48 @@ async fn gpu_tasks_are_fenced_and_checked() {
         json!({"name": name, "queue": "q", "tasks": [
             {"name": "t", "resources": {"cpu_milli": 100, "memory": 67108864},
              "gpu": {"whole": {"count": 1}},
-             "command": ["sh", "-c", "ls /dev | grep nvidia; echo cuda=$CUDA_VISIBLE_DEVICES"]}]})
+             "command": ["sh", "-c", "ls /dev | grep nvidia; echo cuda=$CUDA_VISIBLE_DEVICES; \
+                 i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; sleep 1"]}]})
     };
     submit(&a, gpu_job("g1")).await;
     let v = ended(&a, "g1").await;
     assert_eq!(v["status"]["phase"], "succeeded", "{v}");
+
+    // The node metered the run itself (no client posted anything): GPU-seconds are
+    // the one allocated GPU × the run's wall time, CPU-seconds and memory come from
+    // the task's cgroup, read before the sandbox went.
+    let t = &v["status"]["tasks"]["t"];
+    let wall =
+        (t["finished_at"].as_u64().unwrap() - t["started_at"].as_u64().unwrap()) as f64 / 1e3;
+    let u = a
+        .wait_for("/v1/usage?session=job.g1&records=true", |u| {
+            u["records"].as_array().is_some_and(|r| r.len() == 3)
+        })
+        .await;
+    let q = |kind: &str| {
+        u["session_totals"]["quantities"][kind]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no {kind}: {u}"))
+    };
+    assert!(
+        (q("gpu_seconds") - wall).abs() < 0.5 && wall >= 1.0,
+        "1 GPU for {wall} s: {u}"
+    );
+    let cpu = q("cpu_seconds");
+    assert!(
+        cpu > 0.05 && cpu < wall + 0.5,
+        "the loop's CPU time, at most its wall: {u}"
+    );
+    assert!(q("memory_gb_seconds") > 0.0, "{u}");
+    assert!(
+        u["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["runtime"] == "jobs"
+                && r["source_id"].as_str().unwrap().starts_with("job/g1/")),
+        "{u}"
+    );
     let gpu = v["status"]["tasks"]["t"]["gpus"][0].as_u64().unwrap();
     let text = logs(&a, "g1").await;
     let nodes: Vec<&str> = text.lines().filter(|l| l.starts_with("nvidia")).collect();
@@ -695,19 +732,36 @@ async fn a_half_done_mig_step_is_finished_at_restart() {
 }
 
 /// A node that stops reporting for longer than the grace period has its live tasks
-/// recorded lost (here with `Never`: the job fails). No sandbox needed.
+/// recorded lost: with `Never` the job fails; with `OnFailure` the task, its restart
+/// counted, waits to be placed again — not on the silent node, which is tainted
+/// unreachable until it reports again. No sandbox needed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tasks_of_a_silent_node_are_lost() {
     use tessera_store::{Key, Store};
-    let s = Server::start_with(|c| c.register_local_node = false).await;
+    let s = Server::start_with(|c| {
+        c.register_local_node = false;
+        c.scheduler = Some(tessera_server::scheduler::batch_scheduler());
+    })
+    .await;
     let a = s.tenant("alpha").await;
     queue(&a).await;
-    submit(
-        &a,
-        json!({"name": "far", "queue": "q", "tasks": [{"name": "t"}]}),
-    )
-    .await;
     let store = s.running.plane.store().clone();
+    let ghost = tessera_model::Node::new(
+        "ghost",
+        tessera_model::Resources {
+            cpu_milli: 4000,
+            memory: 8 << 30,
+            pods: 110,
+            ..Default::default()
+        },
+    );
+    store
+        .create(
+            Key::new("node", "", "ghost"),
+            serde_json::to_value(&ghost).unwrap(),
+        )
+        .await
+        .unwrap();
     let now = tessera_server::plane::now_ms();
     store
         .create(
@@ -716,28 +770,38 @@ async fn tasks_of_a_silent_node_are_lost() {
         )
         .await
         .unwrap();
-    // The task runs on "ghost" (as its node agent would have written).
-    for _ in 0..50 {
-        let o = store
-            .get(&Key::new("job", "alpha", "far"))
-            .await
-            .unwrap()
-            .unwrap();
-        let mut b = o.body.clone();
-        b["status"]["phase"] = json!("running");
-        b["status"]["tasks"] = json!({"t": {"node": "ghost", "state": "running", "attempt": 1}});
-        if store.update(o.key(), Some(o.version), b).await.is_ok() {
-            break;
+    let small = json!({"cpu_milli": 100, "memory": 1 << 20});
+    submit(
+        &a,
+        json!({"name": "far", "queue": "q", "tasks": [{"name": "t", "resources": small}]}),
+    )
+    .await;
+    submit(
+        &a,
+        json!({"name": "again", "queue": "q", "restart_policy": "OnFailure", "backoff_limit": 3,
+               "tasks": [{"name": "t", "resources": small}]}),
+    )
+    .await;
+    // Both run on "ghost" (as its node agent would have written; it has none here).
+    for job in ["far", "again"] {
+        for _ in 0..50 {
+            let o = store
+                .get(&Key::new("job", "alpha", job))
+                .await
+                .unwrap()
+                .unwrap();
+            let mut b = o.body.clone();
+            b["status"]["phase"] = json!("running");
+            b["status"]["tasks"] =
+                json!({"t": {"node": "ghost", "state": "running", "attempt": 1}});
+            if store.update(o.key(), Some(o.version), b).await.is_ok() {
+                break;
+            }
         }
     }
-    let mut v = Value::Null;
-    for _ in 0..400 {
-        (_, v) = a.get("/v1/jobs/far").await;
-        if v["status"]["phase"] == "failed" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    let v = a
+        .wait_for("/v1/jobs/far", |v| v["status"]["phase"] == "failed")
+        .await;
     assert_eq!(v["status"]["tasks"]["t"]["reason"], "Lost", "{v}");
     assert!(
         v["status"]["tasks"]["t"]["message"]
@@ -745,5 +809,35 @@ async fn tasks_of_a_silent_node_are_lost() {
             .unwrap()
             .contains("node ghost stopped reporting"),
         "{v}"
+    );
+    let v = a
+        .wait_for("/v1/jobs/again", |v| {
+            v["status"]["pending_reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("tessera.io/unreachable"))
+        })
+        .await;
+    let t = &v["status"]["tasks"]["t"];
+    assert_eq!(
+        (
+            &t["reason"],
+            &t["restarts"],
+            &t["state"],
+            &v["status"]["phase"]
+        ),
+        (
+            &json!("Lost"),
+            &json!(1),
+            &json!("evicted"),
+            &json!("pending")
+        ),
+        "{v}"
+    );
+    let (_, n) = a.get("/v1/nodes/ghost").await;
+    assert!(
+        n["taints"]
+            .as_array()
+            .is_some_and(|t| t.iter().any(|t| t["key"] == "tessera.io/unreachable")),
+        "{n}"
     );
 }

@@ -120,3 +120,81 @@ fn bench_json_has_the_fields() {
     assert_eq!(v["tasks"], 300);
     assert!(v["placed"].as_u64().unwrap() > 0);
 }
+
+/// The first `tessera: scheduler: …` line `tessera up` prints with `extra`, or its
+/// exit code and stderr when it stops before listening.
+fn up_scheduler_line(extra: &[&str]) -> Result<String, (i32, String)> {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["up", "--listen", "127.0.0.1:0", "--no-local-node", "--data"])
+        .arg(dir.path().join("data"))
+        .args(extra)
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut seen = String::new();
+    let mut line = None;
+    for l in BufReader::new(child.stderr.take().unwrap())
+        .lines()
+        .map_while(Result::ok)
+    {
+        seen.push_str(&l);
+        seen.push('\n');
+        if let Some(s) = l.strip_prefix("tessera: scheduler: ") {
+            line = Some(s.to_string());
+            break;
+        }
+    }
+    let _ = child.kill();
+    let st = child.wait().unwrap();
+    line.ok_or((st.code().unwrap_or(-1), seen))
+}
+
+/// `tessera up --scheduler-config FILE` runs the live scheduler with the file's
+/// actions and plugins (the default has `reservation` on); a wrong file stops it
+/// before it listens, exit 2, naming the file and the field.
+#[test]
+fn up_runs_the_scheduler_config_it_is_given() {
+    let default = up_scheduler_line(&[]).unwrap();
+    assert!(
+        default.contains("reservation") && default.contains("fractions of a GPU by tessera"),
+        "{default}"
+    );
+    let given = up_scheduler_line(&["--scheduler-config", "docs/examples/scheduler.yaml"]).unwrap();
+    assert!(
+        given.starts_with(
+            "actions [enqueue, allocate, preempt, reclaim, backfill], \
+             plugins [priority gang | drf predicates proportion binpack]"
+        ),
+        "{given}"
+    );
+    assert!(!given.contains("reservation"), "{given}");
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(&bad, "actions: [allocate, backfil]\ntiers: []\n").unwrap();
+    let (code, err) =
+        up_scheduler_line(&["--scheduler-config", bad.to_str().unwrap()]).unwrap_err();
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--scheduler-config")
+            && err.contains("bad.yaml: actions[1]: unknown action `backfil`"),
+        "{err}"
+    );
+    // `tessera k8s run` takes the same file, checked before it looks for a cluster.
+    let (code, _, err) = tessera(&[
+        "k8s",
+        "run",
+        "--kubeconfig",
+        "/nonexistent",
+        "--scheduler-config",
+        bad.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--scheduler-config") && err.contains("unknown action `backfil`"),
+        "{err}"
+    );
+}

@@ -62,6 +62,29 @@ impl Default for SchedulerSettings {
     }
 }
 
+impl SchedulerSettings {
+    /// One line for a start-up log: the actions, the plugins tier by tier, and the
+    /// fractional-GPU policy in use.
+    pub fn describe(&self) -> String {
+        let c = &self.config;
+        let actions: Vec<&str> = c.actions.iter().map(|a| a.name()).collect();
+        let tiers: Vec<String> = c
+            .tiers
+            .iter()
+            .map(|t| t.iter().map(|p| p.name()).collect::<Vec<_>>().join(" "))
+            .collect();
+        let share = match self.gpu_share_policy.unwrap_or(c.share_policy) {
+            tessera_sched::SharePolicy::Tessera => "tessera",
+            tessera_sched::SharePolicy::Profile => "profile",
+        };
+        format!(
+            "actions [{}], plugins [{}], fractions of a GPU by {share}",
+            actions.join(", "),
+            tiers.join(" | ")
+        )
+    }
+}
+
 /// The live scheduler's fractional-GPU policy by name: `tessera` or `profile`; the
 /// simulator's baselines are named as such.
 pub fn check_gpu_share_policy(name: &str) -> Result<tessera_sched::SharePolicy, String> {

@@ -81,6 +81,11 @@ pub struct RunArgs {
         default_values_t = tessera_k8s::network::default_label_keys()
     )]
     pub network_label_keys: Vec<String>,
+    /// The scheduler's `actions` and `tiers`, as in `tessera sched plan` files
+    /// (Volcano's spelling accepted); the default is `tessera up`'s: Volcano's usual
+    /// configuration with the `reservation` plugin on.
+    #[arg(long, value_name = "FILE")]
+    pub scheduler_config: Option<PathBuf>,
 }
 
 pub fn run(c: K8sCommand) -> i32 {
@@ -127,6 +132,13 @@ pub async fn client(kubeconfig: Option<&PathBuf>) -> Result<kube::Client, (i32, 
 }
 
 fn run_cmd(a: RunArgs) -> i32 {
+    let mut sched = tessera_server::scheduler::SchedulerSettings::default();
+    if let Some(path) = &a.scheduler_config {
+        match tessera_sim::scenario::load_config(path) {
+            Ok(c) => sched.config = c,
+            Err(e) => return fail(EXIT_BAD_INPUT, format!("--scheduler-config: {e}")),
+        }
+    }
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => return fail(EXIT_FAILURE, format!("cannot start the runtime: {e}")),
@@ -158,6 +170,7 @@ fn run_cmd(a: RunArgs) -> i32 {
                 .map(|k| k.trim().to_string())
                 .filter(|k| !k.is_empty())
                 .collect(),
+            sched: sched.config.clone(),
             ..RunConfig::default()
         };
         let (tx, rx) = tokio::sync::watch::channel(false);
@@ -170,6 +183,7 @@ fn run_cmd(a: RunArgs) -> i32 {
             "tessera k8s run: {identity} scheduling pods of schedulerName {}",
             cfg.scheduler_name
         );
+        eprintln!("tessera k8s run: scheduler: {}", sched.describe());
         loop {
             let r = tessera_k8s::run(
                 client.clone(),

@@ -276,28 +276,7 @@ async fn serve(a: UpArgs, listen: SocketAddr) -> i32 {
             Err(e) => return fail(EXIT_BAD_INPUT, format!("--gpu-share-policy: {e}")),
         }
     }
-    let share = sched.gpu_share_policy.unwrap_or(sched.config.share_policy);
-    let describe = format!(
-        "actions [{}], plugins [{}], fractions of a GPU by {}",
-        sched
-            .config
-            .actions
-            .iter()
-            .map(|a| a.name())
-            .collect::<Vec<_>>()
-            .join(", "),
-        sched
-            .config
-            .tiers
-            .iter()
-            .map(|t| t.iter().map(|p| p.name()).collect::<Vec<_>>().join(" "))
-            .collect::<Vec<_>>()
-            .join(" | "),
-        match share {
-            tessera_sched::SharePolicy::Tessera => "tessera",
-            tessera_sched::SharePolicy::Profile => "profile",
-        }
-    );
+    let describe = sched.describe();
     let init = crate::cmd::sandbox::init_program();
     let init_where = init
         .as_ref()

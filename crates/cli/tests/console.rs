@@ -158,7 +158,7 @@ fn sandboxes_here() -> bool {
     let init = std::path::Path::new(common::BIN).with_file_name("tessera-sandbox-init");
     let why = if !init.exists() {
         Some(format!("{} is not built", init.display()))
-    } else if !nix_is_root() {
+    } else if !common::is_root() {
         Some("sandboxes need root here".to_string())
     } else {
         None
@@ -171,17 +171,6 @@ fn sandboxes_here() -> bool {
             false
         }
     }
-}
-
-fn nix_is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .map(|l| l.split_whitespace().nth(1) == Some("0"))
-        })
-        .unwrap_or(false)
 }
 
 struct World {

@@ -13,14 +13,7 @@ use common::{Up, up};
 use serde_json::{Value, json};
 
 fn root_or_skip(test: &str) -> bool {
-    let root = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .map(|l| l.split_whitespace().nth(2) == Some("0"))
-        })
-        .unwrap_or(false);
+    let root = common::is_root();
     if !root {
         assert!(std::env::var_os("CI").is_none(), "{test}: needs root");
         eprintln!("SKIPPED {test}: job tasks run in sandboxes, which need root here");

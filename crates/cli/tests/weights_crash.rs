@@ -15,14 +15,7 @@ use serde_json::{Value, json};
 const MARKER: &str = "TESSERA-CRASH-MARKER-5e2a9f";
 
 fn ready_or_skip(test: &str) -> bool {
-    let root = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .map(|l| l.split_whitespace().nth(2) == Some("0"))
-        })
-        .unwrap_or(false);
+    let root = common::is_root();
     let why = if !root {
         Some("job tasks run in sandboxes, which need root here")
     } else if !tessera_node::attest::tpm::Swtpm::available() {

@@ -155,7 +155,7 @@ pub struct TemplateListArgs {
 }
 
 #[derive(Debug, Args)]
-#[command(group(clap::ArgGroup::new("source").required(true).args(["oci", "debootstrap"])))]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["oci", "debootstrap", "kernel"])))]
 pub struct TemplateBuildArgs {
     /// An OCI image layout directory (index.json, blobs/), e.g. from
     /// `skopeo copy docker://debian:stable oci:DIR:stable` or `docker buildx --output type=oci`.
@@ -172,6 +172,13 @@ pub struct TemplateBuildArgs {
     /// With --debootstrap: the mirror to use (default: debootstrap's).
     #[arg(long, value_name = "URL", requires = "debootstrap")]
     pub mirror: Option<String>,
+    /// A micro-VM kernel template instead (for `tessera up --vm-kernel DIR` and
+    /// `tessera sandbox run --runtime-class isolated --vm-kernel DIR`), from a kernel
+    /// package: Debian's `linux-image-cloud-amd64` `.deb`, or the folder `dpkg-deb -x`
+    /// made of it (`boot/vmlinuz-*`, `lib/modules/VERSION/`). Needs `dpkg-deb` for a
+    /// `.deb`.
+    #[arg(long, value_name = "DEB|DIR")]
+    pub kernel: Option<std::path::PathBuf>,
     /// Print one JSON document.
     #[arg(long)]
     pub json: bool,
@@ -307,6 +314,9 @@ pub fn template(c: TemplateCommand) -> i32 {
                 env: Vec<String>,
             }
             let dir = a.dir.display().to_string();
+            if let Some(src) = &a.kernel {
+                return kernel_template(src, &a.dir, a.json);
+            }
             let out = if let Some(layout) = &a.oci {
                 let opts = t::OciOptions {
                     reference: a.reference.clone(),
@@ -353,6 +363,37 @@ pub fn template(c: TemplateCommand) -> i32 {
             }
             0
         }
+    }
+}
+
+/// `tessera template build --kernel SRC DIR`.
+fn kernel_template(src: &std::path::Path, dir: &std::path::Path, json: bool) -> i32 {
+    eprintln!(
+        "building a micro-VM kernel template from {} into {}",
+        src.display(),
+        dir.display()
+    );
+    match tessera_sandbox::vm::image::build_kernel_template(src, dir) {
+        Ok(k) if json => print_json(&serde_json::json!({
+            "dir": k.dir.display().to_string(),
+            "source": k.info.source,
+            "kernel_version": k.info.version,
+            "modules": k.info.modules,
+        })),
+        Ok(k) => {
+            println!(
+                "kernel template ready: {} (guest kernel {}, {} modules)",
+                k.dir.display(),
+                k.info.version,
+                k.info.modules.len()
+            );
+            println!(
+                "use it with: tessera up --vm-kernel {0}   or   tessera sandbox run --runtime-class isolated --vm-kernel {0} -- CMD",
+                k.dir.display()
+            );
+            0
+        }
+        Err(e) => fail(EXIT_FAILURE, e),
     }
 }
 

@@ -10,6 +10,18 @@ use std::time::Duration;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_tessera");
 
+/// Whether the tests run as root (effective uid 0, from /proc).
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(2) == Some("0"))
+        })
+        .unwrap_or(false)
+}
+
 /// A `tessera up` child: its URL, the admin key it printed, and the process.
 pub struct Up {
     pub url: String,

@@ -70,7 +70,7 @@ impl KernelTemplate {
         let text = fs::read(&j).map_err(|e| ImageError::File {
             path: j.display().to_string(),
             message: format!(
-                "{e}: not a kernel template (build one with `tessera template build --kernel linux-image-….deb --name NAME`)"
+                "{e}: not a kernel template (build one with `tessera template build --kernel linux-image-….deb DIR`)"
             ),
         })?;
         let info: KernelInfo = serde_json::from_slice(&text).map_err(|e| ImageError::File {
@@ -266,10 +266,17 @@ pub fn cached_kernel_template(src: &Path, cache: &Path) -> Result<PathBuf, Image
     Ok(ktpl)
 }
 
-/// Builds a kernel template into `out` (made; must not exist) from `src`: a kernel
+/// Builds a kernel template into `out` (made; must not exist, or be empty) from `src`: a kernel
 /// package (`.deb`, extracted with `dpkg-deb -x`) or a folder holding one extracted
 /// (`boot/vmlinuz-*`, `lib/modules/<version>/`).
 pub fn build_kernel_template(src: &Path, out: &Path) -> Result<KernelTemplate, ImageError> {
+    if fs::read_dir(out).is_ok_and(|mut d| d.next().is_some()) {
+        return Err(ImageError::File {
+            path: out.display().to_string(),
+            message: "already holds files: give a new (or empty) folder for the kernel template"
+                .into(),
+        });
+    }
     let tmp;
     let root: PathBuf = if src.is_file() {
         tmp = tempdir_near(out)?;

@@ -31,3 +31,43 @@ pub fn print_text(s: &str) -> i32 {
         Err(e) => fail(EXIT_FAILURE, format!("cannot write to stdout: {e}")),
     }
 }
+
+/// A time the server gives as milliseconds (`per_second` 1000) or seconds (1) since
+/// the epoch, for people: `2026-12-03 11:20:07 UTC`; `-` when absent.
+pub fn time_cell(v: &serde_json::Value, per_second: i64) -> String {
+    let Some(n) = v.as_i64() else {
+        return match v {
+            serde_json::Value::Null => "-".into(),
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+    };
+    let (secs, ms) = (
+        n.div_euclid(per_second),
+        n.rem_euclid(per_second) * (1000 / per_second),
+    );
+    chrono::DateTime::from_timestamp(secs, (ms * 1_000_000) as u32)
+        .map(|t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string())
+        .unwrap_or_else(|| n.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::time_cell;
+    use serde_json::json;
+
+    #[test]
+    fn times_are_utc_dates() {
+        assert_eq!(time_cell(&json!(0), 1000), "1970-01-01 00:00:00 UTC");
+        assert_eq!(
+            time_cell(&json!(1_796_296_790_620u64), 1000),
+            "2026-12-03 11:19:50 UTC"
+        );
+        assert_eq!(
+            time_cell(&json!(1_796_296_790), 1),
+            "2026-12-03 11:19:50 UTC"
+        );
+        assert_eq!(time_cell(&json!(null), 1000), "-");
+        assert_eq!(time_cell(&json!("soon"), 1000), "soon");
+    }
+}

@@ -299,21 +299,6 @@ pub(crate) fn cell(v: &Value) -> String {
     }
 }
 
-/// A time the server gives as milliseconds (`per_second` 1000) or seconds (1) since
-/// the epoch, for people: `2026-12-03 11:20:07 UTC`; `-` when absent.
-pub(crate) fn time_cell(v: &Value, per_second: i64) -> String {
-    let Some(n) = v.as_i64() else {
-        return cell(v);
-    };
-    let (secs, ms) = (
-        n.div_euclid(per_second),
-        n.rem_euclid(per_second) * (1000 / per_second),
-    );
-    chrono::DateTime::from_timestamp(secs, (ms * 1_000_000) as u32)
-        .map(|t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string())
-        .unwrap_or_else(|| n.to_string())
-}
-
 /// Prints `rows` under `headers`, columns padded to their widest cell.
 pub(crate) fn table(headers: &[&str], rows: Vec<Vec<String>>) -> String {
     let mut w: Vec<usize> = headers.iter().map(|h| h.len()).collect();
@@ -557,8 +542,8 @@ fn attestation_detail(a: &Value) -> String {
         ("reason", cell(&a["reason"])),
         ("tpm", tpm),
         ("registered", cell(&a["registered"])),
-        ("checked", time_cell(&a["checked_ms"], 1000)),
-        ("last ok", time_cell(&a["last_ok_ms"], 1000)),
+        ("checked", crate::output::time_cell(&a["checked_ms"], 1000)),
+        ("last ok", crate::output::time_cell(&a["last_ok_ms"], 1000)),
     ]);
     let approved = &a["reference"]["measurements"];
     let rows: Vec<Vec<String>> = a["measurements"]

@@ -6,7 +6,7 @@ use clap::Subcommand;
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use super::client::{Client, Failure, Out, cell, finish, items, runtime, show, table, time_cell};
+use super::client::{Client, Failure, Out, cell, finish, items, runtime, show, table};
 
 #[derive(Debug, Subcommand)]
 pub enum TenantCommand {
@@ -152,7 +152,7 @@ fn key_table(v: &Value) -> String {
                 } else {
                     "active".into()
                 },
-                time_cell(&k["expires_at"], 1),
+                crate::output::time_cell(&k["expires_at"], 1),
             ]
         })
         .collect();
@@ -170,7 +170,7 @@ fn tenant_table(v: &Value) -> String {
             vec![
                 cell(&t["name"]),
                 if t["system"] == true { "system" } else { "-" }.into(),
-                time_cell(&t["created_at"], 1000),
+                crate::output::time_cell(&t["created_at"], 1000),
             ]
         })
         .collect();

@@ -622,6 +622,7 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
         &stop_rx,
         vec![(local.name.clone(), sandbox_cap)],
         microvm.clone(),
+        node_data(&cfg).join("sandbox-snapshots"),
     )
     .await?;
     tasks.extend(t);

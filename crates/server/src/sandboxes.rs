@@ -1,7 +1,15 @@
 //! Sandboxes: create, commands, files, timeout, pause/resume, kill (issue 6), with
 //! names familiar to E2B users (`POST /v1/sandboxes` is `Sandbox.create`, `commands`
 //! is `commands.run`, `files` is `files.read/write/list/remove`, `timeout` is
-//! `setTimeout`, `DELETE` is `kill`).
+//! `setTimeout`, `pause` is `betaPause`, `auto_pause` is `autoPause`, `DELETE` is
+//! `kill`).
+//!
+//! A pause is to disk (issue 18): the sandbox is snapshotted into the node's data
+//! folder (`sandbox-snapshots/ID`, root's alone) and its processes and memory are
+//! freed, its room on the node given back; `resume` places it again and restores it
+//! (the namespace tier keeps its writable folders, the micro-VM tier its whole
+//! machine). With `auto_pause` its timeout pauses it instead of killing it. A paused
+//! sandbox lives until killed; the snapshots do not outlive the server process.
 //!
 //! This module owns its state ([`SandboxesState`]), its configuration
 //! ([`SandboxesConfig`], a field of [`crate::ServerConfig`]), its routes and its
@@ -28,8 +36,9 @@ use axum::response::{IntoResponse, Response};
 use futures_util::stream;
 use serde_json::{Value, json};
 use tessera_sandbox::{
-    EgressPolicy, ExecRequest, FileError, InitProgram, Isolated, Network, PoolConfig, Runtime,
-    RuntimeConfig, SandboxSpec, TarLimits, TierKind, WarmPool,
+    AnySandbox, EgressPolicy, ExecRequest, FileError, InitProgram, Isolated, LifecycleError,
+    Network, PauseOptions, PoolConfig, Runtime, RuntimeConfig, SandboxSpec, TarLimits, Tier,
+    TierKind, WarmPool,
 };
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -88,20 +97,39 @@ struct Entry {
     template: String,
     /// Its runtime class, as decided at create (the tier is the sandbox's `kind`).
     class: String,
-    sandbox: Arc<dyn Isolated>,
+    sandbox: Arc<AnySandbox>,
     started: SystemTime,
-    /// When the sandbox is killed unless its timeout is changed.
-    end_at: Mutex<(Instant, SystemTime)>,
+    /// When the sandbox is killed (or, with `auto_pause`, paused) unless its timeout
+    /// is changed; and the timeout's length, counted again from a resume.
+    end_at: Mutex<(Instant, SystemTime, Duration)>,
+    /// Its timeout pauses it to disk instead of killing it (E2B's `autoPause`).
+    auto_pause: bool,
     metadata: BTreeMap<String, String>,
-    /// The agent scheduler's decision; given back when the entry goes.
-    placed: Option<(Arc<crate::placement::Placer>, crate::placement::Placement)>,
+    /// The agent scheduler's decision while it runs (none while paused); given back
+    /// when it pauses or the entry goes.
+    placed: Mutex<Option<(Arc<crate::placement::Placer>, crate::placement::Placement)>>,
+    /// Pause and resume of this sandbox, one at a time (with its placement).
+    lifecycle: tokio::sync::Mutex<()>,
+}
+
+impl Entry {
+    /// Gives its room on the node back (it paused, or goes).
+    fn release(&self) {
+        if let Some((p, at)) = self.placed.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            p.release(&at);
+        }
+    }
+
+    /// Starts its time again (created, resumed, or given a new timeout).
+    fn restart_clock(&self, t: Duration) {
+        *self.end_at.lock().unwrap_or_else(|p| p.into_inner()) =
+            (Instant::now() + t, SystemTime::now() + t, t);
+    }
 }
 
 impl Drop for Entry {
     fn drop(&mut self) {
-        if let Some((p, at)) = &self.placed {
-            p.release(at);
-        }
+        self.release();
     }
 }
 
@@ -117,6 +145,10 @@ struct Inner {
     placer: Arc<crate::placement::Placer>,
     /// The micro-VM tier, where this server runs one (`tessera up --vm-kernel`).
     microvm: Option<Arc<tessera_sandbox::vm::MicroVmTier>>,
+    /// The namespace tier over `rt`: what restores its sandboxes' snapshots.
+    namespace: Arc<dyn Tier>,
+    /// Where paused sandboxes' snapshots go (root's alone, emptied at start).
+    snapshots: std::path::PathBuf,
 }
 
 /// What the handlers of this module share.
@@ -143,6 +175,7 @@ impl SandboxesState {
         stop: &watch::Receiver<bool>,
         nodes: Vec<(String, tessera_sched::agent::Demand)>,
         microvm: Option<Arc<tessera_sandbox::vm::MicroVmTier>>,
+        snapshots: std::path::PathBuf,
     ) -> Result<(Self, Vec<JoinHandle<()>>), StartError> {
         if !cfg.enabled {
             return Ok((Self::default(), Vec::new()));
@@ -168,6 +201,17 @@ impl SandboxesState {
             ))
         })?;
         let _ = probe.destroy();
+        // Snapshots of an earlier run cannot be resumed (sandboxes are this process's):
+        // they go, and the folder is root's alone (it holds tenants' files).
+        let _ = std::fs::remove_dir_all(&snapshots);
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&snapshots)
+                .map_err(|e| fail(format!("{}: {e}", snapshots.display())))?;
+        }
         let pool = (cfg.warm > 0).then(|| {
             WarmPool::new(
                 rt.clone(),
@@ -179,6 +223,7 @@ impl SandboxesState {
                 },
             )
         });
+        let namespace: Arc<dyn Tier> = Arc::new(tessera_sandbox::NamespaceTier::new(rt.clone()));
         let inner = Arc::new(Inner {
             rt,
             pool,
@@ -192,6 +237,8 @@ impl SandboxesState {
             all: Mutex::new(HashMap::new()),
             placer: Arc::new(crate::placement::Placer::new(nodes)),
             microvm,
+            namespace,
+            snapshots,
         });
         let task = tokio::spawn(reap_expired(inner.clone(), stop.clone()));
         Ok((Self { inner: Some(inner) }, vec![task]))
@@ -224,18 +271,31 @@ async fn reap_expired(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
             let mut all = inner.lock();
             let ids: Vec<String> = all
                 .values()
-                .filter(|e| e.end_at.lock().unwrap_or_else(|p| p.into_inner()).0 <= now)
+                .filter(|e| {
+                    !e.sandbox.is_paused()
+                        && e.end_at.lock().unwrap_or_else(|p| p.into_inner()).0 <= now
+                })
                 .map(|e| e.id.clone())
                 .collect();
-            ids.iter().filter_map(|id| all.remove(id)).collect()
+            // Those that pause stay listed; the others go.
+            ids.iter()
+                .filter_map(|id| match all.get(id) {
+                    Some(e) if e.auto_pause => Some(e.clone()),
+                    _ => all.remove(id),
+                })
+                .collect()
         };
-        if !due.is_empty() {
-            let _ = tokio::task::spawn_blocking(move || {
-                for e in due {
-                    let _ = e.sandbox.destroy();
-                }
-            })
-            .await;
+        for e in due {
+            if e.auto_pause {
+                let i2 = inner.clone();
+                tokio::spawn(async move {
+                    if let Err(err) = pause_entry(&i2, &e).await {
+                        eprintln!("sandbox {}: auto-pause at its timeout: {err}", e.id);
+                    }
+                });
+            } else {
+                let _ = tokio::task::spawn_blocking(move || e.sandbox.destroy()).await;
+            }
         }
     }
     let rest: Vec<Arc<Entry>> = inner.lock().drain().map(|(_, e)| e).collect();
@@ -273,12 +333,12 @@ async fn file_op<T: Send + 'static>(
     c: &Caller,
     id: &str,
     path: &str,
-    op: impl FnOnce(&dyn Isolated, &str) -> Result<T, FileError> + Send + 'static,
+    op: impl FnOnce(&AnySandbox, &str) -> Result<T, FileError> + Send + 'static,
 ) -> Result<T, ApiError> {
     c.require(Role::Developer)?;
     let e = enabled(a)?.get(c, id)?;
     let p = path.to_string();
-    blocking(move || op(&*e.sandbox, &p))
+    blocking(move || op(&e.sandbox, &p))
         .await?
         .map_err(|err| file_error(id, path, err))
 }
@@ -292,16 +352,24 @@ fn unix(t: SystemTime) -> f64 {
 fn info(e: &Entry) -> Value {
     let end = e.end_at.lock().unwrap_or_else(|p| p.into_inner()).1;
     let spec = e.sandbox.spec();
+    let paused = e.sandbox.is_paused();
     json!({
         "sandbox_id": e.id,
         "template": e.template,
         "runtime_class": e.class,
-        "tier": e.sandbox.kind(),
-        "state": if e.sandbox.is_frozen() { "paused" } else { "running" },
+        "tier": e.sandbox.tier(),
+        "state": if paused { "paused" } else { "running" },
+        "auto_pause": e.auto_pause,
         "started_at": unix(e.started),
-        "end_at": unix(end),
+        // A paused sandbox has no end: it waits for resume or kill.
+        "end_at": (!paused).then(|| unix(end)),
         "metadata": e.metadata,
-        "node": e.placed.as_ref().map(|(_, p)| p.node.clone()),
+        "node": e
+            .placed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|(_, p)| p.node.clone()),
         "limits": {
             "memory_bytes": spec.limits.memory_bytes,
             "cpu_millis": spec.limits.cpu_millis,
@@ -427,13 +495,9 @@ async fn create(
             ),
         ));
     }
-    let demand = tessera_sched::agent::Demand::new(
-        u64::from(spec.limits.cpu_millis.unwrap_or(0)),
-        spec.limits.memory_bytes.unwrap_or(0),
-    );
     let placement = inner
         .placer
-        .place(demand)
+        .place(demand(&spec))
         .map_err(|why| ApiError::new(Code::QuotaExceeded, why))?;
     let i2 = inner.clone();
     let tenant = c.tenant.clone();
@@ -468,6 +532,12 @@ async fn create(
         }
     };
     sb.set_tenant(Some(tenant.clone()));
+    let restorer: Arc<dyn Tier> = match (tier, &inner.microvm) {
+        (TierKind::Microvm, Some(vm)) => vm.clone(),
+        _ => inner.namespace.clone(),
+    };
+    let mut sb = AnySandbox::wrap(restorer, sb);
+    sb.set_tenant(Some(tenant.clone()));
     let now = SystemTime::now();
     let t = Duration::from_secs(timeout);
     let e = Arc::new(Entry {
@@ -475,11 +545,13 @@ async fn create(
         tenant,
         template,
         class: decided.class,
-        sandbox: Arc::from(sb),
+        sandbox: Arc::new(sb),
         started: now,
-        end_at: Mutex::new((Instant::now() + t, now + t)),
+        end_at: Mutex::new((Instant::now() + t, now + t, t)),
+        auto_pause: b.auto_pause,
         metadata: b.metadata,
-        placed: Some((inner.placer.clone(), placement)),
+        placed: Mutex::new(Some((inner.placer.clone(), placement))),
+        lifecycle: tokio::sync::Mutex::new(()),
     });
     inner.lock().insert(e.id.clone(), e.clone());
     Ok((StatusCode::CREATED, Json(info(&e))))
@@ -541,10 +613,61 @@ async fn set_timeout(
         ));
     }
     let e = inner.get(&c, &id)?;
-    let t = Duration::from_secs(b.timeout);
-    *e.end_at.lock().unwrap_or_else(|p| p.into_inner()) =
-        (Instant::now() + t, SystemTime::now() + t);
+    e.restart_clock(Duration::from_secs(b.timeout));
     Ok(Json(info(&e)))
+}
+
+/// What a sandbox of `spec` takes on its node.
+fn demand(spec: &SandboxSpec) -> tessera_sched::agent::Demand {
+    tessera_sched::agent::Demand::new(
+        u64::from(spec.limits.cpu_millis.unwrap_or(0)),
+        spec.limits.memory_bytes.unwrap_or(0),
+    )
+}
+
+fn lifecycle_error(id: &str, what: &str, e: LifecycleError) -> ApiError {
+    match e {
+        LifecycleError::State { why, .. } => ApiError::new(
+            Code::Conflict,
+            format!("sandbox {id:?} cannot {what}: {why}"),
+        ),
+        other => ApiError::internal(format!("sandbox {id:?}: {what}: {other}")),
+    }
+}
+
+/// Pauses `e` to disk (its snapshot under the server's snapshot folder) and gives
+/// its room on the node back. A paused one stays as it is.
+async fn pause_entry(inner: &Arc<Inner>, e: &Arc<Entry>) -> Result<(), ApiError> {
+    let _one = e.lifecycle.lock().await;
+    let (sb, dir) = (e.sandbox.clone(), inner.snapshots.join(&e.id));
+    blocking(move || sb.pause_to_disk(&dir, &PauseOptions::default()))
+        .await?
+        .map_err(|err| lifecycle_error(&e.id, "pause", err))?;
+    e.release();
+    Ok(())
+}
+
+/// Places `e` on a node again and restores it from its snapshot; its timeout counts
+/// from now. A running one stays as it is.
+async fn resume_entry(inner: &Arc<Inner>, e: &Arc<Entry>) -> Result<(), ApiError> {
+    let _one = e.lifecycle.lock().await;
+    if !e.sandbox.is_paused() {
+        return Ok(());
+    }
+    let placement = inner
+        .placer
+        .place(demand(&e.sandbox.spec()))
+        .map_err(|why| ApiError::new(Code::QuotaExceeded, format!("resuming: {why}")))?;
+    *e.placed.lock().unwrap_or_else(|p| p.into_inner()) = Some((inner.placer.clone(), placement));
+    let sb = e.sandbox.clone();
+    let r = blocking(move || sb.resume()).await;
+    if !matches!(r, Ok(Ok(()))) {
+        e.release();
+    }
+    r?.map_err(|err| lifecycle_error(&e.id, "resume", err))?;
+    let t = e.end_at.lock().unwrap_or_else(|p| p.into_inner()).2;
+    e.restart_clock(t);
+    Ok(())
 }
 
 async fn pause_or_resume(
@@ -556,24 +679,11 @@ async fn pause_or_resume(
     c.require(Role::Developer)?;
     let inner = enabled(&a)?;
     let e = inner.get(&c, &id)?;
-    let e2 = e.clone();
-    blocking(move || {
-        if pause {
-            e2.sandbox.freeze()
-        } else {
-            e2.sandbox.thaw()
-        }
-    })
-    .await?
-    .map_err(|err| match err {
-        tessera_sandbox::LifecycleError::Cgroup(tessera_sandbox::CgroupError::NoController(_)) => {
-            ApiError::new(
-                Code::Conflict,
-                "pause needs the cgroup freezer, which this server does not have (run it as root)",
-            )
-        }
-        other => ApiError::internal(format!("sandbox {id:?}: {other}")),
-    })?;
+    if pause {
+        pause_entry(&inner, &e).await?;
+    } else {
+        resume_entry(&inner, &e).await?;
+    }
     Ok(Json(info(&e)))
 }
 
@@ -664,18 +774,20 @@ async fn run_command(
         let send = |ev: Event| {
             let _ = tx.send(ev);
         };
-        let r = e.sandbox.exec_streaming(&req, &mut |stream, data| {
-            let name = match stream {
-                tessera_sandbox::Stream::Stdout => "stdout",
-                tessera_sandbox::Stream::Stderr => "stderr",
-            };
-            let text = String::from_utf8_lossy(data);
-            send(
-                Event::default()
-                    .event(name)
-                    .data(json!({"data": text}).to_string()),
-            );
-        });
+        let r = e
+            .sandbox
+            .exec_streaming(&req, |stream: tessera_sandbox::Stream, data: &[u8]| {
+                let name = match stream {
+                    tessera_sandbox::Stream::Stdout => "stdout",
+                    tessera_sandbox::Stream::Stderr => "stderr",
+                };
+                let text = String::from_utf8_lossy(data);
+                send(
+                    Event::default()
+                        .event(name)
+                        .data(json!({"data": text}).to_string()),
+                );
+            });
         match r {
             Ok(out) => send(
                 Event::default()
@@ -823,8 +935,8 @@ crate::api::routes! {
     get "/v1/sandboxes/{id}" get_one "Get a sandbox" None, 200;
     delete "/v1/sandboxes/{id}" kill "Kill a sandbox and everything in it (E2B kill)" None, 200;
     post "/v1/sandboxes/{id}/timeout" set_timeout "Kill the sandbox this many seconds from now (E2B setTimeout)" Some("SandboxTimeout"), 200;
-    post "/v1/sandboxes/{id}/pause" pause "Freeze every process of a sandbox" None, 200;
-    post "/v1/sandboxes/{id}/resume" resume "Thaw a paused sandbox" None, 200;
+    post "/v1/sandboxes/{id}/pause" pause "Pause a sandbox to disk (E2B betaPause): snapshotted, its processes and memory freed, its room on the node given back" None, 200;
+    post "/v1/sandboxes/{id}/resume" resume "Resume a paused sandbox from its snapshot (placed again; its timeout counts from now)" None, 200;
     post "/v1/sandboxes/{id}/commands" run_command "Run a command (E2B commands.run): JSON result, or server-sent events stdout/stderr/end with `stream` or Accept: text/event-stream" Some("SandboxCommand"), 200;
     get "/v1/sandboxes/{id}/files" read_file "Read a file (?path=), as raw bytes (E2B files.read)" None, 200;
     put "/v1/sandboxes/{id}/files" write_file "Write a file (?path=) with the raw body, making parent folders (E2B files.write)" None, 200;

@@ -282,6 +282,40 @@ async fn isolated_work_runs_in_a_micro_vm() {
     assert_eq!(st, StatusCode::OK, "{out}");
     let guest = out["stdout"].as_str().unwrap().trim().to_string();
     assert_ne!(guest, host, "{out}");
+    // Paused to disk and resumed: the VM's memory comes back, and with it a file in
+    // the guest's tmpfs (there is no file layer in a micro-VM snapshot, only memory).
+    let (st, out) = a
+        .post(
+            &format!("/v1/sandboxes/{id}/commands"),
+            json!({"cmd": "echo in-guest-memory > /tmp/m; grep ' /tmp ' /proc/mounts"}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{out}");
+    assert!(out["stdout"].as_str().unwrap().contains("tmpfs"), "{out}");
+    let (st, v) = a.post_empty(&format!("/v1/sandboxes/{id}/pause")).await;
+    assert_eq!(
+        (st, v["state"].as_str()),
+        (StatusCode::OK, Some("paused")),
+        "{v}"
+    );
+    let (st, v) = a.post_empty(&format!("/v1/sandboxes/{id}/resume")).await;
+    assert_eq!(
+        (st, v["state"].as_str()),
+        (StatusCode::OK, Some("running")),
+        "{v}"
+    );
+    let (st, out) = a
+        .post(
+            &format!("/v1/sandboxes/{id}/commands"),
+            json!({"cmd": "cat /tmp/m; uname -r"}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{out}");
+    assert_eq!(
+        out["stdout"].as_str().unwrap(),
+        format!("in-guest-memory\n{guest}\n"),
+        "{out}"
+    );
     let (st, _) = a.delete(&format!("/v1/sandboxes/{id}")).await;
     assert!(st.is_success());
     let (st, v) = a.post("/v1/sandboxes", json!({"timeout": 60})).await;

@@ -187,7 +187,17 @@ async fn create_run_files_pause_timeout_kill() {
         .unwrap();
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
 
-    // Pause: commands wait for resume (409 meanwhile).
+    // Pause (to disk): commands wait for resume (409 meanwhile); files survive it.
+    let r = t
+        .request(
+            Method::PUT,
+            &format!("/v1/sandboxes/{id}/files?path=/workspace/keep.txt"),
+        )
+        .body("kept across a pause")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
     let (st, v) = t.post_empty(&format!("/v1/sandboxes/{id}/pause")).await;
     assert_eq!(
         (st, v["state"].as_str()),
@@ -206,6 +216,15 @@ async fn create_run_files_pause_timeout_kill() {
         (st, v["state"].as_str()),
         (StatusCode::OK, Some("running")),
         "{v}"
+    );
+    let (st, body) = raw_get(
+        &t,
+        &format!("/v1/sandboxes/{id}/files?path=/workspace/keep.txt"),
+    )
+    .await;
+    assert_eq!(
+        (st, String::from_utf8_lossy(&body).as_ref()),
+        (StatusCode::OK, "kept across a pause")
     );
 
     // Timeout: a new end, then expiry kills it.
@@ -500,4 +519,75 @@ async fn sandboxes_are_off_unless_enabled() {
     assert!(doc["paths"]["/v1/sandboxes/{id}/commands"]["post"].is_object());
     assert!(doc["components"]["schemas"]["NewSandbox"].is_object());
     s.running.shutdown().await;
+}
+
+/// E2B's `autoPause`: at its timeout the sandbox is paused to disk, not killed: it
+/// stays listed as `paused` with no end and no node, its snapshot in the server's
+/// folder (root's alone), its processes gone; `resume` places it again with its
+/// files and a fresh timeout; `kill` removes the snapshot too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_pause_at_the_timeout_then_resume() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(init) = ready("auto_pause_at_the_timeout_then_resume") else {
+        return;
+    };
+    let s = server(init).await;
+    let t = s.tenant("acme").await;
+    let id = create(&t, json!({"timeout": 2, "auto_pause": true})).await;
+    let (st, v) = t
+        .post(
+            &format!("/v1/sandboxes/{id}/commands"),
+            json!({"cmd": "echo note > /workspace/n.txt; mkdir -p /home/user/d; echo deep > /home/user/d/f; sleep 300 & echo $!"}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    let v = t
+        .wait_for(&format!("/v1/sandboxes/{id}"), |v| v["state"] == "paused")
+        .await;
+    assert_eq!(
+        (&v["end_at"], &v["node"], &v["auto_pause"]),
+        (&Value::Null, &Value::Null, &json!(true)),
+        "{v}"
+    );
+    let snap = s.dir().join("sandbox-snapshots");
+    let mode = std::fs::metadata(&snap).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700);
+    assert!(snap.join(&id).is_dir(), "the snapshot is on disk");
+    // No process of the sandbox is left: nothing runs `sleep 300` on the host.
+    let sleeping = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .any(|c| c == b"sleep\0300\0");
+    assert!(!sleeping, "a paused sandbox's processes are gone");
+    // Paused: files and commands wait (409); still listed, as paused.
+    let (st, _) = raw_get(
+        &t,
+        &format!("/v1/sandboxes/{id}/files?path=/workspace/n.txt"),
+    )
+    .await;
+    assert_eq!(st, StatusCode::CONFLICT);
+    let (_, l) = t.get("/v1/sandboxes").await;
+    assert_eq!(l["items"][0]["state"], "paused", "{l}");
+
+    let (st, v) = t.post_empty(&format!("/v1/sandboxes/{id}/resume")).await;
+    assert_eq!(
+        (st, v["state"].as_str()),
+        (StatusCode::OK, Some("running")),
+        "{v}"
+    );
+    assert!(v["node"].is_string() && v["end_at"].is_number(), "{v}");
+    for (path, want) in [("/workspace/n.txt", "note\n"), ("/home/user/d/f", "deep\n")] {
+        let (st, body) = raw_get(&t, &format!("/v1/sandboxes/{id}/files?path={path}")).await;
+        assert_eq!(
+            (st, String::from_utf8_lossy(&body).as_ref()),
+            (StatusCode::OK, want)
+        );
+    }
+    // Its timeout counts again from the resume: it pauses once more.
+    t.wait_for(&format!("/v1/sandboxes/{id}"), |v| v["state"] == "paused")
+        .await;
+    let (st, _) = t.delete(&format!("/v1/sandboxes/{id}")).await;
+    assert_eq!(st, StatusCode::OK);
+    assert!(!snap.join(&id).exists(), "kill removes the snapshot");
 }

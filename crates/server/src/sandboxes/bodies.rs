@@ -18,7 +18,8 @@ pub struct NewSandbox {
     /// `base` (the default: the host's /usr, read-only) or a template name.
     #[serde(default)]
     pub template: Option<String>,
-    /// Seconds the sandbox lives before it is killed (default 300).
+    /// Seconds the sandbox lives before it is killed, or paused with `auto_pause`
+    /// (default 300).
     #[serde(default)]
     pub timeout: Option<u64>,
     #[serde(default)]
@@ -41,6 +42,10 @@ pub struct NewSandbox {
     /// the operator added; none: the tenant's minimum class, else `standard`.
     #[serde(default)]
     pub runtime_class: Option<String>,
+    /// At its timeout the sandbox is paused to disk instead of killed (E2B's
+    /// `autoPause`); `resume` brings it back.
+    #[serde(default)]
+    pub auto_pause: bool,
 }
 
 /// `POST /v1/sandboxes/{id}/timeout`.
@@ -180,7 +185,8 @@ pub fn schemas() -> Vec<(&'static str, Value)> {
                 "memory_mb": {"type": "integer"}, "cpus": {"type": "number"},
                 "pids": {"type": "integer"}, "disk_mb": {"type": "integer"},
                 "allow_domains": {"type": "array", "items": {"type": "string"}},
-                "runtime_class": {"type": "string", "description": "standard (namespaces), isolated (a micro-VM) or a class the operator added; none: the tenant's minimum class"}}}),
+                "runtime_class": {"type": "string", "description": "standard (namespaces), isolated (a micro-VM) or a class the operator added; none: the tenant's minimum class"},
+                "auto_pause": {"type": "boolean", "description": "at its timeout, pause to disk instead of kill (E2B autoPause)"}}}),
         ),
         (
             "SandboxTimeout",

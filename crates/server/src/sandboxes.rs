@@ -287,10 +287,21 @@ async fn reap_expired(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
         };
         for e in due {
             if e.auto_pause {
+                // Not picked again while the pause runs (it takes up to the drain);
+                // the timeout's length stays, for the resume.
+                e.end_at.lock().unwrap_or_else(|p| p.into_inner()).0 =
+                    Instant::now() + Duration::from_secs(MAX_TIMEOUT_S);
                 let i2 = inner.clone();
                 tokio::spawn(async move {
                     if let Err(err) = pause_entry(&i2, &e).await {
-                        eprintln!("sandbox {}: auto-pause at its timeout: {err}", e.id);
+                        // Its time is up and it cannot be kept: it goes, as without
+                        // auto_pause.
+                        eprintln!(
+                            "sandbox {}: auto-pause at its timeout failed ({err}); killing it",
+                            e.id
+                        );
+                        i2.lock().remove(&e.id);
+                        let _ = tokio::task::spawn_blocking(move || e.sandbox.destroy()).await;
                     }
                 });
             } else {
@@ -520,7 +531,7 @@ async fn create(
         }
     })
     .await;
-    let mut sb = match spawned {
+    let sb = match spawned {
         Ok(Ok(sb)) => sb,
         other => {
             inner.placer.release(&placement);
@@ -531,7 +542,6 @@ async fn create(
             });
         }
     };
-    sb.set_tenant(Some(tenant.clone()));
     let restorer: Arc<dyn Tier> = match (tier, &inner.microvm) {
         (TierKind::Microvm, Some(vm)) => vm.clone(),
         _ => inner.namespace.clone(),

@@ -558,7 +558,7 @@ async fn auto_pause_at_the_timeout_then_resume() {
         .unwrap()
         .flatten()
         .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
-        .any(|c| c == b"sleep\0300\0");
+        .any(|c| c == b"sleep\x00300\x00");
     assert!(!sleeping, "a paused sandbox's processes are gone");
     // Paused: files and commands wait (409); still listed, as paused.
     let (st, _) = raw_get(

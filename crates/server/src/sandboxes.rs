@@ -363,23 +363,30 @@ fn unix(t: SystemTime) -> f64 {
 fn info(e: &Entry) -> Value {
     let end = e.end_at.lock().unwrap_or_else(|p| p.into_inner()).1;
     let spec = e.sandbox.spec();
-    let paused = e.sandbox.is_paused();
+    // `pausing` and `paused` (on disk), `resuming`, `running`.
+    let phase = e.sandbox.phase();
+    let paused = matches!(
+        phase,
+        tessera_sandbox::Phase::Pausing | tessera_sandbox::Phase::Paused
+    );
     json!({
         "sandbox_id": e.id,
         "template": e.template,
         "runtime_class": e.class,
         "tier": e.sandbox.tier(),
-        "state": if paused { "paused" } else { "running" },
+        "state": phase,
         "auto_pause": e.auto_pause,
         "started_at": unix(e.started),
         // A paused sandbox has no end: it waits for resume or kill.
         "end_at": (!paused).then(|| unix(end)),
         "metadata": e.metadata,
+        // Nor a node (its room is given back right after the snapshot is written).
         "node": e
             .placed
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .as_ref()
+            .filter(|_| !paused)
             .map(|(_, p)| p.node.clone()),
         "limits": {
             "memory_bytes": spec.limits.memory_bytes,

@@ -1,7 +1,7 @@
 //! The Python sandbox client (`clients/python/tessera_client/sandbox.py`, E2B-shaped)
 //! against a real `tessera up --sandboxes`: create, run (whole and streamed), a
 //! failing command, files, the guard's refusal, pause to disk, connect (resume),
-//! kill. Needs root (sandboxes) and `TESSERA_PYTHON` (a Python with `httpx`; `.ci/run`
+//! kill; and `tessera sandbox remote …` against the same kind of server. Needs root (sandboxes) and `TESSERA_PYTHON` (a Python with `httpx`; `.ci/run`
 //! makes one); skips with the reason without them unless `CI` is set.
 
 mod common;
@@ -56,4 +56,72 @@ fn the_e2b_flow_through_the_python_client() {
         o.status.success() && out.trim_end().ends_with("OK"),
         "{out}\n{err}"
     );
+}
+
+/// `tessera sandbox remote …` against the same kind of server: create, exec (its exit
+/// code and output), ls, pause/resume, kill.
+#[test]
+fn the_cli_drives_server_sandboxes() {
+    if !common::is_root() {
+        assert!(std::env::var_os("CI").is_none(), "needs root (sandboxes)");
+        eprintln!("SKIP: sandboxes need root here");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let up = up_with(&["--data", data.to_str().unwrap(), "--sandboxes"]);
+    let key = up
+        .key
+        .clone()
+        .expect("the first start prints the admin key");
+    let cli = |args: &[&str]| {
+        let o = Command::new(common::BIN)
+            .args(["sandbox", "remote"])
+            .args(args)
+            .env("TESSERA_URL", &up.url)
+            .env("TESSERA_API_KEY", &key)
+            .env("TESSERA_CONFIG", dir.path().join("none.yaml"))
+            .output()
+            .unwrap();
+        (
+            o.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let (code, id, err) = cli(&["create", "--timeout", "120"]);
+    assert_eq!(code, 0, "{err}");
+    let id = id.trim().to_string();
+    assert!(id.starts_with("sbx_"), "{id}");
+    let (code, out, err) = cli(&[
+        "exec",
+        &id,
+        "--shell",
+        "--",
+        "echo out; echo err >&2; exit 7",
+    ]);
+    assert_eq!((code, out.as_str(), err.as_str()), (7, "out\n", "err\n"));
+    let (code, out, _) = cli(&["exec", &id, "--", "uname", "-s"]);
+    assert_eq!((code, out.as_str()), (0, "Linux\n"));
+    let (code, _, err) = cli(&["exec", &id, "--", "cat", "/etc/shadow"]);
+    assert!(code != 0 && err.contains("403"), "{code} {err}");
+    let (code, out, _) = cli(&["ls"]);
+    assert!(
+        code == 0 && out.starts_with("ID") && out.contains(&id) && out.contains("running"),
+        "{out}"
+    );
+    let (code, out, err) = cli(&["pause", &id]);
+    assert!(code == 0 && out.contains("paused"), "{out} {err}");
+    let (code, out, err) = cli(&["resume", &id, "-o", "json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["state"], "running", "{v}");
+    let (code, out, err) = cli(&["kill", &id]);
+    assert_eq!(
+        (code, out.trim()),
+        (0, format!("killed {id}").as_str()),
+        "{err}"
+    );
+    let (code, _, err) = cli(&["get", &id]);
+    assert!(code != 0 && err.contains("404"), "{err}");
 }

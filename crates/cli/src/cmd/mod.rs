@@ -8,6 +8,7 @@ pub mod k8s;
 pub mod login;
 pub mod mixed;
 pub mod pool;
+pub mod remote;
 pub mod routing;
 pub mod sandbox;
 pub mod sched;

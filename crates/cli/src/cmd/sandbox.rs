@@ -36,6 +36,10 @@ pub enum SandboxCommand {
     Ls(LsArgs),
     /// Destroy long-lived sandboxes.
     Rm(RmArgs),
+    /// Sandboxes on a Tessera server (`/v1/sandboxes`; the server and key of
+    /// `tessera login`): create, exec, ls, get, pause, resume, timeout, kill.
+    #[command(subcommand)]
+    Remote(super::remote::RemoteCommand),
     /// The sandbox's init (PID 1 inside each sandbox); not for people.
     #[command(name = "__init", hide = true)]
     Init,
@@ -221,6 +225,7 @@ pub fn run(c: SandboxCommand) -> i32 {
         SandboxCommand::Cp(a) => long::cp(a),
         SandboxCommand::Ls(a) => long::ls(a),
         SandboxCommand::Rm(a) => long::rm(a),
+        SandboxCommand::Remote(c) => super::remote::remote(c),
     }
 }
 

@@ -41,6 +41,17 @@ class TesseraError(Exception):
         super().__init__(f"{status} {self.code}: {self.detail}")
 
 
+def _reply(r: httpx.Response) -> Any:
+    """The reply's JSON (or text); a ``TesseraError`` for an error status."""
+    try:
+        data = r.json()
+    except ValueError:
+        data = r.text
+    if r.status_code >= 400:
+        raise TesseraError(r.status_code, data)
+    return data
+
+
 def _q(s: str) -> str:
     return quote(s, safe="")
 
@@ -78,14 +89,7 @@ class Client:
     # ---- plumbing ----
 
     def request(self, method: str, path: str, body: Any = None, params: Optional[dict] = None) -> Any:
-        r = self._http.request(method, path, json=body, params=params)
-        try:
-            data = r.json()
-        except ValueError:
-            data = r.text
-        if r.status_code >= 400:
-            raise TesseraError(r.status_code, data)
-        return data
+        return _reply(self._http.request(method, path, json=body, params=params))
 
     def _sid(self, session_id: Optional[str]) -> str:
         sid = session_id or self.session_id

@@ -22,14 +22,13 @@ result is on the exception); pass ``check=False`` to get the result instead.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 from urllib.parse import quote
 
 import httpx
 
-from . import TesseraError
+from . import Client, TesseraError, _reply
 
 __all__ = [
     "Sandbox",
@@ -118,20 +117,9 @@ class SandboxInfo:
 
 
 def _http(url: Optional[str], api_key: Optional[str], timeout: float) -> httpx.Client:
-    url = (url or os.environ.get("TESSERA_URL", "http://127.0.0.1:7700")).rstrip("/")
-    key = api_key or os.environ.get("TESSERA_API_KEY", "")
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    return httpx.Client(base_url=url, headers=headers, timeout=timeout)
-
-
-def _reply(r: httpx.Response) -> Any:
-    try:
-        data = r.json()
-    except ValueError:
-        data = r.text
-    if r.status_code >= 400:
-        raise TesseraError(r.status_code, data)
-    return data
+    """The connection ``Client`` makes (``TESSERA_URL``/``TESSERA_API_KEY``, a
+    ``unix://`` socket inside a sandbox, retries)."""
+    return Client(url=url, api_key=api_key, timeout=timeout)._http
 
 
 class Commands:

@@ -8,7 +8,25 @@ mod common;
 
 use std::process::Command;
 
-use common::up_with;
+use common::{Up, up_with};
+
+/// `tessera up --sandboxes` on a fresh data folder, with its admin key; `None` (and
+/// why) where sandboxes cannot run (not root), which fails instead when `CI` is set.
+fn sandbox_server() -> Option<(tempfile::TempDir, Up, String)> {
+    if !common::is_root() {
+        assert!(std::env::var_os("CI").is_none(), "needs root (sandboxes)");
+        eprintln!("SKIP: sandboxes need root here");
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let up = up_with(&["--data", data.to_str().unwrap(), "--sandboxes"]);
+    let key = up
+        .key
+        .clone()
+        .expect("the first start prints the admin key");
+    Some((dir, up, key))
+}
 
 #[test]
 fn the_e2b_flow_through_the_python_client() {
@@ -24,18 +42,9 @@ fn the_e2b_flow_through_the_python_client() {
             return;
         }
     };
-    if !common::is_root() {
-        assert!(!ci, "needs root (sandboxes)");
-        eprintln!("SKIP: sandboxes need root here");
+    let Some((_dir, up, key)) = sandbox_server() else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let up = up_with(&["--data", data.to_str().unwrap(), "--sandboxes"]);
-    let key = up
-        .key
-        .clone()
-        .expect("the first start prints the admin key");
+    };
     let clients = concat!(env!("CARGO_MANIFEST_DIR"), "/../../clients/python");
     let o = Command::new(py)
         .arg(concat!(
@@ -62,18 +71,9 @@ fn the_e2b_flow_through_the_python_client() {
 /// code and output), ls, pause/resume, kill.
 #[test]
 fn the_cli_drives_server_sandboxes() {
-    if !common::is_root() {
-        assert!(std::env::var_os("CI").is_none(), "needs root (sandboxes)");
-        eprintln!("SKIP: sandboxes need root here");
+    let Some((dir, up, key)) = sandbox_server() else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let up = up_with(&["--data", data.to_str().unwrap(), "--sandboxes"]);
-    let key = up
-        .key
-        .clone()
-        .expect("the first start prints the admin key");
+    };
     let cli = |args: &[&str]| {
         let o = Command::new(common::BIN)
             .args(["sandbox", "remote"])

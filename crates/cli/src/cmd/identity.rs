@@ -6,7 +6,7 @@ use clap::Subcommand;
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use super::client::{Client, Failure, Out, cell, finish, items, runtime, show, table};
+use super::client::{Client, Failure, Out, cell, finish, items, json_body, runtime, show, table};
 
 #[derive(Debug, Subcommand)]
 pub enum TenantCommand {
@@ -184,14 +184,6 @@ fn tenant_table(v: &Value) -> String {
     out
 }
 
-fn body(fields: Value) -> Option<(&'static str, Vec<u8>)> {
-    let mut m = fields;
-    if let Some(o) = m.as_object_mut() {
-        o.retain(|_, v| !v.is_null());
-    }
-    Some(("application/json", m.to_string().into_bytes()))
-}
-
 fn run(f: impl AsyncFnOnce(Client) -> Result<i32, Failure>) -> i32 {
     finish((|| {
         let client = Client::from_env()?;
@@ -202,7 +194,7 @@ fn run(f: impl AsyncFnOnce(Client) -> Result<i32, Failure>) -> i32 {
 pub fn tenant(c: TenantCommand) -> i32 {
     run(async move |client: Client| match c {
         TenantCommand::Create { name, out } => {
-            let b = body(json!({ "name": name }));
+            let b = json_body(json!({ "name": name }));
             let v = client.call(Method::POST, "/v1/tenants", b).await?;
             show(&v, out.format, tenant_table)
         }
@@ -227,7 +219,7 @@ pub fn user(c: UserCommand) -> i32 {
             display_name,
             out,
         } => {
-            let b = body(json!({"name": name, "role": role, "display_name": display_name}));
+            let b = json_body(json!({"name": name, "role": role, "display_name": display_name}));
             let v = client.call(Method::POST, "/v1/users", b).await?;
             show(&v, out.format, subject_table)
         }
@@ -258,7 +250,7 @@ pub fn service_account(c: ServiceAccountCommand) -> i32 {
             description,
             out,
         } => {
-            let b = body(json!({"name": name, "role": role, "description": description}));
+            let b = json_body(json!({"name": name, "role": role, "description": description}));
             let v = client.call(Method::POST, "/v1/serviceaccounts", b).await?;
             show(&v, out.format, subject_table)
         }
@@ -291,8 +283,9 @@ pub fn api_key(c: ApiKeyCommand) -> i32 {
             expires_in,
             out,
         } => {
-            let b =
-                body(json!({"subject": subject, "role": role, "expires_in_seconds": expires_in}));
+            let b = json_body(
+                json!({"subject": subject, "role": role, "expires_in_seconds": expires_in}),
+            );
             let v = client.call(Method::POST, "/v1/apikeys", b).await?;
             show(&v, out.format, key_table)
         }

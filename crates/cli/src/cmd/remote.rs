@@ -7,7 +7,9 @@ use clap::{Args, Subcommand};
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use super::client::{Client, Failure, Out, cell, finish, items, runtime, show, table};
+use super::client::{
+    Client, Failure, Out, cell, escape, finish, items, json_body, runtime, show, table,
+};
 use crate::output::{EXIT_BAD_INPUT, EXIT_FAILURE};
 
 #[derive(Debug, Subcommand)]
@@ -107,26 +109,12 @@ fn sandbox_table(v: &Value) -> String {
 }
 
 fn path(id: &str, what: &str) -> String {
-    let id = url_escape(id);
+    let id = escape(id);
     if what.is_empty() {
         format!("/v1/sandboxes/{id}")
     } else {
         format!("/v1/sandboxes/{id}/{what}")
     }
-}
-
-/// A sandbox id as one path segment (ids are `sbx_` and hex; anything else is escaped).
-fn url_escape(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-fn json_body(v: Value) -> Option<(&'static str, Vec<u8>)> {
-    Some(("application/json", v.to_string().into_bytes()))
 }
 
 pub fn remote(c: RemoteCommand) -> i32 {
@@ -139,24 +127,15 @@ pub fn remote(c: RemoteCommand) -> i32 {
 async fn run(client: Client, c: RemoteCommand) -> Result<i32, Failure> {
     match c {
         RemoteCommand::Create(a) => {
-            let mut b = json!({});
-            let fields = [
-                ("template", a.template.map(Value::from)),
-                ("timeout", a.timeout.map(Value::from)),
-                ("runtime_class", a.runtime_class.map(Value::from)),
-                ("memory_mb", a.memory_mb.map(Value::from)),
-                ("cpus", a.cpus.map(Value::from)),
-                ("auto_pause", a.auto_pause.then_some(Value::Bool(true))),
-                (
-                    "allow_domains",
-                    (!a.allow_domains.is_empty()).then(|| json!(a.allow_domains)),
-                ),
-            ];
-            for (k, v) in fields {
-                if let Some(v) = v {
-                    b[k] = v;
-                }
-            }
+            let b = json!({
+                "template": a.template,
+                "timeout": a.timeout,
+                "runtime_class": a.runtime_class,
+                "memory_mb": a.memory_mb,
+                "cpus": a.cpus,
+                "auto_pause": a.auto_pause.then_some(true),
+                "allow_domains": (!a.allow_domains.is_empty()).then_some(a.allow_domains),
+            });
             let v = client
                 .call(Method::POST, "/v1/sandboxes", json_body(b))
                 .await?;

@@ -4,7 +4,7 @@
 use clap::Subcommand;
 use serde_json::{Value, json};
 
-use super::client::{Client, Failure, Out, cell, finish, items, runtime, show, table};
+use super::client::{Client, Failure, Out, cell, escape, finish, items, runtime, show, table};
 use crate::output::EXIT_BAD_INPUT;
 
 #[derive(Debug, Subcommand)]
@@ -95,17 +95,6 @@ fn human(b: u64) -> String {
     }
 }
 
-/// Percent-encodes a query value (names are checked by the server; this keeps an
-/// odd one from changing the query).
-fn q(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
 pub fn run(c: WeightsCommand) -> i32 {
     finish((|| {
         let client = Client::from_env()?;
@@ -127,9 +116,9 @@ pub fn run(c: WeightsCommand) -> i32 {
                             .map(|n| n.to_string_lossy().into_owned())
                             .unwrap_or_else(|| name.clone())
                     });
-                    let mut path = format!("/v1/weights/{}?file={}", q(&name), q(&inner));
+                    let mut path = format!("/v1/weights/{}?file={}", escape(&name), escape(&inner));
                     if !classes.is_empty() {
-                        path.push_str(&format!("&class={}", q(&classes.join(","))));
+                        path.push_str(&format!("&class={}", escape(&classes.join(","))));
                     }
                     let v = client
                         .upload(reqwest::Method::PUT, &path, progress_body(f, len))
@@ -150,7 +139,7 @@ pub fn run(c: WeightsCommand) -> i32 {
                     out,
                 } => {
                     let body = json!({ "tenant": tenant, "revoke": revoke }).to_string();
-                    let path = format!("/v1/weights/{}/grants", q(&name));
+                    let path = format!("/v1/weights/{}/grants", escape(&name));
                     let v = client
                         .call(
                             reqwest::Method::POST,
@@ -161,7 +150,7 @@ pub fn run(c: WeightsCommand) -> i32 {
                     show(&v, out.format, weights_table)
                 }
                 WeightsCommand::Delete { name, out } => {
-                    let path = format!("/v1/weights/{}", q(&name));
+                    let path = format!("/v1/weights/{}", escape(&name));
                     let v = client.call(reqwest::Method::DELETE, &path, None).await?;
                     show(&v, out.format, |v| {
                         format!("deleted {}\n", cell(&v["deleted"]))

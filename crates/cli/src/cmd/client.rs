@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use clap::{Args, Subcommand, ValueEnum};
 use serde_json::{Value, json};
 
+pub(crate) use super::request::{escape, json_body};
 use crate::output::{EXIT_BAD_INPUT, EXIT_FAILURE, fail};
 
 #[derive(Debug, Clone, Copy, Default, ValueEnum)]
@@ -289,27 +290,6 @@ pub(crate) fn finish(r: Result<i32, Failure>) -> i32 {
         Ok(c) => c,
         Err(Failure(code, msg)) => fail(code, msg),
     }
-}
-
-/// Percent-encodes one path segment or query value (names are checked by the
-/// server; this keeps an odd one from changing the path or the query).
-pub(crate) fn escape(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-/// A JSON request body of `fields`, those that are null left out (the server's
-/// defaults apply to them).
-pub(crate) fn json_body(fields: Value) -> Option<(&'static str, Vec<u8>)> {
-    let mut m = fields;
-    if let Some(o) = m.as_object_mut() {
-        o.retain(|_, v| !v.is_null());
-    }
-    Some(("application/json", m.to_string().into_bytes()))
 }
 
 pub(crate) fn cell(v: &Value) -> String {

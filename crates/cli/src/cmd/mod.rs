@@ -9,6 +9,7 @@ pub mod login;
 pub mod mixed;
 pub mod pool;
 pub mod remote;
+pub mod request;
 pub mod routing;
 pub mod sandbox;
 pub mod sched;

@@ -13,7 +13,7 @@
 
 use std::ffi::OsString;
 use std::io::{self, BufRead, BufReader, Write};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -201,13 +201,28 @@ pub fn spawn(
 ) -> io::Result<(Child, JailReport)> {
     let rules = crate::seccomp::parse(QEMU_POLICY).map_err(io::Error::other)?;
     let progs = crate::seccomp::compile(&rules).map_err(io::Error::other)?;
-    let mut landlock = landlock_for(jail.unwrap_or(&JailConfig {
+    let ruleset = landlock_for(jail.unwrap_or(&JailConfig {
         uid: 0,
         gid: 0,
         read: Vec::new(),
         devices: Vec::new(),
         groups: Vec::new(),
     }));
+    // The ruleset's fd, moved above every fd target: placing the fds at 3, 4, … in the
+    // child would otherwise close a ruleset that happened to sit there, and the
+    // restriction would fail with EBADFD (it did, now and then, in CI). `None` where the
+    // kernel has no Landlock.
+    let landlock = ruleset
+        .and_then(Option::<OwnedFd>::from)
+        .map(|fd| -> io::Result<OwnedFd> {
+            // SAFETY: F_DUPFD_CLOEXEC on an fd we own returns a new fd that we then own.
+            let high = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 100) };
+            if high < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(unsafe { OwnedFd::from_raw_fd(high) })
+        })
+        .transpose()?;
     let report = JailReport {
         own_uid: jail.is_some(),
         namespaces: jail.is_some(),
@@ -265,8 +280,8 @@ pub fn spawn(
             if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
                 return fail();
             }
-            if let Some(rs) = landlock.take()
-                && rs.restrict_self().is_err()
+            if let Some(fd) = &landlock
+                && libc::syscall(libc::SYS_landlock_restrict_self, fd.as_raw_fd(), 0u32) != 0
             {
                 return fail();
             }
@@ -443,4 +458,26 @@ pub fn host_tsc_khz() -> u64 {
         })
         .map(|mhz| (mhz * 1000.0) as u64)
         .unwrap_or(2_000_000)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fd targets are the lowest free fds of this process, so the Landlock ruleset
+    /// that `spawn` creates lands on one of them: placing the fds must not close it.
+    /// (Before the ruleset moved above the targets this failed with EBADFD.)
+    #[test]
+    fn placing_fds_does_not_close_the_landlock_ruleset() {
+        let (a, _a) = UnixStream::pair().unwrap();
+        let (b, _b) = UnixStream::pair().unwrap();
+        let stderr = std::fs::File::create("/dev/null").unwrap();
+        // The lowest free fd: the probe takes it and gives it back, and the ruleset
+        // `spawn` creates takes it next.
+        let first = std::fs::File::open("/dev/null").unwrap().as_raw_fd();
+        let fds = vec![(OwnedFd::from(a), first), (OwnedFd::from(b), first + 1)];
+        let (mut child, _) = spawn(Path::new("/bin/true"), &[], fds, stderr, None)
+            .expect("spawn /bin/true with its fds placed and Landlock on");
+        assert!(child.wait().unwrap().success());
+    }
 }

@@ -135,7 +135,12 @@ fn is_execveat(data: &libc::seccomp_data) -> bool {
 }
 
 /// The file the call would execute, identified inside the caller's root.
-fn probe(pid: u32, data: &libc::seccomp_data, path: &str) -> Option<(FileId, OwnedFd)> {
+/// See [`identity::probe`]; run with the caller's filesystem ids.
+fn probe(
+    pid: u32,
+    data: &libc::seccomp_data,
+    path: &str,
+) -> Result<Option<(FileId, OwnedFd)>, nix::errno::Errno> {
     let (dirfd, empty_path) = if is_execveat(data) {
         let d = data.args[0] as i32;
         (
@@ -145,12 +150,13 @@ fn probe(pid: u32, data: &libc::seccomp_data, path: &str) -> Option<(FileId, Own
     } else {
         (None, false)
     };
-    identity::probe(&ExecTarget {
+    let target = ExecTarget {
         pid,
         path,
         dirfd,
         empty_path,
-    })
+    };
+    identity::as_fs_ids_of(pid, || identity::probe(&target))?
 }
 
 /// Answers one pending notification. The job process's own first `execve` (its
@@ -177,6 +183,9 @@ pub(crate) fn handle(
     }
     let first = !*first_seen && req.pid as i32 == job_pid;
     *first_seen |= first;
+    // The errno a refused exec gets: EPERM for the guard's refusals; EACCES where the
+    // file could not be looked at, so that a PATH search goes on to the next folder.
+    let mut refusal = libc::EPERM;
     let allow = {
         match read_args(req.pid, &req.data) {
             // The first exec was checked as the command; unreadable later ones are not.
@@ -192,15 +201,23 @@ pub(crate) fn handle(
                         &mut id,
                     )
                 } == 0;
-                let file = probe(req.pid, &req.data, &path);
-                valid && ask(supervisor, path, argv, first, file)
+                match probe(req.pid, &req.data, &path) {
+                    Ok(file) => valid && ask(supervisor, path, argv, first, file),
+                    // Something may be there that the probe cannot open: judging it by
+                    // its name would let `/tmp/r -> /bin/rm` pass as `r`. Refused, first
+                    // exec or not.
+                    Err(_) => {
+                        refusal = libc::EACCES;
+                        false
+                    }
+                }
             }
         }
     };
     let resp = libc::seccomp_notif_resp {
         id: req.id,
         val: 0,
-        error: if allow { 0 } else { -libc::EPERM },
+        error: if allow { 0 } else { -refusal },
         flags: if allow {
             libc::SECCOMP_USER_NOTIF_FLAG_CONTINUE as u32
         } else {

@@ -30,6 +30,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use nix::errno::Errno;
 use nix::fcntl::{OFlag, OpenHow, ResolveFlag, open, openat2};
 use nix::sys::stat::Mode;
 use serde::{Deserialize, Serialize};
@@ -365,21 +366,26 @@ pub(crate) struct ExecTarget<'a> {
 }
 
 /// Opens (`O_PATH`) the file the caller `pid` would execute, resolved inside its root,
-/// and identifies it. `None` when it cannot be opened or is not a regular file (the
-/// exec will fail, or is judged by its name).
-pub(crate) fn probe(t: &ExecTarget<'_>) -> Option<(FileId, OwnedFd)> {
+/// and identifies it.
+///
+/// `Ok(None)`: there is nothing to run there (no such file, a path through a
+/// non-folder, not a regular file): the exec fails on its own. `Err`: something may be
+/// there that the probe could not open; the caller must refuse the exec rather than
+/// judge it by its name (a file named `r` that is `rm`). Run it with the caller's
+/// filesystem ids ([`as_fs_ids_of`]) so that the kernel follows the symlinks on the way
+/// as it does for the caller.
+pub(crate) fn probe(t: &ExecTarget<'_>) -> Result<Option<(FileId, OwnedFd)>, Errno> {
     let pid = t.pid;
-    let fd = if t.empty_path || t.path.is_empty() {
+    let opened = if t.empty_path || t.path.is_empty() {
         // fexecve / execveat(fd, "", AT_EMPTY_PATH): the caller's descriptor.
-        let d = t.dirfd?;
+        let d = t.dirfd.ok_or(Errno::EBADF)?;
         open(
             format!("/proc/{pid}/fd/{d}").as_str(),
             OFlag::O_PATH | OFlag::O_CLOEXEC,
             Mode::empty(),
         )
-        .ok()?
     } else {
-        let path = caller_path(t)?;
+        let path = caller_path(t).ok_or(Errno::EACCES)?;
         if let Some(fdpath) = proc_fd_path(&path, pid) {
             // `/proc/<pid>/fd/N` and `/dev/fd/N`: the caller's open file (a memfd, a
             // deleted file), reached through the magic link on purpose.
@@ -388,29 +394,73 @@ pub(crate) fn probe(t: &ExecTarget<'_>) -> Option<(FileId, OwnedFd)> {
                 OFlag::O_PATH | OFlag::O_CLOEXEC,
                 Mode::empty(),
             )
-            .ok()?
         } else {
             let root = open(
                 format!("/proc/{pid}/root").as_str(),
                 OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
                 Mode::empty(),
-            )
-            .ok()?;
-            open_in_root(&root, &path, OFlag::O_PATH).ok()?
+            )?;
+            open_in_root(&root, &path, OFlag::O_PATH)
         }
     };
-    let md = nix::sys::stat::fstat(&fd).ok()?;
+    let fd = match opened {
+        Ok(fd) => fd,
+        Err(Errno::ENOENT | Errno::ENOTDIR) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let md = nix::sys::stat::fstat(&fd)?;
     if md.st_mode & libc::S_IFMT != libc::S_IFREG {
-        return None;
+        return Ok(None);
     }
-    Some((
+    Ok(Some((
         FileId {
             dev: md.st_dev,
             ino: md.st_ino,
             size: md.st_size as u64,
         },
         fd,
-    ))
+    )))
+}
+
+/// Runs `f` with this thread's filesystem uid and gid set to those of process `pid`
+/// (its `Uid:` and `Gid:` lines' fourth fields), then restores them. Path walks and
+/// permission checks in `f` are then the caller's: in particular
+/// `fs.protected_symlinks` (on in most distributions, and in the micro-VM's guest),
+/// which lets only a symlink's owner follow it in a sticky world-writable folder such
+/// as `/tmp`, refuses the probe what it allows the caller, and the reverse. `Err` when
+/// the ids cannot be read or taken: the caller refuses the exec.
+pub(crate) fn as_fs_ids_of<T>(pid: u32, f: impl FnOnce() -> T) -> Result<T, Errno> {
+    let status =
+        std::fs::read_to_string(format!("/proc/{pid}/status")).map_err(|_| Errno::ESRCH)?;
+    let field = |name: &str| -> Option<u32> {
+        let line = status.lines().find(|l| l.starts_with(name))?;
+        line.split_whitespace().nth(4)?.parse().ok()
+    };
+    let (uid, gid) = match (field("Uid:"), field("Gid:")) {
+        (Some(u), Some(g)) => (u, g),
+        _ => return Err(Errno::EACCES),
+    };
+    // SAFETY: setfsuid/setfsgid change only this thread's filesystem ids; calling one
+    // with -1 (never a valid id) changes nothing and returns the current value.
+    let (old_uid, old_gid) = unsafe {
+        (
+            libc::setfsuid(u32::MAX) as u32,
+            libc::setfsgid(u32::MAX) as u32,
+        )
+    };
+    // SAFETY: as above; the result is checked by reading the ids back.
+    let taken = unsafe {
+        libc::setfsgid(gid);
+        libc::setfsuid(uid);
+        libc::setfsuid(u32::MAX) as u32 == uid && libc::setfsgid(u32::MAX) as u32 == gid
+    };
+    let out = taken.then(f);
+    // SAFETY: as above: back to the ids this thread had.
+    unsafe {
+        libc::setfsuid(old_uid);
+        libc::setfsgid(old_gid);
+    }
+    out.ok_or(Errno::EPERM)
 }
 
 /// The absolute path (inside the caller's root) the caller's `path` names, with

@@ -1,17 +1,27 @@
-//! Escape tests: what code inside a sandbox must not be able to do. They need root
-//! (CI runs as root) and say so plainly when they cannot run.
+//! Escape tests: what code inside a sandbox must not be able to do, every case run
+//! against both isolation tiers (`namespace::CASE` and `microvm::CASE`, made by
+//! [`both_tiers!`] at the end). They need root (CI runs as root) and say so plainly when
+//! they cannot run; the micro-VM cases need QEMU and a guest kernel too
+//! (`.ci/vm-kernel.sh`). With `CI` set, a missing one fails the test instead.
+//!
+//! Where a tier answers differently the case says so next to the assertion (the
+//! micro-VM tier refuses an egress proxy; its host process is QEMU). What only the
+//! micro-VM tier adds (its own kernel, QEMU's jail, the host's loopback out of reach
+//! from the guest's network stack) is in `microvm.rs`.
 
 mod common;
 
-use common::{root_or_skip, runtime, sandbox, spawn};
+use common::{guarded_runtime, root_or_skip, runtime, vm_tier, vm_tier_walls_only};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::time::Duration;
-use tessera_sandbox::{ExecOutput, ExecRequest, ExitStatus, Limits, SandboxSpec};
+use tessera_sandbox::tier::{Isolated, Tier, TierKind};
+use tessera_sandbox::{ExecOutput, ExecRequest, ExitStatus, Limits, SandboxSpec, SpawnError};
 
-const T: Duration = Duration::from_secs(20);
+/// A ceiling per command; the micro-VM tier runs under TCG here (seconds for Python).
+const T: Duration = Duration::from_secs(60);
 
-fn sh(sb: &tessera_sandbox::Sandbox, cmd: &str) -> ExecOutput {
+fn sh(sb: &dyn Isolated, cmd: &str) -> ExecOutput {
     sb.exec(&ExecRequest::shell(cmd).timeout(T)).expect("exec")
 }
 
@@ -19,24 +29,69 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-fn py(sb: &tessera_sandbox::Sandbox, script: &str) -> ExecOutput {
+fn py(sb: &dyn Isolated, script: &str) -> ExecOutput {
     sb.exec(&ExecRequest::argv(["python3", "-c", script]).timeout(T))
         .expect("exec python3")
 }
 
-#[test]
-fn host_processes_are_invisible() {
-    if !root_or_skip("host_processes_are_invisible") {
-        return;
+/// Which guard the sandbox's tier has.
+#[derive(Clone, Copy, PartialEq)]
+enum Guard {
+    /// [`tessera_sandbox::AllowAll`]: the case proves the kernel's walls hold on their
+    /// own, so the guard must not stop its attempts first.
+    WallsOnly,
+    /// The shipped policy, as every caller gets it.
+    Shipped,
+}
+
+/// A sandbox of `tier` made from `spec`, or `None` (with a line saying why) where the
+/// tier cannot run here.
+fn boot(tier: TierKind, test: &str, spec: &SandboxSpec, guard: Guard) -> Option<Box<dyn Isolated>> {
+    Some(try_boot(tier, test, spec, guard)?.unwrap_or_else(|e| panic!("{test}: spawn: {e}")))
+}
+
+fn try_boot(
+    tier: TierKind,
+    test: &str,
+    spec: &SandboxSpec,
+    guard: Guard,
+) -> Option<Result<Box<dyn Isolated>, SpawnError>> {
+    match tier {
+        TierKind::Namespace => {
+            if !root_or_skip_ci(test) {
+                return None;
+            }
+            let rt = match guard {
+                Guard::WallsOnly => runtime(),
+                Guard::Shipped => guarded_runtime(),
+            };
+            Some(rt.spawn(spec).map(|s| Box::new(s) as Box<dyn Isolated>))
+        }
+        TierKind::Microvm => {
+            let t = match guard {
+                Guard::WallsOnly => vm_tier_walls_only(test)?,
+                Guard::Shipped => vm_tier(test)?,
+            };
+            Some(Tier::spawn(&*t, spec))
+        }
     }
+}
+
+fn sandbox(tier: TierKind, test: &str) -> Option<Box<dyn Isolated>> {
+    boot(tier, test, &SandboxSpec::default(), Guard::WallsOnly)
+}
+
+fn host_processes_are_invisible(tier: TierKind) {
+    let Some(sb) = sandbox(tier, "host_processes_are_invisible") else {
+        return;
+    };
     // A host process of ours that the sandbox must not see.
     let mut host = std::process::Command::new("sleep")
         .arg("31.5")
         .spawn()
         .unwrap();
-    let sb = sandbox();
     let out = sh(
-        &sb,
+        &*sb,
         "for p in /proc/[0-9]*; do echo \"${p#/proc/} $(tr '\\0' ' ' < $p/cmdline)\"; done",
     );
     let _ = host.kill();
@@ -59,11 +114,7 @@ fn host_processes_are_invisible() {
     );
 }
 
-#[test]
-fn host_files_outside_the_template_are_unreadable() {
-    if !root_or_skip("host_files_outside_the_template_are_unreadable") {
-        return;
-    }
+fn host_files_outside_the_template_are_unreadable(tier: TierKind) {
     // A host file standing in for the store's data folder.
     let dir = tempfile::Builder::new()
         .prefix("tessera-escape-")
@@ -74,7 +125,9 @@ fn host_files_outside_the_template_are_unreadable() {
         .unwrap()
         .write_all(b"TOPSECRET")
         .unwrap();
-    let sb = sandbox();
+    let Some(sb) = sandbox(tier, "host_files_outside_the_template_are_unreadable") else {
+        return;
+    };
     for path in [
         "/etc/shadow".to_string(),
         "/root/.bashrc".to_string(),
@@ -92,7 +145,7 @@ fn host_files_outside_the_template_are_unreadable() {
         );
         assert!(!text(&out.stdout).contains("TOPSECRET"));
     }
-    let out = sh(&sb, "ls -A /root | wc -l; cat /etc/passwd");
+    let out = sh(&*sb, "ls -A /root | wc -l; cat /etc/passwd");
     let s = text(&out.stdout);
     assert!(s.starts_with("0\n"), "/root must be empty: {s}");
     assert!(
@@ -104,19 +157,17 @@ fn host_files_outside_the_template_are_unreadable() {
     assert!(sb.read_file(&secret.display().to_string()).is_err());
 }
 
-#[test]
-fn base_is_read_only_and_private_layers_are_writable() {
-    if !root_or_skip("base_is_read_only_and_private_layers_are_writable") {
+fn base_is_read_only_and_private_layers_are_writable(tier: TierKind) {
+    let Some(sb) = sandbox(tier, "base_is_read_only_and_private_layers_are_writable") else {
         return;
-    }
-    let sb = sandbox();
+    };
     for target in ["/usr/x", "/usr/bin/x", "/etc/x", "/x", "/dev/x", "/lib/x"] {
         let out = sb
             .exec(&ExecRequest::argv(["touch", target]).timeout(T))
             .unwrap();
         assert!(!out.status.success(), "could write {target}");
     }
-    let out = sh(&sb, "echo a > /bin/ls");
+    let out = sh(&*sb, "echo a > /bin/ls");
     assert!(!out.status.success(), "could overwrite /bin/ls");
     for target in ["/tmp/x", "/home/user/x", "/workspace/x", "/dev/shm/x"] {
         let out = sb
@@ -131,12 +182,10 @@ fn base_is_read_only_and_private_layers_are_writable() {
 }
 
 /// Every denied family fails with the errno the policy says.
-#[test]
-fn dangerous_syscalls_fail() {
-    if !root_or_skip("dangerous_syscalls_fail") {
+fn dangerous_syscalls_fail(tier: TierKind) {
+    let Some(sb) = sandbox(tier, "dangerous_syscalls_fail") else {
         return;
-    }
-    let sb = sandbox();
+    };
     let script = r#"
 import ctypes, os, socket, errno
 libc = ctypes.CDLL(None, use_errno=True)
@@ -177,7 +226,7 @@ try:
 except OSError as e:
     print("setuid0", -1, e.errno)
 "#;
-    let out = py(&sb, script);
+    let out = py(&*sb, script);
     let s = text(&out.stdout);
     assert!(out.status.success(), "{s}\n{}", text(&out.stderr));
     let got: BTreeMap<String, (i64, i32)> = s
@@ -223,20 +272,18 @@ except OSError as e:
     assert_eq!(got.get("clone3"), Some(&(-1, libc::ENOSYS)), "{s}");
     // Ordinary sockets still work (loopback inside the sandbox).
     let out = py(
-        &sb,
+        &*sb,
         "import socket\ns=socket.socket(); s.bind(('127.0.0.1',0)); s.listen()\nc=socket.create_connection(s.getsockname()); print('ok')",
     );
     assert_eq!(text(&out.stdout), "ok\n", "{}", text(&out.stderr));
 }
 
-#[test]
-fn network_none_reaches_neither_host_loopback_nor_dns() {
-    if !root_or_skip("network_none_reaches_neither_host_loopback_nor_dns") {
-        return;
-    }
+fn network_none_reaches_neither_host_loopback_nor_dns(tier: TierKind) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
-    let sb = sandbox();
+    let Some(sb) = sandbox(tier, "network_none_reaches_neither_host_loopback_nor_dns") else {
+        return;
+    };
     let script = format!(
         r#"
 import socket
@@ -255,7 +302,7 @@ except OSError as e:
 print(open("/proc/net/dev").read().count(":"))
 "#
     );
-    let out = py(&sb, &script);
+    let out = py(&*sb, &script);
     let s = text(&out.stdout);
     assert!(
         s.contains(&format!("connect failed {}", libc::ECONNREFUSED)),
@@ -271,11 +318,7 @@ print(open("/proc/net/dev").read().count(":"))
     );
 }
 
-#[test]
-fn fork_bomb_stops_at_the_pids_limit() {
-    if !root_or_skip("fork_bomb_stops_at_the_pids_limit") {
-        return;
-    }
+fn fork_bomb_stops_at_the_pids_limit(tier: TierKind) {
     let spec = SandboxSpec {
         limits: Limits {
             pids: Some(32),
@@ -283,7 +326,14 @@ fn fork_bomb_stops_at_the_pids_limit() {
         },
         ..SandboxSpec::default()
     };
-    let sb = spawn(&spec);
+    let Some(sb) = boot(
+        tier,
+        "fork_bomb_stops_at_the_pids_limit",
+        &spec,
+        Guard::WallsOnly,
+    ) else {
+        return;
+    };
     // Count how many processes can be made: fork must fail with EAGAIN before 32.
     let script = r#"
 import os, errno, time
@@ -298,7 +348,7 @@ while n < 1000:
         time.sleep(30); os._exit(0)
     kids.append(pid); n += 1
 "#;
-    let out = py(&sb, script);
+    let out = py(&*sb, script);
     let s = text(&out.stdout);
     let mut it = s.split_whitespace();
     assert_eq!(it.next(), Some("stopped"), "{s} {}", text(&out.stderr));
@@ -314,7 +364,7 @@ while n < 1000:
         )
         .unwrap();
     assert!(out.timed_out || !out.status.success());
-    let out = sh(&sb, "echo alive; ls -d /proc/[0-9]* | wc -l");
+    let out = sh(&*sb, "echo alive; ls -d /proc/[0-9]* | wc -l");
     assert_eq!(text(&out.stdout).lines().next(), Some("alive"));
     let n: u32 = text(&out.stdout)
         .lines()
@@ -326,11 +376,7 @@ while n < 1000:
     assert!(n <= 5, "fork bomb left {n} processes");
 }
 
-#[test]
-fn memory_hog_is_oom_killed_and_reported() {
-    if !root_or_skip("memory_hog_is_oom_killed_and_reported") {
-        return;
-    }
+fn memory_hog_is_oom_killed_and_reported(tier: TierKind) {
     let spec = SandboxSpec {
         limits: Limits {
             memory_bytes: Some(64 << 20),
@@ -338,9 +384,16 @@ fn memory_hog_is_oom_killed_and_reported() {
         },
         ..SandboxSpec::default()
     };
-    let sb = spawn(&spec);
+    let Some(sb) = boot(
+        tier,
+        "memory_hog_is_oom_killed_and_reported",
+        &spec,
+        Guard::WallsOnly,
+    ) else {
+        return;
+    };
     let out = py(
-        &sb,
+        &*sb,
         "x = []\nfor i in range(64):\n    x.append(bytearray(16 << 20))\nprint('survived')",
     );
     assert!(!text(&out.stdout).contains("survived"));
@@ -352,16 +405,12 @@ fn memory_hog_is_oom_killed_and_reported() {
     );
     assert!(out.oom_killed, "OOM kill not reported");
     // The sandbox's init survived and the next command runs.
-    let out = sh(&sb, "echo fine");
+    let out = sh(&*sb, "echo fine");
     assert_eq!(text(&out.stdout), "fine\n");
     assert!(!out.oom_killed);
 }
 
-#[test]
-fn disk_writes_stop_at_the_limit() {
-    if !root_or_skip("disk_writes_stop_at_the_limit") {
-        return;
-    }
+fn disk_writes_stop_at_the_limit(tier: TierKind) {
     let spec = SandboxSpec {
         limits: Limits {
             disk_bytes: 1 << 20,
@@ -369,10 +418,17 @@ fn disk_writes_stop_at_the_limit() {
         },
         ..SandboxSpec::default()
     };
-    let sb = spawn(&spec);
+    let Some(sb) = boot(
+        tier,
+        "disk_writes_stop_at_the_limit",
+        &spec,
+        Guard::WallsOnly,
+    ) else {
+        return;
+    };
     for dir in ["/workspace", "/tmp", "/home/user"] {
         let out = sh(
-            &sb,
+            &*sb,
             &format!("dd if=/dev/zero of={dir}/big bs=64k count=64 2>&1; stat -c %s {dir}/big"),
         );
         let s = text(&out.stdout);
@@ -382,40 +438,37 @@ fn disk_writes_stop_at_the_limit() {
     }
 }
 
-#[test]
-fn timeout_kills_the_whole_tree() {
-    if !root_or_skip("timeout_kills_the_whole_tree") {
+fn timeout_kills_the_whole_tree(tier: TierKind) {
+    let Some(sb) = sandbox(tier, "timeout_kills_the_whole_tree") else {
         return;
-    }
-    let sb = sandbox();
+    };
     let out = sb
         .exec(
             &ExecRequest::shell("sleep 100 & (sleep 101 &) ; setsid sleep 102 & sh -c 'sleep 103' & echo started; wait")
-                .timeout(Duration::from_millis(500)),
+                // Long enough for the micro-VM's guest under TCG to start the four.
+                .timeout(Duration::from_secs(3)),
         )
         .unwrap();
     assert!(out.timed_out);
     assert_eq!(text(&out.stdout), "started\n");
     assert_eq!(out.status, ExitStatus::Signaled(libc::SIGKILL));
-    let out = sh(&sb, "cat /proc/[0-9]*/cmdline | tr '\\0' ' '");
+    let out = sh(&*sb, "cat /proc/[0-9]*/cmdline | tr '\\0' ' '");
     let s = text(&out.stdout);
     assert!(!s.contains("sleep 10"), "survivors: {s}");
     // Background processes of a command that finished are gone too.
-    let out = sh(&sb, "setsid sleep 104 & sleep 105 & echo bg");
+    let out = sh(&*sb, "setsid sleep 104 & sleep 105 & echo bg");
     assert_eq!(text(&out.stdout), "bg\n");
-    let s = text(&sh(&sb, "cat /proc/[0-9]*/cmdline | tr '\\0' ' '").stdout);
+    let s = text(&sh(&*sb, "cat /proc/[0-9]*/cmdline | tr '\\0' ' '").stdout);
     assert!(!s.contains("sleep 10"), "survivors: {s}");
 }
 
-#[test]
-fn capabilities_are_dropped_and_no_new_privs_is_set() {
-    if !root_or_skip("capabilities_are_dropped_and_no_new_privs_is_set") {
+fn capabilities_are_dropped_and_no_new_privs_is_set(tier: TierKind) {
+    let Some(sb) = sandbox(tier, "capabilities_are_dropped_and_no_new_privs_is_set") else {
         return;
-    }
-    let sb = sandbox();
+    };
     let s = text(
         &sh(
-            &sb,
+            &*sb,
             "grep -E '^(Uid|CapEff|CapPrm|CapBnd|CapAmb|NoNewPrivs|Seccomp):' /proc/self/status",
         )
         .stdout,
@@ -431,32 +484,31 @@ fn capabilities_are_dropped_and_no_new_privs_is_set() {
     ] {
         assert!(s.contains(want), "missing {want:?} in\n{s}");
     }
-    // On the host, root inside is an unprivileged uid.
-    let status = std::fs::read_to_string(format!("/proc/{}/status", sb.pid())).unwrap();
+    // On the host, the sandbox's process is an unprivileged uid: root inside a
+    // namespace sandbox maps to one of the sandboxes' range; a micro-VM's QEMU runs as
+    // the jail's uid, just below it.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", sb.host_pid())).unwrap();
     let uid_line = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
     let host_uid: u32 = uid_line.split_whitespace().nth(1).unwrap().parse().unwrap();
-    assert!(host_uid >= 100_000, "{uid_line}");
+    let floor = match tier {
+        TierKind::Namespace => 100_000,
+        TierKind::Microvm => tessera_sandbox::vm::JAIL_ID,
+    };
+    assert!(host_uid >= floor, "{uid_line}");
 }
 
-#[test]
-fn signals_cannot_reach_init() {
-    if !root_or_skip("signals_cannot_reach_init") {
+fn signals_cannot_reach_init(tier: TierKind) {
+    let Some(sb) = sandbox(tier, "signals_cannot_reach_init") else {
         return;
-    }
-    let sb = sandbox();
-    let out = sh(&sb, "kill -9 1; echo $?");
+    };
+    let out = sh(&*sb, "kill -9 1; echo $?");
     assert_ne!(text(&out.stdout).trim(), "0");
     sb.ping().unwrap();
-    let _ = runtime();
 }
 
 /// Egress through the proxy: allowed domains only, non-public addresses refused unless
 /// the policy allows them, and still no direct route out.
-#[test]
-fn egress_proxy_enforces_the_allow_list() {
-    if !root_or_skip("egress_proxy_enforces_the_allow_list") {
-        return;
-    }
+fn egress_proxy_enforces_the_allow_list(tier: TierKind) {
     // A host service standing in for "the internet": echoes one line.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -502,8 +554,30 @@ print("env", os.environ.get("https_proxy"))
         }),
         ..SandboxSpec::default()
     };
-    let sb = spawn(&spec(true));
-    let out = py(&sb, &script);
+    if tier == TierKind::Microvm {
+        // The micro-VM tier has no network device and no proxy yet: it refuses the
+        // spec rather than run it without the wall it asks for.
+        let Some(made) = try_boot(
+            tier,
+            "egress_proxy_enforces_the_allow_list",
+            &spec(true),
+            Guard::WallsOnly,
+        ) else {
+            return;
+        };
+        let err = made.expect_err("a micro-VM with an egress proxy was made");
+        assert!(err.to_string().contains("egress"), "{err}");
+        return;
+    }
+    let Some(sb) = boot(
+        tier,
+        "egress_proxy_enforces_the_allow_list",
+        &spec(true),
+        Guard::WallsOnly,
+    ) else {
+        return;
+    };
+    let out = py(&*sb, &script);
     let s = text(&out.stdout);
     assert!(
         s.contains("allowed 200 echo:ping"),
@@ -515,8 +589,14 @@ print("env", os.environ.get("https_proxy"))
     assert!(s.contains("env http://127.0.0.1:3128"), "{s}");
     sb.destroy().unwrap();
     // Default: an allowed name that resolves to loopback is still refused.
-    let sb = spawn(&spec(false));
-    let s = text(&py(&sb, &script).stdout);
+    let sb = boot(
+        tier,
+        "egress_proxy_enforces_the_allow_list",
+        &spec(false),
+        Guard::WallsOnly,
+    )
+    .expect("the tier ran a moment ago");
+    let s = text(&py(&*sb, &script).stdout);
     assert!(s.contains("allowed 403"), "{s}");
 }
 
@@ -538,35 +618,39 @@ fn root_or_skip_ci(test: &str) -> bool {
 /// Writes `script` to `path` inside the sandbox through the files API, so the command
 /// line that runs it (`sh PATH`) shows nothing of what it does: only the per-`execve`
 /// check sees the programs inside.
-fn put_script(sb: &tessera_sandbox::Sandbox, path: &str, script: &str) {
+fn put_script(sb: &dyn Isolated, path: &str, script: &str) {
     sb.write_file(path, script.as_bytes())
         .expect("write script");
 }
 
-fn guarded() -> tessera_sandbox::Sandbox {
-    common::guarded_runtime()
-        .spawn(&SandboxSpec::default())
-        .expect("spawn guarded sandbox")
+fn guarded(tier: TierKind, test: &str) -> Option<Box<dyn Isolated>> {
+    boot(tier, test, &SandboxSpec::default(), Guard::Shipped)
 }
 
-fn canary_alive(sb: &tessera_sandbox::Sandbox) -> bool {
+fn canary_alive(sb: &dyn Isolated) -> bool {
     text(&sh(sb, "cat /workspace/canary 2>&1").stdout).contains("still here")
 }
 
-#[test]
-fn a_linked_or_copied_rm_is_judged_as_rm() {
-    if !root_or_skip_ci("a_linked_or_copied_rm_is_judged_as_rm") {
+fn a_linked_or_copied_rm_is_judged_as_rm(tier: TierKind) {
+    let Some(sb) = guarded(tier, "a_linked_or_copied_rm_is_judged_as_rm") else {
         return;
-    }
-    let sb = guarded();
+    };
     assert!(
-        sh(&sb, "echo still here > /workspace/canary")
+        sh(&*sb, "echo still here > /workspace/canary")
             .status
             .success()
     );
+    if tier == TierKind::Microvm {
+        // The guest's kernel protects symlinks (`fs.protected_symlinks`, on in most
+        // distributions; this host may have it off), so `/tmp/r` is a link that the
+        // sandbox's init, as root, may not follow: the probe must follow it as the
+        // caller, or refuse (before, it judged `r` by its name and the rm ran).
+        let on = sh(&*sb, "cat /proc/sys/fs/protected_symlinks");
+        assert_eq!(text(&on.stdout).trim(), "1", "{}", text(&on.stderr));
+    }
     // Made in one command, used in another: the line check of the second cannot know.
     let out = sh(
-        &sb,
+        &*sb,
         "ln -s /bin/rm /tmp/r && cp /bin/rm /tmp/del && echo made",
     );
     assert_eq!(text(&out.stdout), "made\n", "{}", text(&out.stderr));
@@ -577,17 +661,17 @@ fn a_linked_or_copied_rm_is_judged_as_rm() {
             !matches!(&r, Ok(o) if o.status.success()),
             "{prog} -rf / ran: {r:?}"
         );
-        assert!(canary_alive(&sb), "{prog} deleted the canary");
+        assert!(canary_alive(&*sb), "{prog} deleted the canary");
         // Inside a script: a later execve of the job's tree.
         put_script(
-            &sb,
+            &*sb,
             "/tmp/s.sh",
             &format!("{prog} -rf --no-preserve-root /; echo rc=$?\n"),
         );
-        let out = sh(&sb, "sh /tmp/s.sh 2>&1");
+        let out = sh(&*sb, "sh /tmp/s.sh 2>&1");
         let s = text(&out.stdout);
         assert!(s.contains("rc=126"), "{prog}: {s}");
-        assert!(canary_alive(&sb), "{prog} deleted the canary: {s}");
+        assert!(canary_alive(&*sb), "{prog} deleted the canary: {s}");
         assert!(
             out.alerts.iter().any(|a| a.contains("blocked")
                 && a.contains("the file is `rm`")
@@ -598,33 +682,34 @@ fn a_linked_or_copied_rm_is_judged_as_rm() {
     }
     // The same programs on harmless paths still run.
     put_script(
-        &sb,
+        &*sb,
         "/tmp/ok.sh",
         "touch /tmp/junk; /tmp/del -f /tmp/junk; echo rc=$?\n",
     );
-    let s = text(&sh(&sb, "sh /tmp/ok.sh 2>&1").stdout);
+    let s = text(&sh(&*sb, "sh /tmp/ok.sh 2>&1").stdout);
     assert!(s.contains("rc=0"), "{s}");
     let _ = sb.destroy();
 }
 
-#[test]
-fn copies_of_disk_tools_shells_and_interpreters_are_judged_as_the_original() {
-    if !root_or_skip_ci("copies_of_disk_tools_shells_and_interpreters_are_judged_as_the_original") {
+fn copies_of_disk_tools_shells_and_interpreters_are_judged_as_the_original(tier: TierKind) {
+    let Some(sb) = guarded(
+        tier,
+        "copies_of_disk_tools_shells_and_interpreters_are_judged_as_the_original",
+    ) else {
         return;
-    }
-    let sb = guarded();
+    };
     assert!(
-        sh(&sb, "echo still here > /workspace/canary")
+        sh(&*sb, "echo still here > /workspace/canary")
             .status
             .success()
     );
     let out = sh(
-        &sb,
+        &*sb,
         "cp /bin/dd /tmp/copy && cp /bin/bash /tmp/b2 && cp \"$(readlink -f /usr/bin/python3)\" /tmp/p && echo made",
     );
     assert_eq!(text(&out.stdout), "made\n", "{}", text(&out.stderr));
     put_script(
-        &sb,
+        &*sb,
         "/tmp/s.sh",
         concat!(
             "/tmp/copy if=/dev/zero of=/dev/sda bs=1M count=1; echo dd=$?\n",
@@ -632,12 +717,12 @@ fn copies_of_disk_tools_shells_and_interpreters_are_judged_as_the_original() {
             "/tmp/p -c 'import shutil; shutil.rmtree(\"/\")'; echo py=$?\n",
         ),
     );
-    let out = sh(&sb, "sh /tmp/s.sh 2>&1");
+    let out = sh(&*sb, "sh /tmp/s.sh 2>&1");
     let s = text(&out.stdout);
     for want in ["dd=126", "bash=126", "py=126"] {
         assert!(s.contains(want), "{want}: {s}\n{:?}", out.alerts);
     }
-    assert!(canary_alive(&sb), "{s}");
+    assert!(canary_alive(&*sb), "{s}");
     for (prog, rule) in [
         ("dd", "cmd.disk_destroy"),
         ("bash", "cmd.delete_root"),
@@ -654,19 +739,17 @@ fn copies_of_disk_tools_shells_and_interpreters_are_judged_as_the_original() {
     let _ = sb.destroy();
 }
 
-#[test]
-fn an_rm_executed_from_memory_is_judged_as_rm() {
-    if !root_or_skip_ci("an_rm_executed_from_memory_is_judged_as_rm") {
+fn an_rm_executed_from_memory_is_judged_as_rm(tier: TierKind) {
+    let Some(sb) = guarded(tier, "an_rm_executed_from_memory_is_judged_as_rm") else {
         return;
-    }
-    let sb = guarded();
+    };
     assert!(
-        sh(&sb, "echo still here > /workspace/canary")
+        sh(&*sb, "echo still here > /workspace/canary")
             .status
             .success()
     );
     put_script(
-        &sb,
+        &*sb,
         "/tmp/m.py",
         concat!(
             "import os\n",
@@ -678,33 +761,34 @@ fn an_rm_executed_from_memory_is_judged_as_rm() {
             "    print('refused')\n",
         ),
     );
-    let out = sh(&sb, "python3 /tmp/m.py 2>&1");
+    let out = sh(&*sb, "python3 /tmp/m.py 2>&1");
     let s = text(&out.stdout);
     assert!(s.contains("refused"), "{s} {:?}", out.alerts);
-    assert!(canary_alive(&sb), "{s}");
+    assert!(canary_alive(&*sb), "{s}");
     let _ = sb.destroy();
 }
 
-#[test]
-fn harmless_look_alikes_still_run() {
-    if !root_or_skip_ci("harmless_look_alikes_still_run") {
+fn harmless_look_alikes_still_run(tier: TierKind) {
+    let Some(sb) = guarded(tier, "harmless_look_alikes_still_run") else {
         return;
-    }
-    let sb = guarded();
+    };
     assert!(
-        sh(&sb, "echo still here > /workspace/canary")
+        sh(&*sb, "echo still here > /workspace/canary")
             .status
             .success()
     );
-    let out = sh(&sb, "cp /bin/ls /tmp/rm && cp /bin/cat /tmp/x && echo made");
+    let out = sh(
+        &*sb,
+        "cp /bin/ls /tmp/rm && cp /bin/cat /tmp/x && echo made",
+    );
     assert_eq!(text(&out.stdout), "made\n", "{}", text(&out.stderr));
     // A copy of ls named rm is ls, whatever its arguments look like to rm.
     put_script(
-        &sb,
+        &*sb,
         "/tmp/s.sh",
         "/tmp/rm -rf / >/dev/null; echo ls=$?; /tmp/rm /workspace; /tmp/x /workspace/canary; echo cat=$?\n",
     );
-    let out = sh(&sb, "sh /tmp/s.sh 2>&1");
+    let out = sh(&*sb, "sh /tmp/s.sh 2>&1");
     let s = text(&out.stdout);
     assert!(
         s.contains("canary") && s.contains("ls=0"),
@@ -717,7 +801,7 @@ fn harmless_look_alikes_still_run() {
         "{:?}",
         out.alerts
     );
-    assert!(canary_alive(&sb));
+    assert!(canary_alive(&*sb));
     // And the job's own command, by argv.
     let out = sb
         .exec(&ExecRequest::argv(["/tmp/x", "/workspace/canary"]).timeout(T))
@@ -729,18 +813,19 @@ fn harmless_look_alikes_still_run() {
 // ------------------------------------------------------------ issue 16: streaming
 // redaction holds across chunks
 
-#[test]
-fn a_secret_split_across_stream_chunks_never_leaves_the_sandbox() {
-    if !root_or_skip_ci("a_secret_split_across_stream_chunks_never_leaves_the_sandbox") {
+fn a_secret_split_across_stream_chunks_never_leaves_the_sandbox(tier: TierKind) {
+    let Some(sb) = guarded(
+        tier,
+        "a_secret_split_across_stream_chunks_never_leaves_the_sandbox",
+    ) else {
         return;
-    }
-    let sb = guarded();
+    };
     // Two writes a third of a second apart: two chunks, the key split between them.
     let cmd = "printf 'start\\nkey AKIAQWERTY'; sleep 0.3; printf 'UIOPASDFGH end\\n'; \
                printf 'mail bob@exam' >&2; sleep 0.3; printf 'ple.com\\n' >&2";
     let mut chunks: Vec<(tessera_sandbox::Stream, Vec<u8>)> = Vec::new();
     let out = sb
-        .exec_streaming(&ExecRequest::shell(cmd).timeout(T), |st, d| {
+        .exec_streaming(&ExecRequest::shell(cmd).timeout(T), &mut |st, d| {
             chunks.push((st, d.to_vec()))
         })
         .expect("exec");
@@ -771,7 +856,7 @@ fn a_secret_split_across_stream_chunks_never_leaves_the_sandbox() {
     let out = sb
         .exec_streaming(
             &ExecRequest::shell("echo one; sleep 0.3; echo two").timeout(T),
-            |_, d| {
+            &mut |_, d| {
                 n += 1;
                 assert!(!d.is_empty());
             },
@@ -781,3 +866,37 @@ fn a_secret_split_across_stream_chunks_never_leaves_the_sandbox() {
     assert!(!out.redacted);
     let _ = sb.destroy();
 }
+
+// ------------------------------------------------------------------ both tiers
+
+/// Makes `namespace::CASE` and `microvm::CASE` for each case.
+macro_rules! both_tiers {
+    ($($case:ident),* $(,)?) => {
+        mod namespace {
+            $( #[test] fn $case() { super::$case(super::TierKind::Namespace) } )*
+        }
+        mod microvm {
+            $( #[test] fn $case() { super::$case(super::TierKind::Microvm) } )*
+        }
+    };
+}
+
+both_tiers!(
+    host_processes_are_invisible,
+    host_files_outside_the_template_are_unreadable,
+    base_is_read_only_and_private_layers_are_writable,
+    dangerous_syscalls_fail,
+    network_none_reaches_neither_host_loopback_nor_dns,
+    fork_bomb_stops_at_the_pids_limit,
+    memory_hog_is_oom_killed_and_reported,
+    disk_writes_stop_at_the_limit,
+    timeout_kills_the_whole_tree,
+    capabilities_are_dropped_and_no_new_privs_is_set,
+    signals_cannot_reach_init,
+    egress_proxy_enforces_the_allow_list,
+    a_linked_or_copied_rm_is_judged_as_rm,
+    copies_of_disk_tools_shells_and_interpreters_are_judged_as_the_original,
+    an_rm_executed_from_memory_is_judged_as_rm,
+    harmless_look_alikes_still_run,
+    a_secret_split_across_stream_chunks_never_leaves_the_sandbox,
+);

@@ -157,7 +157,6 @@ pub struct MicroVmTier {
     root: bool,
     /// Root disks by template folder.
     images: Mutex<BTreeMap<PathBuf, Blob>>,
-    seq: AtomicU64,
 }
 
 impl std::fmt::Debug for MicroVmTier {
@@ -320,7 +319,6 @@ impl MicroVmTier {
             cgroups,
             root,
             images: Mutex::new(BTreeMap::new()),
-            seq: AtomicU64::new(0),
         }))
     }
 
@@ -394,11 +392,14 @@ impl MicroVmTier {
         }
     }
 
+    /// A name no other VM of this process has, whichever tier made it: two tiers in
+    /// one process (a server's classes, a test's guards) share the cgroup tree.
     fn next_id(&self) -> String {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
         format!(
             "vm-{}-{}",
             std::process::id(),
-            self.seq.fetch_add(1, Ordering::Relaxed)
+            SEQ.fetch_add(1, Ordering::Relaxed)
         )
     }
 

@@ -72,9 +72,24 @@ pub const VM_KERNEL_DEFAULT: &str = "/var/cache/tessera-ci/kernel/x";
 /// line saying why the test does nothing: no root, no QEMU or no kernel. With `CI` set
 /// a missing tool fails the test instead (`.ci/vm-kernel.sh` installs them).
 pub fn vm_tier(test: &str) -> Option<Arc<tessera_sandbox::vm::MicroVmTier>> {
+    static TIER: OnceLock<Result<Arc<tessera_sandbox::vm::MicroVmTier>, String>> = OnceLock::new();
+    vm_tier_in(&TIER, test, None)
+}
+
+/// The micro-VM tier whose guard allows everything ([`AllowAll`]), as [`runtime`] is for
+/// the namespace tier: for the escape cases that prove the walls hold on their own.
+pub fn vm_tier_walls_only(test: &str) -> Option<Arc<tessera_sandbox::vm::MicroVmTier>> {
+    static TIER: OnceLock<Result<Arc<tessera_sandbox::vm::MicroVmTier>, String>> = OnceLock::new();
+    vm_tier_in(&TIER, test, Some(Arc::new(AllowAll)))
+}
+
+fn vm_tier_in(
+    tier: &OnceLock<Result<Arc<tessera_sandbox::vm::MicroVmTier>, String>>,
+    test: &str,
+    guard: Option<Arc<dyn tessera_sandbox::CommandCheck>>,
+) -> Option<Arc<tessera_sandbox::vm::MicroVmTier>> {
     use std::path::PathBuf;
     use tessera_sandbox::vm::{MicroVmConfig, MicroVmTier, image};
-    static TIER: OnceLock<Result<Arc<MicroVmTier>, String>> = OnceLock::new();
     let ci = std::env::var_os("CI").is_some();
     let skip = |why: String| {
         assert!(
@@ -101,7 +116,7 @@ pub fn vm_tier(test: &str) -> Option<Arc<tessera_sandbox::vm::MicroVmTier>> {
             "qemu-system-x86_64 is not installed (apt-get install qemu-system-x86)".into(),
         );
     }
-    let made = TIER.get_or_init(|| {
+    let made = tier.get_or_init(|| {
         let cache = std::env::temp_dir().join("tessera-vm-tests");
         let ktpl = image::cached_kernel_template(&src, &cache).map_err(|e| e.to_string())?;
         let mut cfg = MicroVmConfig::new(&ktpl, &cache);
@@ -110,6 +125,9 @@ pub fn vm_tier(test: &str) -> Option<Arc<tessera_sandbox::vm::MicroVmTier>> {
             args: vec![],
         });
         cfg.boot_timeout = std::time::Duration::from_secs(120);
+        if let Some(g) = guard {
+            cfg.guard = g;
+        }
         MicroVmTier::new(cfg).map_err(|e| e.to_string())
     });
     match made {

@@ -1,8 +1,10 @@
 //! The Python sandbox client (`clients/python/tessera_client/sandbox.py`, E2B-shaped)
 //! against a real `tessera up --sandboxes`: create, run (whole and streamed), a
 //! failing command, files, the guard's refusal, pause to disk, connect (resume),
-//! kill; and `tessera sandbox remote …` against the same kind of server. Needs root (sandboxes) and `TESSERA_PYTHON` (a Python with `httpx`; `.ci/run`
-//! makes one); skips with the reason without them unless `CI` is set.
+//! kill; `tessera sandbox remote …` against the same kind of server; a paused sandbox
+//! outliving a killed server. Needs root (sandboxes) and `TESSERA_PYTHON` (a Python
+//! with `httpx`; `.ci/run` makes one); skips with the reason without them unless `CI`
+//! is set.
 
 mod common;
 
@@ -124,4 +126,81 @@ fn the_cli_drives_server_sandboxes() {
     );
     let (code, _, err) = cli(&["get", &id]);
     assert!(code != 0 && err.contains("404"), "{err}");
+}
+
+/// E2B's "resume after the server was killed": a paused sandbox survives a SIGKILL of
+/// the server and resumes with its files on the next start from the same data folder;
+/// one that was running when the server died is gone, and a killed one stays gone.
+#[test]
+fn a_paused_sandbox_outlives_a_killed_server() {
+    let Some((dir, up, key)) = sandbox_server() else {
+        return;
+    };
+    let cli = |url: &str, args: &[&str]| {
+        let o = Command::new(common::BIN)
+            .args(["sandbox", "remote"])
+            .args(args)
+            .env("TESSERA_URL", url)
+            .env("TESSERA_API_KEY", &key)
+            .env("TESSERA_CONFIG", dir.path().join("none.yaml"))
+            .output()
+            .unwrap();
+        (
+            o.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let made = |url: &str| {
+        let (code, id, err) = cli(url, &["create", "--timeout", "120"]);
+        assert_eq!(code, 0, "{err}");
+        id.trim().to_string()
+    };
+    let kept = made(&up.url);
+    let running = made(&up.url);
+    let (code, _, err) = cli(
+        &up.url,
+        &["exec", &kept, "--shell", "--", "echo kept > /workspace/f"],
+    );
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = cli(&up.url, &["pause", &kept]);
+    assert!(code == 0 && out.contains("paused"), "{out} {err}");
+    // SIGKILL: no shutdown path runs.
+    drop(up);
+    let data = dir.path().join("data");
+    let again = || common::up_with(&["--data", data.to_str().unwrap(), "--sandboxes"]);
+    let up = again();
+    let (code, out, err) = cli(&up.url, &["ls"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.lines()
+            .any(|l| l.contains(&kept) && l.contains("paused")),
+        "{out}"
+    );
+    assert!(
+        !out.contains(&running),
+        "a running sandbox came back: {out}"
+    );
+    let (code, _, err) = cli(&up.url, &["get", &running]);
+    assert!(code != 0 && err.contains("404"), "{err}");
+    let (code, out, err) = cli(&up.url, &["resume", &kept, "-o", "json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["state"], "running", "{v}");
+    let (code, out, err) = cli(&up.url, &["exec", &kept, "--", "cat", "/workspace/f"]);
+    assert_eq!((code, out.as_str()), (0, "kept\n"), "{err}");
+    // Paused again, then killed: the next start has nothing to list.
+    let (code, _, err) = cli(&up.url, &["pause", &kept]);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = cli(&up.url, &["kill", &kept]);
+    assert_eq!(code, 0, "{err}");
+    drop(up);
+    let up = again();
+    let (code, _, err) = cli(&up.url, &["get", &kept]);
+    assert!(code != 0 && err.contains("404"), "{err}");
+    let snaps = data.join("sandbox-snapshots");
+    let left: Vec<_> = std::fs::read_dir(&snaps)
+        .map(|rd| rd.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "{}: {left:?}", snaps.display());
 }

@@ -9,7 +9,8 @@
 //! freed, its room on the node given back; `resume` places it again and restores it
 //! (the namespace tier keeps its writable folders, the micro-VM tier its whole
 //! machine). With `auto_pause` its timeout pauses it instead of killing it. A paused
-//! sandbox lives until killed; the snapshots do not outlive the server process.
+//! sandbox lives until killed, across restarts of the server too ([`kept`]); running
+//! ones end with the server.
 //!
 //! This module owns its state ([`SandboxesState`]), its configuration
 //! ([`SandboxesConfig`], a field of [`crate::ServerConfig`]), its routes and its
@@ -50,6 +51,7 @@ use crate::plane::{Caller, ControlPlane};
 use crate::problem::{ApiError, Code};
 
 mod bodies;
+mod kept;
 use bodies::{CommandResult, exec_error, file_error};
 pub use bodies::{NewSandbox, PathQuery, SandboxCommand, SandboxTimeout, schemas};
 
@@ -201,15 +203,17 @@ impl SandboxesState {
             ))
         })?;
         let _ = probe.destroy();
-        // Snapshots of an earlier run cannot be resumed (sandboxes are this process's):
-        // they go, and the folder is root's alone (it holds tenants' files).
-        let _ = std::fs::remove_dir_all(&snapshots);
+        // The folder is root's alone (it holds tenants' files); the paused sandboxes
+        // of an earlier run in it are listed again below.
         {
-            use std::os::unix::fs::DirBuilderExt;
+            use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
             std::fs::DirBuilder::new()
                 .recursive(true)
                 .mode(0o700)
                 .create(&snapshots)
+                .and_then(|()| {
+                    std::fs::set_permissions(&snapshots, std::fs::Permissions::from_mode(0o700))
+                })
                 .map_err(|e| fail(format!("{}: {e}", snapshots.display())))?;
         }
         let pool = (cfg.warm > 0).then(|| {
@@ -240,6 +244,7 @@ impl SandboxesState {
             namespace,
             snapshots,
         });
+        kept::relist(&inner);
         let task = tokio::spawn(reap_expired(inner.clone(), stop.clone()));
         Ok((Self { inner: Some(inner) }, vec![task]))
     }
@@ -301,6 +306,7 @@ async fn reap_expired(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
                             e.id
                         );
                         i2.lock().remove(&e.id);
+                        kept::forget(&i2.snapshots, &e.id);
                         let _ = tokio::task::spawn_blocking(move || e.sandbox.destroy()).await;
                     }
                 });
@@ -309,7 +315,13 @@ async fn reap_expired(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
             }
         }
     }
-    let rest: Vec<Arc<Entry>> = inner.lock().drain().map(|(_, e)| e).collect();
+    // Running sandboxes end with the server; paused ones stay on disk for the next.
+    let rest: Vec<Arc<Entry>> = inner
+        .lock()
+        .drain()
+        .map(|(_, e)| e)
+        .filter(|e| !e.sandbox.is_paused())
+        .collect();
     let _ = tokio::task::spawn_blocking(move || {
         for e in rest {
             let _ = e.sandbox.destroy();
@@ -609,6 +621,7 @@ async fn kill(
     let inner = enabled(&a)?;
     let e = inner.get(&c, &id)?;
     inner.lock().remove(&id);
+    kept::forget(&inner.snapshots, &id);
     blocking(move || e.sandbox.destroy())
         .await?
         .map_err(|err| ApiError::internal(format!("destroying sandbox {id:?}: {err}")))?;
@@ -661,6 +674,13 @@ async fn pause_entry(inner: &Arc<Inner>, e: &Arc<Entry>) -> Result<(), ApiError>
         .await?
         .map_err(|err| lifecycle_error(&e.id, "pause", err))?;
     e.release();
+    if let Err(err) = kept::write(&inner.snapshots, e) {
+        // Paused all the same, until this server stops.
+        eprintln!(
+            "sandbox {}: paused, but its record could not be written ({err}); it will not outlive this server",
+            e.id
+        );
+    }
     Ok(())
 }
 
@@ -682,6 +702,8 @@ async fn resume_entry(inner: &Arc<Inner>, e: &Arc<Entry>) -> Result<(), ApiError
         e.release();
     }
     r?.map_err(|err| lifecycle_error(&e.id, "resume", err))?;
+    // Running again: it ends with this server (a stale snapshot must not come back).
+    kept::forget(&inner.snapshots, &e.id);
     let t = e.end_at.lock().unwrap_or_else(|p| p.into_inner()).2;
     e.restart_clock(t);
     Ok(())

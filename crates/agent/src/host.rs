@@ -33,6 +33,8 @@ use crate::sessions::{self, Session, State};
 use crate::trace;
 use crate::unixhttp;
 
+mod idle;
+
 /// Where the agent listens, inside its sandbox.
 pub const AGENT_SOCKET: &str = "/tmp/tessera-agent.sock";
 /// Where the control plane is reachable, inside the sandbox.
@@ -92,6 +94,10 @@ pub struct HostConfig {
     /// goes, and a new kind of sandbox starts cold. This bounds idle sandboxes to
     /// `max_pools × pool_min`, whatever tenants ask for.
     pub max_pools: usize,
+    /// Where idle sessions' writable folders are kept between their sandboxes (a
+    /// folder of the node's data, root's alone): a session released for being idle
+    /// gets its files back at its next invocation. `None`: they go with the sandbox.
+    pub snapshots: Option<PathBuf>,
 }
 
 impl Default for HostConfig {
@@ -113,6 +119,7 @@ impl Default for HostConfig {
             guard: Arc::new(tessera_sandbox::PolicyGuard::default()),
             templates: None,
             max_pools: 8,
+            snapshots: None,
         }
     }
 }
@@ -780,6 +787,23 @@ impl Host {
                     continue;
                 }
             };
+            // The files it had when it was last released for being idle.
+            if let Some(root) = self.inner.cfg.snapshots.clone() {
+                let (t, sid, b) = (tenant.to_string(), s.id.clone(), sb.clone());
+                let restored =
+                    tokio::task::spawn_blocking(move || idle::restore(&root, &t, &sid, &b))
+                        .await
+                        .unwrap_or_else(|e| Err(e.to_string()));
+                if let Err(e) = restored {
+                    // Not a passing fault: say why, keep the files, leave it resumable.
+                    last = e;
+                    let _ = sb.destroy();
+                    if let Ok(sb) = Arc::try_unwrap(sb) {
+                        pool.release(sb);
+                    }
+                    break;
+                }
+            }
             let id_key = (tenant.to_string(), s.id.clone());
             self.inner
                 .sandboxes
@@ -1052,6 +1076,10 @@ impl Host {
             self.release(tenant, id, l, reason).await;
         }
         drop(g);
+        // Its files kept from an idle release go with it.
+        if let Some(root) = &self.inner.cfg.snapshots {
+            idle::forget(root, tenant, id);
+        }
         self.inner
             .slots
             .lock()
@@ -1218,6 +1246,19 @@ impl Host {
             let idle = live.last_used.elapsed() >= Duration::from_secs(s.idle_timeout_s);
             if idle && !busy {
                 let Some(old) = g.live.take() else { continue };
+                let mut kept = false;
+                if let Some(root) = self.inner.cfg.snapshots.clone() {
+                    let (t, sid, b) = (tenant.clone(), id.clone(), old.sb.clone());
+                    match tokio::task::spawn_blocking(move || idle::keep(&root, &t, &sid, &b))
+                        .await
+                        .unwrap_or_else(|e| Err(e.to_string()))
+                    {
+                        Ok(()) => kept = true,
+                        Err(e) => eprintln!(
+                            "session {tenant}/{id}: its files were not kept on disk ({e}); they go with its sandbox"
+                        ),
+                    }
+                }
                 self.release(&tenant, &id, old, "idle timeout").await;
                 let _ = sessions::update(&self.inner.store, &tenant, &id, |x| {
                     if x.state.is_final() {
@@ -1228,8 +1269,9 @@ impl Host {
                     x.sandbox_pid = None;
                     x.owner = None;
                     x.reason = Some(format!(
-                        "idle for {} s: sandbox released; the next invocation resumes",
-                        x.idle_timeout_s
+                        "idle for {} s: sandbox released{}; the next invocation resumes",
+                        x.idle_timeout_s,
+                        if kept { ", its files kept on disk" } else { "" }
                     ));
                     x.updated_at_ms = now_ms();
                     Ok(true)

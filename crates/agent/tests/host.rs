@@ -324,3 +324,92 @@ async fn replicas_take_over_only_sessions_whose_owner_stopped_renewing() {
     let live = sessions::get(&st, "t1", "live").await.unwrap().unwrap();
     assert_eq!(live.state, State::Idle);
 }
+
+/// Issue 18: an idle session is paused to disk. Its sandbox is released at the idle
+/// timeout with its writable folders written to the node's disk, and its next
+/// invocation gets them back in a new sandbox (a new agent process: memory is not
+/// kept in this tier). Ending the session removes what was kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_idle_session_gets_its_files_back_at_its_next_invocation() {
+    use tessera_agent::tools::SandboxAccess;
+    let keep = tempfile::tempdir().unwrap();
+    let root = keep.path().join("session-snapshots");
+    let Some((_d, host)) = setup(HostConfig {
+        pool_min: 1,
+        snapshots: Some(root.clone()),
+        ..HostConfig::default()
+    }) else {
+        return;
+    };
+    let st = host.store().clone();
+    let mut quick = spec(&[]);
+    quick.idle_timeout_s = 1;
+    runtimes::create(&st, "t1", "echo", quick, runtimes::Quotas::default(), 1)
+        .await
+        .unwrap();
+    let r1 = host
+        .invoke("t1", "echo", None, "s9", b"{}", "application/json")
+        .await
+        .unwrap();
+    assert_eq!(body(&r1)["count"], 1);
+    let sb = host.sandbox("t1", "s9").expect("a live sandbox");
+    sb.write_file("/workspace/notes.md", b"step 1 done\n")
+        .unwrap();
+    sb.mkdir("/home/user/.cache").unwrap();
+    sb.write_file("/home/user/.cache/x", b"cached").unwrap();
+    drop(sb);
+    // Past its idle timeout, the supervision loop releases it, files kept.
+    let mut idle = None;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        host.tick().await;
+        let s = sessions::get(&st, "t1", "s9").await.unwrap().unwrap();
+        if s.state == State::Idle {
+            idle = Some(s);
+            break;
+        }
+    }
+    let s = idle.expect("the session went idle");
+    assert!(
+        s.reason
+            .as_deref()
+            .unwrap_or("")
+            .contains("files kept on disk"),
+        "{s:?}"
+    );
+    assert!(host.sandbox("t1", "s9").is_none());
+    let kept = root.join("t1").join("s9");
+    assert!(kept.join("meta.json").exists(), "{}", kept.display());
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&kept).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700, "{}", kept.display());
+    }
+    // The next invocation: a new sandbox and agent, the files back.
+    let r2 = host
+        .invoke("t1", "echo", None, "s9", b"{}", "application/json")
+        .await
+        .unwrap();
+    // A new agent process (its pid means nothing here: each sandbox has its own pid
+    // namespace).
+    assert_eq!(body(&r2)["count"], 1, "a new agent");
+    let sb = host.sandbox("t1", "s9").expect("a live sandbox again");
+    assert_eq!(
+        sb.read_file("/workspace/notes.md").unwrap(),
+        b"step 1 done\n"
+    );
+    assert_eq!(sb.read_file("/home/user/.cache/x").unwrap(), b"cached");
+    drop(sb);
+    assert!(!kept.exists(), "restored, so no longer kept");
+    // Idle again, then killed: nothing stays on disk.
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        host.tick().await;
+        if kept.exists() {
+            break;
+        }
+    }
+    assert!(kept.exists(), "kept at the second idle release");
+    host.kill("t1", "s9", "done").await.unwrap();
+    assert!(!kept.exists(), "a killed session left its files on disk");
+}

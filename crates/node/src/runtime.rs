@@ -334,16 +334,13 @@ impl Held {
             Held::Microvm(v) => vec![v.host_pid()],
         }
     }
-    /// SIGTERM to the workload; how many processes got it. A micro-VM's commands
-    /// are ended at once instead (the guest agent has no signal call): its grace
-    /// period is not kept.
+    /// SIGTERM to the workload; how many processes got it (a micro-VM's guest
+    /// agent does the sending there, and the count is 1 when the message went).
     fn terminate(&self) -> usize {
+        use tessera_sandbox::Isolated;
         match self {
             Held::Namespace(s) => s.signal_workload(nix::sys::signal::Signal::SIGTERM),
-            Held::Microvm(v) => {
-                v.end_commands();
-                1
-            }
+            Held::Microvm(v) => Isolated::signal_workload(&**v, nix::sys::signal::Signal::SIGTERM),
         }
     }
 }

@@ -491,3 +491,91 @@ fn a_micro_vm_task_on_a_node_without_the_tier_is_refused_by_name() {
     );
     assert!(n.running().is_empty());
 }
+
+/// The micro-VM tier (with the shipped guard), or `None` with the reason: no root, no
+/// QEMU or no guest kernel (`TESSERA_VM_KERNEL`, else `.ci/vm-kernel.sh`'s folder);
+/// with `CI` set a missing one fails instead.
+fn vm_tier(test: &str) -> Option<Arc<tessera_sandbox::vm::MicroVmTier>> {
+    use tessera_sandbox::vm::{MicroVmConfig, MicroVmTier, image};
+    if !ready(test) {
+        return None;
+    }
+    let src = std::env::var_os("TESSERA_VM_KERNEL")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| "/var/cache/tessera-ci/kernel/x".into());
+    let why = if !src.exists() {
+        Some(format!("no guest kernel at {}", src.display()))
+    } else if tessera_sandbox::vm::find_qemu().is_none() {
+        Some("qemu-system-x86_64 is not installed".to_string())
+    } else {
+        None
+    };
+    if let Some(w) = why {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{test}: {w}, and CI is set: run .ci/vm-kernel.sh first"
+        );
+        eprintln!("SKIPPED {test}: {w}");
+        return None;
+    }
+    let cache = std::env::temp_dir().join("tessera-vm-tests");
+    let ktpl = image::cached_kernel_template(&src, &cache).expect("kernel template");
+    let mut cfg = MicroVmConfig::new(&ktpl, &cache);
+    cfg.init = InitProgram::locate();
+    cfg.boot_timeout = Duration::from_secs(120);
+    Some(MicroVmTier::new(cfg).expect("the micro-VM tier"))
+}
+
+/// A micro-VM task gets SIGTERM and its grace period too: the guest's agent signals
+/// the workload inside the guest (before, a stop ended its commands at once).
+#[test]
+fn a_micro_vm_task_gets_sigterm_and_its_grace() {
+    let Some(tier) = vm_tier("a_micro_vm_task_gets_sigterm_and_its_grace") else {
+        return;
+    };
+    let d = tempfile::tempdir().unwrap();
+    let n = node(|c| c.microvm = Some(tier));
+    let mut polite = task(
+        d.path(),
+        "polite-vm",
+        "trap 'echo got-term; exit 0' TERM; echo up; while :; do sleep 0.05; done",
+    );
+    polite.tier = tessera_sandbox::TierKind::Microvm;
+    let key = polite.key.clone();
+    let (_, rx) = start(&n, polite);
+    // A boot under TCG takes seconds.
+    for _ in 0..1200 {
+        if log(d.path(), "polite-vm").contains("up") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        log(d.path(), "polite-vm").contains("up"),
+        "{}",
+        log(d.path(), "polite-vm")
+    );
+    assert!(n.stop(
+        &key,
+        Duration::from_secs(60),
+        "Evicted: preempted by urgent"
+    ));
+    let e = rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the task ended");
+    assert_eq!(
+        e.outcome,
+        Outcome::Stopped {
+            reason: "Evicted: preempted by urgent".into(),
+            forced: false
+        },
+        "{}",
+        log(d.path(), "polite-vm")
+    );
+    assert!(
+        log(d.path(), "polite-vm").contains("got-term"),
+        "{}",
+        log(d.path(), "polite-vm")
+    );
+    assert!(n.running().is_empty());
+}

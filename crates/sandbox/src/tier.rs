@@ -160,6 +160,10 @@ pub trait Isolated: Send + Sync + std::fmt::Debug {
     /// Ends every command running now (their calls return an error); the sandbox and
     /// its files stay.
     fn end_commands(&self);
+    /// Sends `signal` to every process of the running commands (not to the sandbox's
+    /// init); how many it reached, or 1 where the tier does not count them (a
+    /// micro-VM's guest does the sending).
+    fn signal_workload(&self, signal: nix::sys::signal::Signal) -> usize;
     /// Writes this sandbox's state into the empty folder `dir`. The caller has drained
     /// it (no operation in flight; [`AnySandbox`] does that); the sandbox goes on
     /// running afterwards.
@@ -223,10 +227,29 @@ impl Tier for NamespaceTier {
         snapshot: &Snapshot,
         spec: &SandboxSpec,
     ) -> Result<Box<dyn Isolated>, LifecycleError> {
+        let sb = self.rt.spawn(spec)?;
+        NamespaceTier::restore_into(&sb, snapshot)?;
+        Ok(Box::new(sb))
+    }
+}
+
+impl NamespaceTier {
+    /// Puts a namespace snapshot's writable folders into `sb`, a sandbox made
+    /// elsewhere (claimed from a warm pool): what [`Tier::restore`] does after its
+    /// spawn. Memory is not kept in this tier; the folders are.
+    pub fn restore_into(sb: &Sandbox, snapshot: &Snapshot) -> Result<(), LifecycleError> {
+        if snapshot.meta.tier != TierKind::Namespace {
+            return Err(LifecycleError::snapshot(
+                &snapshot.dir,
+                format!(
+                    "was taken by the {} tier, not namespace",
+                    snapshot.meta.tier
+                ),
+            ));
+        }
         let layers: Vec<NamespaceLayer> =
             serde_json::from_value(snapshot.meta.tier_data["layers"].clone())
                 .map_err(|e| LifecycleError::snapshot(&snapshot.dir, format!("layers: {e}")))?;
-        let sb = self.rt.spawn(spec)?;
         for l in &layers {
             let path = snapshot.dir.join(&l.file);
             let data = std::fs::read(&path).map_err(|e| LifecycleError::snapshot(&path, e))?;
@@ -239,7 +262,7 @@ impl Tier for NamespaceTier {
                 Some(&data),
             )?;
         }
-        Ok(Box::new(sb))
+        Ok(())
     }
 }
 
@@ -314,6 +337,9 @@ impl Isolated for Sandbox {
         // Every process of the sandbox but its init (ours) descends from it: runners,
         // jobs, whatever they started. The host sees them all.
         crate::init::kill_tree(self.pid(), false);
+    }
+    fn signal_workload(&self, signal: nix::sys::signal::Signal) -> usize {
+        Sandbox::signal_workload(self, signal)
     }
     fn snapshot(&self, dir: &Path) -> Result<SnapshotParts, LifecycleError> {
         // Each writable folder, packed by a job inside the sandbox (as its user, under

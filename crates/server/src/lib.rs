@@ -629,6 +629,11 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
     // The agent platform forwards each sandbox's control socket to this address.
     let mut agents_cfg = cfg.agents.clone();
     agents_cfg.host.api_addr.get_or_insert(addr);
+    // Idle sessions' files, kept on the node between their sandboxes.
+    agents_cfg
+        .host
+        .snapshots
+        .get_or_insert_with(|| node_data(&cfg).join("session-snapshots"));
     let (agents, t) = agents::AgentsState::start(&plane, &agents_cfg, &stop_rx).await?;
     tasks.extend(t);
     let (tools, t) = tools::ToolsState::start(&plane, &cfg.tools, &stop_rx).await?;

@@ -562,6 +562,12 @@ fn run() -> Result<(), String> {
                 }
             }
             Msg::EndCommands => crate::init::kill_tree(sb.pid(), false),
+            Msg::SignalCommands { signal } => match nix::sys::signal::Signal::try_from(signal) {
+                Ok(sig) => {
+                    sb.signal_workload(sig);
+                }
+                Err(_) => log(&format!("no such signal {signal}")),
+            },
             Msg::Quiesce => {
                 let mut n = busy.n.lock().unwrap_or_else(|p| p.into_inner());
                 while *n > 0 {

@@ -687,6 +687,20 @@ impl Isolated for VmSandbox {
     fn end_commands(&self) {
         let _ = self.shared.send(&Msg::EndCommands, &[]);
     }
+    fn signal_workload(&self, signal: nix::sys::signal::Signal) -> usize {
+        // The guest's agent signals its sandbox's workload; how many it reached is not
+        // reported back: 1 when the message went.
+        usize::from(
+            self.shared
+                .send(
+                    &Msg::SignalCommands {
+                        signal: signal as i32,
+                    },
+                    &[],
+                )
+                .is_ok(),
+        )
+    }
     fn snapshot(&self, dir: &Path) -> Result<SnapshotParts, LifecycleError> {
         if self.frozen.load(Ordering::Acquire) {
             return Err(self.vmm("snapshot")(

@@ -174,6 +174,11 @@ pub enum Msg {
     },
     /// Host -> guest: end every running command.
     EndCommands,
+    /// Host -> guest: send `signal` (a number, 1 to 64) to every process of the running
+    /// commands (the node runtime's SIGTERM before a stop's grace period).
+    SignalCommands {
+        signal: i32,
+    },
     /// Host -> guest: a snapshot is next; answer [`Msg::Quiet`] once no call runs.
     Quiesce,
     Quiet,

@@ -427,6 +427,7 @@ impl NodeRuntime {
             guard: cfg.guard.clone(),
             tenant: None,
             cgroup_backend: None,
+            egress: None,
         })
         .map_err(|e| NodeError(e.to_string()))?;
         let live = cfg.gpus.gpus();

@@ -3,6 +3,11 @@
 //! the supervisor from outside (no bridge, no veth, no iptables). It speaks HTTP
 //! `CONNECT` only, and connects out from the host's network namespace to allowed
 //! domains, refusing non-public addresses unless the policy allows them.
+//!
+//! A micro-VM's guest has no network at all: there the listener's connections are
+//! handed to an [`EgressRelay`] (the guest's agent), which carries their bytes over the
+//! control channel to the host, where [`serve_stream`] does what [`Proxy`] does here —
+//! the allow-list is the host's, whatever the guest runs.
 
 use crate::spec::EgressPolicy;
 use std::io::{self, Read, Write};
@@ -16,6 +21,10 @@ use std::time::Duration;
 /// Open tunnels per sandbox, at most.
 pub const MAX_TUNNELS: usize = 64;
 
+/// Takes each connection to a sandbox's proxy socket instead of serving it here, and
+/// returns when the connection is done (it runs on a thread of its own).
+pub type EgressRelay = Arc<dyn Fn(TcpStream) + Send + Sync>;
+
 /// A running proxy for one sandbox.
 #[derive(Debug)]
 pub struct Proxy {
@@ -26,6 +35,16 @@ pub struct Proxy {
 impl Proxy {
     /// Serves `listener` (a listening socket from the sandbox) with `policy`.
     pub fn start(listener: OwnedFd, policy: EgressPolicy) -> io::Result<Proxy> {
+        Proxy::start_with(
+            listener,
+            Arc::new(move |c: TcpStream| {
+                let _ = serve(c, &policy);
+            }),
+        )
+    }
+
+    /// Hands each connection to `listener` to `relay`, at most [`MAX_TUNNELS`] at once.
+    pub fn start_with(listener: OwnedFd, relay: EgressRelay) -> io::Result<Proxy> {
         let listener = TcpListener::from(listener);
         let accept = listener.try_clone()?;
         let thread = std::thread::Builder::new()
@@ -42,11 +61,11 @@ impl Proxy {
                                 continue;
                             }
                             open.fetch_add(1, Ordering::Relaxed);
-                            let (p, mine) = (policy.clone(), open.clone());
+                            let (r, mine) = (relay.clone(), open.clone());
                             let spawned = std::thread::Builder::new()
                                 .name("tessera-egress-conn".into())
                                 .spawn(move || {
-                                    let _ = serve(c, &p);
+                                    r(c);
                                     mine.fetch_sub(1, Ordering::Relaxed);
                                 });
                             if spawned.is_err() {
@@ -125,7 +144,45 @@ pub fn is_public(ip: IpAddr) -> bool {
     }
 }
 
-fn reply(c: &mut TcpStream, status: &str, why: &str) -> io::Result<()> {
+/// A client connection the proxy serves: a TCP connection from the sandbox, or one
+/// end of a socket pair whose other end a micro-VM's relay feeds.
+trait Client: Read + Write + Send + Sized + 'static {
+    fn duplicate(&self) -> io::Result<Self>;
+    fn close_write(&self);
+    fn read_timeout(&self, t: Option<Duration>) -> io::Result<()>;
+}
+
+impl Client for TcpStream {
+    fn duplicate(&self) -> io::Result<Self> {
+        self.try_clone()
+    }
+    fn close_write(&self) {
+        let _ = self.shutdown(Shutdown::Write);
+    }
+    fn read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        self.set_read_timeout(t)
+    }
+}
+
+impl Client for std::os::unix::net::UnixStream {
+    fn duplicate(&self) -> io::Result<Self> {
+        self.try_clone()
+    }
+    fn close_write(&self) {
+        let _ = self.shutdown(Shutdown::Write);
+    }
+    fn read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        self.set_read_timeout(t)
+    }
+}
+
+/// Serves one tunnel request arriving on `c` (a relayed connection) with `policy`, as
+/// [`Proxy`] serves a sandbox's own; returns when the tunnel is done.
+pub fn serve_stream(c: std::os::unix::net::UnixStream, policy: &EgressPolicy) -> io::Result<()> {
+    serve(c, policy)
+}
+
+fn reply(c: &mut impl Write, status: &str, why: &str) -> io::Result<()> {
     c.write_all(
         format!(
             "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{why}",
@@ -155,8 +212,8 @@ pub fn parse_connect(head: &str) -> Option<(String, u16)> {
     Some((host.to_string(), port))
 }
 
-fn serve(mut c: TcpStream, policy: &EgressPolicy) -> io::Result<()> {
-    c.set_read_timeout(Some(Duration::from_secs(10)))?;
+fn serve<C: Client>(mut c: C, policy: &EgressPolicy) -> io::Result<()> {
+    c.read_timeout(Some(Duration::from_secs(10)))?;
     let mut head = Vec::new();
     let mut b = [0u8; 1024];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -205,20 +262,20 @@ fn serve(mut c: TcpStream, policy: &EgressPolicy) -> io::Result<()> {
         Ok(u) => u,
         Err(e) => return reply(&mut c, "502 Bad Gateway", &format!("{host}: {e}\n")),
     };
-    c.set_read_timeout(None)?;
+    c.read_timeout(None)?;
     c.write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n")?;
     // Bytes the client sent after the header belong to the tunnel.
     if let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") {
         (&up).write_all(&head[end + 4..])?;
     }
-    let (mut c2, mut up2) = (c.try_clone()?, up.try_clone()?);
+    let (mut c2, mut up2) = (c.duplicate()?, up.try_clone()?);
     let t = std::thread::spawn(move || {
         let _ = io::copy(&mut c2, &mut up2);
         let _ = up2.shutdown(Shutdown::Write);
     });
     let (mut up3, mut c3) = (up, c);
     let _ = io::copy(&mut up3, &mut c3);
-    let _ = c3.shutdown(Shutdown::Write);
+    c3.close_write();
     let _ = t.join();
     Ok(())
 }

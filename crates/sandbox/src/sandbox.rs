@@ -104,6 +104,10 @@ pub struct RuntimeConfig {
     /// instance a [`crate::cgroup::CgroupV2::at`] hierarchy mounted elsewhere. Its
     /// sandboxes are not reaped if this process dies (the reaper detects its own).
     pub cgroup_backend: Option<Arc<dyn CgroupManager>>,
+    /// Where a sandbox with [`Network::Proxy`]'s proxy connections go: `None`, to this
+    /// process's proxy ([`crate::proxy::Proxy::start`], which connects out); `Some`,
+    /// to a relay (a micro-VM's guest, which has no network, sends them to the host).
+    pub egress: Option<crate::proxy::EgressRelay>,
 }
 
 impl std::fmt::Debug for RuntimeConfig {
@@ -117,6 +121,7 @@ impl std::fmt::Debug for RuntimeConfig {
                 "cgroup_backend",
                 &self.cgroup_backend.as_ref().map(|c| c.version()),
             )
+            .field("egress_relay", &self.egress.is_some())
             .finish()
     }
 }
@@ -129,6 +134,7 @@ impl Default for RuntimeConfig {
             guard: Arc::new(PolicyGuard::default()),
             tenant: None,
             cgroup_backend: None,
+            egress: None,
         }
     }
 }
@@ -153,6 +159,7 @@ pub struct Runtime {
     netns: Option<crate::netns::NetnsPool>,
     /// Kills and removes this process's sandboxes if it dies without destroying them.
     reaper: Option<std::process::Child>,
+    egress: Option<crate::proxy::EgressRelay>,
 }
 
 impl Drop for Runtime {
@@ -285,6 +292,7 @@ impl Runtime {
             debug,
             netns: if root { start_netns_pool() } else { None },
             reaper,
+            egress: config.egress,
         }))
     }
 
@@ -514,7 +522,11 @@ impl Runtime {
             Ok((Reply::Ready { .. }, mut fds)) => {
                 let proxy = match (&spec.network, fds.pop()) {
                     (Network::Proxy(policy), Some(l)) => {
-                        Some(crate::proxy::Proxy::start(l, policy.clone()).map_err(|e| {
+                        let started = match &self.egress {
+                            Some(relay) => crate::proxy::Proxy::start_with(l, relay.clone()),
+                            None => crate::proxy::Proxy::start(l, policy.clone()),
+                        };
+                        Some(started.map_err(|e| {
                             abort(SpawnError::Syscall {
                                 syscall: "egress proxy",
                                 source: e,

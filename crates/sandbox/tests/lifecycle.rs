@@ -175,6 +175,7 @@ fn guard_checks_every_command_and_redacts_output() {
         guard: Arc::new(TestGuard),
         tenant: Some("t1".into()),
         cgroup_backend: None,
+        egress: None,
     })
     .unwrap();
     let sb = rt.spawn(&SandboxSpec::default()).unwrap();
@@ -408,6 +409,7 @@ fn guard_checks_file_operations() {
         guard: Arc::new(NoEtc),
         tenant: None,
         cgroup_backend: None,
+        egress: None,
     })
     .unwrap();
     let sb = rt.spawn(&SandboxSpec::default()).unwrap();

@@ -193,6 +193,7 @@ impl SandboxesState {
             guard: plane.guard().clone(),
             tenant: None,
             cgroup_backend: None,
+            egress: None,
         })
         .map_err(|e| fail(e.to_string()))?;
         let base = SandboxSpec::default();

@@ -390,6 +390,7 @@ pub fn runtime(guard: bool) -> Result<Arc<Runtime>, String> {
         },
         tenant: None,
         cgroup_backend: None,
+        egress: None,
     })
     .map_err(|e| e.to_string())
 }

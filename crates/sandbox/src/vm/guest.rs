@@ -494,6 +494,12 @@ fn run() -> Result<(), String> {
         next: AtomicU64::new(1),
         pending: Mutex::new(HashMap::new()),
     });
+    // The sandbox's proxy connections go to the host (the guest has no network).
+    let egress = {
+        let t = tx.clone();
+        super::egress::GuestEgress::new(Arc::new(move |m: &Msg, b: &[u8]| t.send(m, b)))
+    };
+    let relay = egress.clone();
     let made = Runtime::new(RuntimeConfig {
         init: Some(InitProgram {
             path: "/init".into(),
@@ -503,6 +509,7 @@ fn run() -> Result<(), String> {
         guard: guard.clone(),
         tenant: None,
         cgroup_backend: None,
+        egress: Some(Arc::new(move |c| relay.relay(c))),
     })
     .map_err(|e| e.to_string())
     .and_then(|rt| {
@@ -568,6 +575,8 @@ fn run() -> Result<(), String> {
                 }
                 Err(_) => log(&format!("no such signal {signal}")),
             },
+            Msg::EgressData { conn } => egress.data(conn, &body),
+            Msg::EgressClose { conn } => egress.close(conn),
             Msg::Quiesce => {
                 let mut n = busy.n.lock().unwrap_or_else(|p| p.into_inner());
                 while *n > 0 {

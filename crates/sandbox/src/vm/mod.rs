@@ -11,8 +11,9 @@
 //! Guest side ([`guest`]): the init program as PID 1, running the namespace tier inside
 //! the guest. The guard stays on the host: commands and file operations are checked
 //! before they are sent, every `execve` in the guest is judged by the host's guard, and
-//! output is redacted on the host. Egress (a proxy) is not offered by this tier yet: a
-//! spec with [`Network::Proxy`] is refused.
+//! output is redacted on the host. Egress ([`crate::Network::Proxy`]) has no network device
+//! either: the guest relays its sandbox's proxy connections over the control channel
+//! and the host's proxy serves them with the sandbox's policy ([`egress`]).
 //!
 //! Snapshots: the guest's memory and device state through QEMU's migration to a file
 //! descriptor (`vm.state`), with hard links (or copies) of the kernel, initramfs and
@@ -20,6 +21,7 @@
 //! node. The writable folders live in the guest's memory, so they come back with it.
 
 mod closure;
+mod egress;
 pub mod guest;
 pub mod image;
 pub mod qemu;
@@ -35,7 +37,7 @@ use crate::error::{LifecycleError, SpawnError};
 use crate::guard::{CommandCheck, PolicyGuard};
 use crate::sandbox::InitProgram;
 use crate::snapshot::Snapshot;
-use crate::spec::{Network, SandboxSpec, Template};
+use crate::spec::{SandboxSpec, Template};
 use crate::tier::{Isolated, Tier, TierInfo, TierKind};
 use image::KernelTemplate;
 use qemu::{Accel, JailConfig, Qmp};
@@ -438,11 +440,6 @@ impl MicroVmTier {
         m: Machine,
         incoming: Option<(fs::File, &Path)>,
     ) -> Result<VmSandbox, SpawnError> {
-        if let Network::Proxy(_) = spec.network {
-            return Err(vm_err(
-                "egress through the proxy is not available in the microvm tier yet; use the namespace tier (a class mapped to it) for sandboxes that need egress",
-            ));
-        }
         if !spec.sealed.is_empty() {
             return Err(vm_err(
                 "sealed folders (released model weights) are not built for the microvm tier yet; the guest would need its own memory-backed folder",
@@ -558,6 +555,7 @@ impl MicroVmTier {
             tenant: RwLock::new(self.cfg.tenant.clone()),
             quiet: Mutex::new(None),
             dead: AtomicBool::new(false),
+            egress: egress::HostEgress::new(spec),
         });
         let mut rd = ctl;
         let _ = rd.set_read_timeout(Some(self.cfg.boot_timeout));

@@ -208,6 +208,9 @@ pub fn spawn(
         devices: Vec::new(),
         groups: Vec::new(),
     }));
+    // Above every fd target (and 100): what the child moves there cannot land on a
+    // target, nor close one when it is closed again.
+    let above = fds.iter().map(|(_, to)| *to).max().unwrap_or(2).max(99) + 1;
     // The ruleset's fd, moved above every fd target: placing the fds at 3, 4, … in the
     // child would otherwise close a ruleset that happened to sit there, and the
     // restriction would fail with EBADFD (it did, now and then, in CI). `None` where the
@@ -216,7 +219,7 @@ pub fn spawn(
         .and_then(Option::<OwnedFd>::from)
         .map(|fd| -> io::Result<OwnedFd> {
             // SAFETY: F_DUPFD_CLOEXEC on an fd we own returns a new fd that we then own.
-            let high = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 100) };
+            let high = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, above) };
             if high < 0 {
                 return Err(io::Error::last_os_error());
             }
@@ -250,7 +253,7 @@ pub fn spawn(
             // Place the fds: first above every target, then at the targets.
             let mut high = [0 as RawFd; 8];
             for (i, (from, _)) in moves.iter().enumerate().take(8) {
-                let h = libc::fcntl(*from, libc::F_DUPFD, 100);
+                let h = libc::fcntl(*from, libc::F_DUPFD, above);
                 if h < 0 {
                     return fail();
                 }

@@ -127,6 +127,8 @@ pub(super) struct Shared {
     pub(super) tenant: RwLock<Option<String>>,
     pub(super) quiet: Mutex<Option<mpsc::Sender<()>>>,
     pub(super) dead: AtomicBool,
+    /// The guest's proxy connections, served here ([`super::egress`]).
+    pub(super) egress: Arc<super::egress::HostEgress>,
 }
 
 impl Shared {
@@ -172,6 +174,15 @@ impl Shared {
                     if self.send(&Msg::Verdict { q, verdict }, &[]).is_err() {
                         break;
                     }
+                }
+                (
+                    msg @ (Msg::EgressOpen { .. }
+                    | Msg::EgressData { .. }
+                    | Msg::EgressClose { .. }),
+                    body,
+                ) => {
+                    let e = self.egress.clone();
+                    e.handle(&self, msg, &body);
                 }
                 (Msg::Quiet, _) => {
                     if let Some(t) = self.quiet.lock().unwrap_or_else(|p| p.into_inner()).take() {

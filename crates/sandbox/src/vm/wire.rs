@@ -179,6 +179,19 @@ pub enum Msg {
     SignalCommands {
         signal: i32,
     },
+    /// Guest -> host: a connection to the sandbox's egress proxy socket opened
+    /// (`conn`: the guest's number for it); its bytes follow ([`super::egress`]).
+    EgressOpen {
+        conn: u64,
+    },
+    /// Either way: bytes of connection `conn` (the body).
+    EgressData {
+        conn: u64,
+    },
+    /// Either way: the sender writes no more to `conn`.
+    EgressClose {
+        conn: u64,
+    },
     /// Host -> guest: a snapshot is next; answer [`Msg::Quiet`] once no call runs.
     Quiesce,
     Quiet,

@@ -198,3 +198,32 @@ fn up_runs_the_scheduler_config_it_is_given() {
         "{err}"
     );
 }
+
+/// `tessera k8s manifests --runtime-class NAME=HANDLER` prints a RuntimeClass with the
+/// class's node selector (the apiserver scenario applies it); bad values are refused
+/// naming them.
+#[test]
+fn manifests_print_runtime_classes() {
+    let (code, out, err) = tessera(&["k8s", "manifests", "--runtime-class", "isolated=kata-qemu"]);
+    assert_eq!(code, 0, "{err}");
+    let rc = out
+        .split("---\n")
+        .find(|d| d.contains("kind: RuntimeClass"))
+        .unwrap_or_else(|| panic!("no RuntimeClass in\n{out}"));
+    for want in [
+        "apiVersion: node.k8s.io/v1",
+        "name: isolated",
+        "handler: kata-qemu",
+        "runtime-class.tessera.io/isolated: 'true'",
+    ] {
+        assert!(rc.contains(want), "{want:?} not in\n{rc}");
+    }
+    for (bad, says) in [
+        ("Isolated=kata", "\"Isolated\""),
+        ("isolated", "NAME=HANDLER"),
+        ("isolated=Kata_QEMU", "handler \"Kata_QEMU\""),
+    ] {
+        let (code, _, err) = tessera(&["k8s", "manifests", "--runtime-class", bad]);
+        assert!(code != 0 && err.contains(says), "{bad}: {code} {err}");
+    }
+}

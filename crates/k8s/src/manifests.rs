@@ -13,6 +13,20 @@ pub struct ManifestOptions {
     /// Also print Volcano's (HyperNode included) and scheduler-plugins' CRDs (for
     /// clusters that do not run those projects but have jobs written for them).
     pub foreign_crds: bool,
+    /// Kubernetes RuntimeClasses for Tessera's runtime classes.
+    pub runtime_classes: Vec<RuntimeClassManifest>,
+}
+
+/// A Kubernetes `RuntimeClass` for one of Tessera's runtime classes. A pod that names
+/// it (`runtimeClassName: NAME`) runs with `handler` (the node's CRI runtime handler:
+/// `runc`, Kata Containers' `kata-qemu`, gVisor's `runsc`) and gets `node_selector`
+/// from the apiserver's RuntimeClass admission plugin, so that any scheduler, Tessera's
+/// included, places it only on nodes labelled for the class.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuntimeClassManifest {
+    pub name: String,
+    pub handler: String,
+    pub node_selector: std::collections::BTreeMap<String, String>,
 }
 
 impl Default for ManifestOptions {
@@ -23,6 +37,7 @@ impl Default for ManifestOptions {
             replicas: 2,
             scheduler_name: "tessera".into(),
             foreign_crds: false,
+            runtime_classes: Vec::new(),
         }
     }
 }
@@ -106,6 +121,9 @@ pub fn objects(o: &ManifestOptions) -> Vec<Value> {
         json!({"apiVersion": "scheduling.tessera.dev/v1alpha1", "kind": "Queue",
         "metadata": {"name": "default"}, "spec": {"weight": 1}}),
     );
+    for rc in &o.runtime_classes {
+        out.push(runtime_class(rc));
+    }
     out.push(json!({"apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": "tessera-scheduler", "namespace": ns, "labels": {"app": "tessera-scheduler"}},
         "spec": {
@@ -131,6 +149,14 @@ pub fn objects(o: &ManifestOptions) -> Vec<Value> {
             }
         }}));
     out
+}
+
+/// The `node.k8s.io/v1` RuntimeClass object of `rc`.
+pub fn runtime_class(rc: &RuntimeClassManifest) -> Value {
+    json!({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+        "metadata": {"name": rc.name, "labels": {"app.kubernetes.io/managed-by": "tessera"}},
+        "handler": rc.handler,
+        "scheduling": {"nodeSelector": rc.node_selector}})
 }
 
 /// The manifests as one YAML stream.

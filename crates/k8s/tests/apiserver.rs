@@ -288,6 +288,10 @@ async fn against_a_real_apiserver() {
             Box::pin(mig_instances(client.clone())),
         ),
         (
+            "runtime classes: RuntimeClass node selectors honoured, reasons name the label",
+            Box::pin(runtime_classes(client.clone())),
+        ),
+        (
             "two replicas, one killed",
             Box::pin(two_replicas(client.clone())),
         ),
@@ -300,6 +304,94 @@ async fn against_a_real_apiserver() {
     }
     kubelet.abort();
     drop(env);
+}
+
+/// Issue 18 on a cluster: the RuntimeClass `tessera k8s manifests --runtime-class
+/// isolated=kata-qemu` prints, applied; the apiserver's RuntimeClass admission gives a
+/// pod that names it the class's node selector, and Tessera places it only on the node
+/// labelled for the class. Past that node's room it waits, and its reason names the
+/// label; a pod naming a class the cluster does not have is refused at creation.
+async fn runtime_classes(client: Client) {
+    use k8s_openapi::api::node::v1::RuntimeClass;
+    let label = "runtime-class.tessera.io/isolated";
+    fresh_nodes(
+        &client,
+        vec![
+            fake_node("plain-1", "8", "16Gi", 0, &[]),
+            fake_node("plain-2", "8", "16Gi", 0, &[]),
+            fake_node("vm-1", "4", "16Gi", 0, &[(label, "true")]),
+        ],
+    )
+    .await;
+    let opts = tessera_k8s::manifests::ManifestOptions {
+        runtime_classes: vec![tessera_k8s::manifests::RuntimeClassManifest {
+            name: "isolated".into(),
+            handler: "kata-qemu".into(),
+            node_selector: [(label.to_string(), "true".to_string())].into(),
+        }],
+        ..Default::default()
+    };
+    let rcs: Api<RuntimeClass> = Api::all(client.clone());
+    for o in tessera_k8s::manifests::objects(&opts) {
+        if o["kind"] == "RuntimeClass" {
+            apply_json(&rcs, o).await;
+        }
+    }
+    let pods = namespace(&client, "rc").await;
+    let ctl = start_ready(&client, "tessera").await;
+    let isolated = |name: &str, cpu: &str| {
+        pod_with(
+            "rc",
+            name,
+            "tessera",
+            cpu,
+            json!({"spec": {"runtimeClassName": "isolated"}}),
+        )
+    };
+    for (name, cpu) in [("iso-1", "2"), ("iso-2", "2"), ("plain", "6")] {
+        let p = if name == "plain" {
+            pod_with("rc", name, "tessera", cpu, json!({}))
+        } else {
+            isolated(name, cpu)
+        };
+        pods.create(&PostParams::default(), &p).await.unwrap();
+    }
+    wait_bound(&pods, 3, "two isolated pods and a plain one").await;
+    let placed = pods_by_name(&pods).await;
+    for name in ["iso-1", "iso-2"] {
+        let p = &placed[name];
+        assert_eq!(
+            p.spec
+                .as_ref()
+                .and_then(|s| s.node_selector.as_ref())
+                .and_then(|m| m.get(label)),
+            Some(&"true".to_string()),
+            "the admission plugin gave {name} the class's node selector"
+        );
+        assert_eq!(node_of(p).as_deref(), Some("vm-1"), "{name}");
+    }
+    // vm-1 is full: the next isolated pod waits, though plain nodes have room.
+    pods.create(&PostParams::default(), &isolated("iso-3", "2"))
+        .await
+        .unwrap();
+    let why = wait_for("iso-3's reason", Duration::from_secs(30), || async {
+        pods.get("iso-3")
+            .await
+            .ok()
+            .filter(|p| node_of(p).is_none())
+            .and_then(|p| condition_message(&p))
+    })
+    .await;
+    assert!(why.contains(label), "{why}");
+    // A class the cluster does not have: the apiserver refuses the pod.
+    let mut missing = isolated("nowhere", "1");
+    missing.spec.as_mut().unwrap().runtime_class_name = Some("gvisor".into());
+    let err = pods
+        .create(&PostParams::default(), &missing)
+        .await
+        .expect_err("a pod of an unknown RuntimeClass was admitted");
+    assert!(err.to_string().contains("gvisor"), "{err}");
+    ctl.stop().await;
 }
 
 async fn pods_bound(client: Client) {

@@ -42,6 +42,16 @@ impl Default for RuntimeClasses {
     }
 }
 
+/// Checks that `name` can be a class name (1 to 63 of a-z, 0-9, '-', starting with a
+/// letter: also a Kubernetes object name and a label key's name part).
+pub fn check_name(name: &str) -> Result<(), ClassError> {
+    if valid(name) {
+        Ok(())
+    } else {
+        Err(ClassError::BadName(name.to_string()))
+    }
+}
+
 fn valid(name: &str) -> bool {
     (1..=63).contains(&name.len())
         && name.starts_with(|c: char| c.is_ascii_lowercase())

@@ -42,6 +42,35 @@ pub struct ManifestArgs {
     /// clusters that have jobs written for them but not those projects.
     #[arg(long)]
     pub foreign_crds: bool,
+    /// A Kubernetes RuntimeClass for Tessera runtime class NAME, run by the nodes' CRI
+    /// handler HANDLER (`isolated=kata-qemu`, `sandboxed=runsc`), with the node selector
+    /// `runtime-class.tessera.io/NAME: "true"`: its pods land only on nodes labelled so
+    /// (`kubectl label node N runtime-class.tessera.io/NAME=true`). Repeatable.
+    #[arg(long = "runtime-class", value_name = "NAME=HANDLER", value_parser = runtime_class_flag)]
+    pub runtime_classes: Vec<tessera_k8s::manifests::RuntimeClassManifest>,
+}
+
+fn runtime_class_flag(s: &str) -> Result<tessera_k8s::manifests::RuntimeClassManifest, String> {
+    let (name, handler) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: write NAME=HANDLER, e.g. isolated=kata-qemu"))?;
+    tessera_sandbox::class::check_name(name).map_err(|e| e.to_string())?;
+    // A CRI handler is a DNS label (Kubernetes validates it the same way).
+    if handler.is_empty()
+        || handler.len() > 63
+        || !handler
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    {
+        return Err(format!(
+            "handler {handler:?}: a CRI runtime handler name (a-z, 0-9, '-'; at most 63)"
+        ));
+    }
+    Ok(tessera_k8s::manifests::RuntimeClassManifest {
+        name: name.to_string(),
+        handler: handler.to_string(),
+        node_selector: [(tessera_sandbox::class::label(name), "true".to_string())].into(),
+    })
 }
 
 #[derive(Debug, Args)]
@@ -108,6 +137,7 @@ fn manifests(a: ManifestArgs) -> i32 {
         replicas: a.replicas,
         scheduler_name: a.scheduler_name,
         foreign_crds: a.foreign_crds,
+        runtime_classes: a.runtime_classes,
     }))
 }
 

@@ -51,6 +51,7 @@ use crate::plane::{Caller, ControlPlane};
 use crate::problem::{ApiError, Code};
 
 mod bodies;
+mod cap;
 mod kept;
 use bodies::{CommandResult, exec_error, file_error};
 pub use bodies::{NewSandbox, PathQuery, SandboxCommand, SandboxTimeout, schemas};
@@ -143,6 +144,8 @@ struct Inner {
     templates: Option<tessera_sandbox::TemplateRegistry>,
     max_per_tenant: usize,
     all: Mutex<HashMap<String, Arc<Entry>>>,
+    /// Creates in flight per tenant, counted against the cap ([`cap`]).
+    creating: cap::Creating,
     /// The agent scheduler's nodes for sandboxes.
     placer: Arc<crate::placement::Placer>,
     /// The micro-VM tier, where this server runs one (`tessera up --vm-kernel`).
@@ -240,6 +243,7 @@ impl SandboxesState {
                 cfg.max_per_tenant
             },
             all: Mutex::new(HashMap::new()),
+            creating: Mutex::new(HashMap::new()),
             placer: Arc::new(crate::placement::Placer::new(nodes)),
             microvm,
             namespace,
@@ -512,20 +516,7 @@ async fn create(
             ),
         ));
     }
-    let held = inner
-        .lock()
-        .values()
-        .filter(|e| e.tenant == c.tenant)
-        .count();
-    if held >= inner.max_per_tenant {
-        return Err(ApiError::new(
-            Code::QuotaExceeded,
-            format!(
-                "tenant {:?} has {held} sandboxes, the most this server allows; kill one first",
-                c.tenant
-            ),
-        ));
-    }
+    let seat = cap::take_seat(&inner, &c.tenant)?;
     let placement = inner
         .placer
         .place(demand(&spec))
@@ -584,6 +575,8 @@ async fn create(
         lifecycle: tokio::sync::Mutex::new(()),
     });
     inner.lock().insert(e.id.clone(), e.clone());
+    // Listed: it counts as a sandbox now, not as a create in flight.
+    drop(seat);
     Ok((StatusCode::CREATED, Json(info(&e))))
 }
 

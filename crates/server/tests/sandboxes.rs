@@ -591,3 +591,32 @@ async fn auto_pause_at_the_timeout_then_resume() {
     assert_eq!(st, StatusCode::OK);
     assert!(!snap.join(&id).exists(), "kill removes the snapshot");
 }
+
+/// The per-tenant cap holds under concurrent creates (issue 24: the count and the
+/// insert were under separate locks, so creates racing past the check all got in).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_tenant_cap_holds_under_concurrent_creates() {
+    let Some(init) = ready("the_tenant_cap_holds_under_concurrent_creates") else {
+        return;
+    };
+    let s = server(init).await;
+    let a = s.tenant("racer").await;
+    let tries: Vec<_> = (0..8)
+        .map(|_| {
+            let a = a.clone();
+            tokio::spawn(async move { a.post("/v1/sandboxes", json!({})).await })
+        })
+        .collect();
+    let mut made = 0;
+    for t in tries {
+        let (st, v) = t.await.unwrap();
+        match st {
+            StatusCode::CREATED => made += 1,
+            StatusCode::TOO_MANY_REQUESTS => assert_eq!(code(&v), "quota_exceeded", "{v}"),
+            other => panic!("{other}: {v}"),
+        }
+    }
+    assert_eq!(made, 3, "the cap is 3");
+    let (_, v) = a.get("/v1/sandboxes").await;
+    assert_eq!(v["items"].as_array().unwrap().len(), 3, "{v}");
+}

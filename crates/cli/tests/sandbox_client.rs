@@ -70,7 +70,7 @@ fn the_e2b_flow_through_the_python_client() {
 }
 
 /// `tessera sandbox remote …` against the same kind of server: create, exec (its exit
-/// code and output), ls, pause/resume, kill.
+/// code and output), cp (files and folders, both ways), ls, pause/resume, kill.
 #[test]
 fn the_cli_drives_server_sandboxes() {
     let Some((dir, up, key)) = sandbox_server() else {
@@ -105,6 +105,54 @@ fn the_cli_drives_server_sandboxes() {
     assert_eq!((code, out.as_str(), err.as_str()), (7, "out\n", "err\n"));
     let (code, out, _) = cli(&["exec", &id, "--", "uname", "-s"]);
     assert_eq!((code, out.as_str()), (0, "Linux\n"));
+    // cp: a binary file in and out, a folder in and out (-r, as a tar archive).
+    let here = dir.path();
+    let bin: Vec<u8> = (0..=255u8).cycle().take(70_000).collect();
+    std::fs::write(here.join("blob"), &bin).unwrap();
+    let target = format!("{id}:/workspace/blob");
+    let (code, _, err) = cli(&["cp", here.join("blob").to_str().unwrap(), &target]);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, _) = cli(&["exec", &id, "--shell", "--", "wc -c < /workspace/blob"]);
+    assert_eq!((code, out.trim()), (0, "70000"));
+    let (code, _, err) = cli(&["cp", &target, here.join("back").to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(std::fs::read(here.join("back")).unwrap(), bin);
+    std::fs::create_dir_all(here.join("proj/src")).unwrap();
+    std::fs::write(here.join("proj/src/main.py"), "print('hi')\n").unwrap();
+    let (code, _, err) = cli(&[
+        "cp",
+        here.join("proj").to_str().unwrap(),
+        &format!("{id}:/workspace/proj"),
+    ]);
+    assert!(code == 2 && err.contains("add -r"), "{code} {err}");
+    let (code, _, err) = cli(&[
+        "cp",
+        "-r",
+        here.join("proj").to_str().unwrap(),
+        &format!("{id}:/workspace/proj"),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let (code, out, _) = cli(&["exec", &id, "--", "python3", "/workspace/proj/src/main.py"]);
+    assert_eq!((code, out.as_str()), (0, "hi\n"));
+    let (code, _, err) = cli(&[
+        "cp",
+        "-r",
+        &format!("{id}:/workspace/proj"),
+        here.join("proj2").to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        std::fs::read_to_string(here.join("proj2/src/main.py")).unwrap(),
+        "print('hi')\n"
+    );
+    let (code, _, err) = cli(&["cp", "a", "b"]);
+    assert!(code == 2 && err.contains("ID:/path"), "{code} {err}");
+    let (code, _, err) = cli(&[
+        "cp",
+        &format!("{id}:/etc/shadow"),
+        here.join("x").to_str().unwrap(),
+    ]);
+    assert!(code != 0 && err.contains("403"), "{code} {err}");
     let (code, _, err) = cli(&["exec", &id, "--", "cat", "/etc/shadow"]);
     assert!(code != 0 && err.contains("403"), "{code} {err}");
     let (code, out, _) = cli(&["ls"]);

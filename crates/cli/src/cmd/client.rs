@@ -228,16 +228,46 @@ impl Client {
         self.reply(req).await.map(|(v, _)| v)
     }
 
+    /// Sends a request and hands back a successful reply for the caller to read (a
+    /// stream, raw bytes); a failure as [`Client::call`]'s.
+    pub(crate) async fn open(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<(&str, Vec<u8>)>,
+    ) -> Result<reqwest::Response, Failure> {
+        let mut req = self
+            .http
+            .request(method, format!("{}{path}", self.url))
+            .bearer_auth(&self.key);
+        if let Some((ct, b)) = body {
+            req = req.header("content-type", ct).body(b);
+        }
+        let resp = req.send().await.map_err(|e| self.unreachable(e))?;
+        if resp.status().is_success() {
+            return Ok(resp);
+        }
+        let status = resp.status();
+        let text = resp.text().await.unwrap_or_default();
+        let v = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        Err(failure(status, &v))
+    }
+
+    fn unreachable(&self, e: reqwest::Error) -> Failure {
+        Failure(
+            EXIT_FAILURE,
+            format!(
+                "cannot reach {} ({e}): is `tessera up` running there? Set TESSERA_URL otherwise",
+                self.url
+            ),
+        )
+    }
+
     async fn reply(
         &self,
         req: reqwest::RequestBuilder,
     ) -> Result<(Value, reqwest::header::HeaderMap), Failure> {
-        let resp = req.send().await.map_err(|e| {
-            Failure(
-                EXIT_FAILURE,
-                format!("cannot reach {} ({e}): is `tessera up` running there? Set TESSERA_URL otherwise", self.url),
-            )
-        })?;
+        let resp = req.send().await.map_err(|e| self.unreachable(e))?;
         let status = resp.status();
         let headers = resp.headers().clone();
         let plain = resp
@@ -257,25 +287,28 @@ impl Client {
         if status.is_success() {
             return Ok((v, headers));
         }
-        let mut msg = v["detail"]
-            .as_str()
-            .map(str::to_string)
-            .unwrap_or_else(|| v.to_string());
-        if let Some(f) = v["field"].as_str() {
-            msg = format!("field {f}: {msg}");
-        }
-        let code = v["code"].as_str().unwrap_or("");
-        let status_code =
-            if status.is_client_error() && status.as_u16() != 401 && status.as_u16() != 403 {
-                EXIT_BAD_INPUT
-            } else {
-                EXIT_FAILURE
-            };
-        Err(Failure(
-            status_code,
-            format!("{msg} ({} {code})", status.as_u16()),
-        ))
+        Err(failure(status, &v))
     }
+}
+
+/// A failed reply as the message and exit code every client command uses: its detail
+/// (and field), status and code; 4xx other than 401/403 is bad input.
+fn failure(status: reqwest::StatusCode, v: &Value) -> Failure {
+    let mut msg = v["detail"]
+        .as_str()
+        .map(str::to_string)
+        .unwrap_or_else(|| v.to_string());
+    if let Some(f) = v["field"].as_str() {
+        msg = format!("field {f}: {msg}");
+    }
+    let code = v["code"].as_str().unwrap_or("");
+    let status_code =
+        if status.is_client_error() && status.as_u16() != 401 && status.as_u16() != 403 {
+            EXIT_BAD_INPUT
+        } else {
+            EXIT_FAILURE
+        };
+    Failure(status_code, format!("{msg} ({} {code})", status.as_u16()))
 }
 
 pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
@@ -918,32 +951,7 @@ pub fn watch(a: WatchArgs) -> i32 {
             if let Some(after) = a.after {
                 path.push_str(&format!("&after={after}"));
             }
-            let mut resp = client
-                .http
-                .get(format!("{}{path}", client.url))
-                .bearer_auth(&client.key)
-                .send()
-                .await
-                .map_err(|e| {
-                    Failure(
-                        EXIT_FAILURE,
-                        format!(
-                            "cannot reach {} ({e}): is `tessera up` running there?",
-                            client.url
-                        ),
-                    )
-                })?;
-            if !resp.status().is_success() {
-                let st = resp.status();
-                let v: Value = resp.json().await.unwrap_or(Value::Null);
-                let msg = v["detail"].as_str().unwrap_or("").to_string();
-                let code = if st.is_client_error() && st.as_u16() != 401 {
-                    EXIT_BAD_INPUT
-                } else {
-                    EXIT_FAILURE
-                };
-                return Err(Failure(code, format!("{msg} ({})", st.as_u16())));
-            }
+            let mut resp = client.open(reqwest::Method::GET, &path, None).await?;
             let mut buf = String::new();
             while let Some(chunk) = resp
                 .chunk()

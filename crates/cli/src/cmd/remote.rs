@@ -61,6 +61,74 @@ pub enum RemoteCommand {
     },
     /// Kill sandboxes and everything in them.
     Kill { ids: Vec<String> },
+    /// Copy a file between this machine and a sandbox (`ID:/path` on one side); with
+    /// -r a folder's contents, as a tar archive (one from the sandbox is unpacked as
+    /// untrusted: no link out of the folder, no device nodes).
+    Cp {
+        src: String,
+        dst: String,
+        #[arg(short = 'r', long)]
+        recursive: bool,
+    },
+}
+
+/// `ID:/path` -> (id, path).
+fn in_sandbox(s: &str) -> Option<(&str, &str)> {
+    let (id, p) = s.split_once(':')?;
+    (!id.is_empty() && !id.contains('/') && p.starts_with('/')).then_some((id, p))
+}
+
+/// `tessera sandbox remote cp`.
+async fn cp(client: &Client, src: &str, dst: &str, recursive: bool) -> Result<i32, Failure> {
+    use std::path::Path;
+    let limits = tessera_sandbox::TarLimits::default();
+    let local = |e: String| Failure(EXIT_BAD_INPUT, e);
+    let at = |id: &str, what: &str, p: &str| format!("{}?path={}", path(id, what), escape(p));
+    match (in_sandbox(src), in_sandbox(dst)) {
+        (Some((id, p)), None) => {
+            let what = if recursive { "files/tar" } else { "files" };
+            let body = client
+                .open(Method::GET, &at(id, what, p), None)
+                .await?
+                .bytes()
+                .await
+                .map_err(|e| Failure(EXIT_FAILURE, format!("reading {src}: {e}")))?;
+            if recursive {
+                // Made inside the sandbox: as hostile as its contents.
+                tessera_sandbox::tarball::unpack(&body, Path::new(dst), &limits)
+                    .map_err(|e| Failure(EXIT_FAILURE, format!("{dst}: {e}")))?;
+            } else {
+                std::fs::write(dst, &body).map_err(|e| local(format!("{dst}: {e}")))?;
+            }
+            Ok(0)
+        }
+        (None, Some((id, p))) => {
+            let is_dir = Path::new(src).is_dir();
+            if is_dir != recursive {
+                return Err(local(if is_dir {
+                    format!("{src} is a folder: add -r to copy its contents")
+                } else {
+                    format!("{src}: -r copies a folder, and this is not one")
+                }));
+            }
+            let (what, ct, data) = if is_dir {
+                let mut archive = Vec::new();
+                tessera_sandbox::tarball::pack(Path::new(src), &mut archive, &limits)
+                    .map_err(|e| local(format!("{src}: {e}")))?;
+                ("files/tar", "application/x-tar", archive)
+            } else {
+                let d = std::fs::read(src).map_err(|e| local(format!("{src}: {e}")))?;
+                ("files", "application/octet-stream", d)
+            };
+            client
+                .open(Method::PUT, &at(id, what, p), Some((ct, data)))
+                .await?;
+            Ok(0)
+        }
+        _ => Err(local(format!(
+            "one of {src:?} and {dst:?} must be ID:/path in a sandbox, the other a path here"
+        ))),
+    }
 }
 
 #[derive(Debug, Args)]
@@ -205,6 +273,11 @@ async fn run(client: Client, c: RemoteCommand) -> Result<i32, Failure> {
                 .await?;
             show(&v, out.format, sandbox_table)
         }
+        RemoteCommand::Cp {
+            src,
+            dst,
+            recursive,
+        } => cp(&client, &src, &dst, recursive).await,
         RemoteCommand::Kill { ids } => {
             for id in &ids {
                 client.call(Method::DELETE, &path(id, ""), None).await?;

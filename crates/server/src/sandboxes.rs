@@ -690,6 +690,10 @@ async fn resume_entry(inner: &Arc<Inner>, e: &Arc<Entry>) -> Result<(), ApiError
         .place(demand(&e.sandbox.spec()))
         .map_err(|why| ApiError::new(Code::QuotaExceeded, format!("resuming: {why}")))?;
     *e.placed.lock().unwrap_or_else(|p| p.into_inner()) = Some((inner.placer.clone(), placement));
+    // Its clock starts before it runs: the reaper must never see it running with the
+    // end it had before the pause (a sandbox listed again after a restart has none).
+    let t = e.end_at.lock().unwrap_or_else(|p| p.into_inner()).2;
+    e.restart_clock(t);
     let sb = e.sandbox.clone();
     let r = blocking(move || sb.resume()).await;
     if !matches!(r, Ok(Ok(()))) {
@@ -698,7 +702,6 @@ async fn resume_entry(inner: &Arc<Inner>, e: &Arc<Entry>) -> Result<(), ApiError
     r?.map_err(|err| lifecycle_error(&e.id, "resume", err))?;
     // Running again: it ends with this server (a stale snapshot must not come back).
     kept::forget(&inner.snapshots, &e.id);
-    let t = e.end_at.lock().unwrap_or_else(|p| p.into_inner()).2;
     e.restart_clock(t);
     Ok(())
 }

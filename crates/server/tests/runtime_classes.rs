@@ -173,7 +173,7 @@ async fn isolated_work_runs_in_a_micro_vm() {
     };
     let s = Server::start_with(|c| {
         c.scheduler = Some(tessera_server::scheduler::batch_scheduler());
-        c.node.vm_kernel = Some(ktpl);
+        c.node.vm_kernel = Some(ktpl.clone());
         c.sandboxes = tessera_server::sandboxes::SandboxesConfig {
             enabled: true,
             warm: 0,
@@ -329,6 +329,71 @@ async fn isolated_work_runs_in_a_micro_vm() {
         )
         .await;
     assert_eq!(out["stdout"].as_str().unwrap().trim(), host, "{out}");
+
+    // A paused micro-VM outlives the server: a new server process on the same data
+    // folder lists it paused and resumes it with its memory (the file in the guest's
+    // tmpfs), from the snapshot the old one wrote.
+    let (st, v) = a
+        .post(
+            "/v1/sandboxes",
+            json!({"runtime_class": "isolated", "timeout": 120}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    let id = v["sandbox_id"].as_str().unwrap().to_string();
+    let (st, out) = a
+        .post(
+            &format!("/v1/sandboxes/{id}/commands"),
+            json!({"cmd": "echo across-restarts > /tmp/m"}),
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{out}");
+    let (st, v) = a.post_empty(&format!("/v1/sandboxes/{id}/pause")).await;
+    assert_eq!(
+        (st, v["state"].as_str()),
+        (StatusCode::OK, Some("paused")),
+        "{v}"
+    );
+    let tenant_key = a.key().to_string();
+    let dir = s.stop().await;
+    assert_eq!(qemu_processes(), 0, "a paused VM holds no QEMU");
+    let store = tessera_server::SqliteStore::open(dir.path().join("data")).unwrap();
+    let mut c = common::test_config(dir.path());
+    c.scheduler = Some(tessera_server::scheduler::batch_scheduler());
+    c.node.vm_kernel = Some(ktpl);
+    c.sandboxes = tessera_server::sandboxes::SandboxesConfig {
+        enabled: true,
+        warm: 0,
+        ..Default::default()
+    };
+    let running = tessera_server::start(store.into(), c).await.unwrap();
+    let a = common::Client::new(&format!("http://{}", running.addr), Some(&tenant_key));
+    let (st, v) = a.get(&format!("/v1/sandboxes/{id}")).await;
+    assert_eq!(
+        (st, v["state"].as_str(), v["tier"].as_str()),
+        (StatusCode::OK, Some("paused"), Some("microvm")),
+        "{v}"
+    );
+    let (st, v) = a.post_empty(&format!("/v1/sandboxes/{id}/resume")).await;
+    assert_eq!(
+        (st, v["state"].as_str()),
+        (StatusCode::OK, Some("running")),
+        "{v}"
+    );
+    let (st, out) = a
+        .post(
+            &format!("/v1/sandboxes/{id}/commands"),
+            json!({"cmd": "cat /tmp/m"}),
+        )
+        .await;
+    assert_eq!(
+        (st, out["stdout"].as_str()),
+        (StatusCode::OK, Some("across-restarts\n")),
+        "{out}"
+    );
+    let (st, _) = a.delete(&format!("/v1/sandboxes/{id}")).await;
+    assert!(st.is_success());
+    running.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -205,7 +205,11 @@ pub(super) fn load(
             sandbox: Arc::new(sandbox),
             started,
             // A paused sandbox has no end; the length counts again from its resume.
-            end_at: Mutex::new((Instant::now(), SystemTime::now(), t)),
+            end_at: Mutex::new((
+                Instant::now() + Duration::from_secs(super::MAX_TIMEOUT_S),
+                SystemTime::now(),
+                t,
+            )),
             auto_pause: record.auto_pause,
             metadata: record.metadata,
             placed: Mutex::new(None),

@@ -5,6 +5,8 @@
 //! back), and the host memory a sandbox costs while idle. For the micro-VM tier, a bare
 //! QEMU boot of the same kernel (no initramfs: the kernel starts, finds no root and
 //! powers off) is measured in the same run, and the ratio of a sandbox's boot to it.
+//! Egress: 32 MiB from a host service through one tunnel of the sandbox's proxy (the
+//! micro-VM's relayed over its control channel), read by the same Python reader.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -42,6 +44,8 @@ pub struct TierFigures {
     /// Resident memory of its host process (init / QEMU), KiB.
     pub idle_host_rss_kib: Option<f64>,
     pub snapshot_bytes: u64,
+    /// MB/s through the egress proxy (`None` without `python3` in the template).
+    pub egress_mb_per_s: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -139,6 +143,8 @@ fn measure(
         sb.destroy().map_err(err)?;
         let _ = std::fs::remove_dir_all(&dir);
     }
+    eprintln!("  {} egress", info.kind);
+    let egress_mb_per_s = egress(&tier)?;
     let avg = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
     Ok(TierFigures {
         tier: info.kind,
@@ -156,7 +162,72 @@ fn measure(
         idle_memory_kib: avg(&mem),
         idle_host_rss_kib: avg(&rss),
         snapshot_bytes,
+        egress_mb_per_s,
     })
+}
+
+/// Bytes sent through the egress tunnel.
+const EGRESS_BYTES: usize = 32 << 20;
+
+/// MB/s of one tunnel through `tier`'s egress proxy from a host service on loopback;
+/// `None` when the template has no `python3` to read it.
+fn egress(tier: &Arc<dyn Tier>) -> Result<Option<f64>, String> {
+    use std::io::Write;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(err)?;
+    let port = listener.local_addr().map_err(err)?.port();
+    std::thread::spawn(move || {
+        if let Ok((c, _)) = listener.accept() {
+            let chunk = vec![b'x'; 1 << 20];
+            for _ in 0..EGRESS_BYTES >> 20 {
+                if (&c).write_all(&chunk).is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    let spec = SandboxSpec {
+        network: tessera_sandbox::Network::Proxy(tessera_sandbox::EgressPolicy {
+            allow_domains: vec!["localhost".into()],
+            allow_private: true,
+        }),
+        ..SandboxSpec::default()
+    };
+    let sb = AnySandbox::spawn(tier.clone(), &spec).map_err(err)?;
+    let script = format!(
+        "import socket, time\n\
+         s = socket.create_connection(('127.0.0.1', 3128))\n\
+         s.sendall(b'CONNECT localhost:{port} HTTP/1.1\\r\\n\\r\\n')\n\
+         h = b''\n\
+         while b'\\r\\n\\r\\n' not in h: h += s.recv(1)\n\
+         t = time.time(); n = 0\n\
+         while n < {EGRESS_BYTES}:\n\
+         \x20   d = s.recv(1 << 16)\n\
+         \x20   if not d: break\n\
+         \x20   n += len(d)\n\
+         print(n, time.time() - t)\n"
+    );
+    let out = sb
+        .exec(&ExecRequest::argv(["python3", "-c", &script]).timeout(Duration::from_secs(600)))
+        .map_err(err)?;
+    let _ = sb.destroy();
+    if out.status.code() == 127 {
+        return Ok(None);
+    }
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut it = text.split_whitespace();
+    match (
+        it.next().and_then(|n| n.parse::<f64>().ok()),
+        it.next().and_then(|s| s.parse::<f64>().ok()),
+    ) {
+        (Some(n), Some(secs)) if n as usize == EGRESS_BYTES && secs > 0.0 => {
+            Ok(Some(n / secs / 1e6))
+        }
+        _ => Err(format!(
+            "the egress reader in a {} sandbox said {text:?} {:?}",
+            tier.kind(),
+            String::from_utf8_lossy(&out.stderr)
+        )),
+    }
 }
 
 /// QEMU booting the kernel alone, with the machine, CPU and timing options the tier's
@@ -293,6 +364,11 @@ pub fn print_table(r: &TierReport) {
         "snapshot_kib",
         a.snapshot_bytes as f64 / 1024.0,
         b.snapshot_bytes as f64 / 1024.0,
+    );
+    row(
+        "egress_mb_per_s",
+        opt(a.egress_mb_per_s),
+        opt(b.egress_mb_per_s),
     );
     println!(
         "bare QEMU boot of the same kernel (p50): {:.1} ms; micro-VM boot / bare boot: {:.2}x",

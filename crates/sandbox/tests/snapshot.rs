@@ -176,6 +176,65 @@ fn after_restart(tier: Arc<dyn Tier>, test: &str, name: &str) {
     sb.destroy().unwrap();
 }
 
+/// Egress works again after a resume (open tunnels end at the pause; a new one goes
+/// through): for the micro-VM, the relay's host end is made anew with the VM.
+fn egress_after_resume(tier: Arc<dyn Tier>, name: &str) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for c in listener.incoming().flatten() {
+            use std::io::Write;
+            let _ = (&c).write_all(b"pong\n");
+        }
+    });
+    let spec = SandboxSpec {
+        network: tessera_sandbox::Network::Proxy(tessera_sandbox::EgressPolicy {
+            allow_domains: vec!["localhost".into()],
+            allow_private: true,
+        }),
+        ..SandboxSpec::default()
+    };
+    let sb = AnySandbox::spawn(tier, &spec).expect("spawn");
+    let script = format!(
+        "import socket\n\
+         s = socket.create_connection(('127.0.0.1', 3128), timeout=20)\n\
+         s.sendall(b'CONNECT localhost:{port} HTTP/1.1\\r\\n\\r\\n')\n\
+         got = b''\n\
+         while b'pong' not in got:\n\
+         \x20   d = s.recv(200)\n\
+         \x20   if not d: break\n\
+         \x20   got += d\n\
+         print(got.decode().split()[1], got.endswith(b'pong\\n'))\n"
+    );
+    let tunnel = || {
+        let out = sb
+            .exec(&ExecRequest::argv(["python3", "-c", &script]).timeout(T))
+            .expect("exec");
+        (text(&out.stdout), text(&out.stderr))
+    };
+    assert_eq!(tunnel().0, "200 True\n");
+    let dir = snap_dir(name);
+    sb.pause_to_disk(&dir, &quick()).expect("pause");
+    sb.resume().expect("resume");
+    let (out, err) = tunnel();
+    assert_eq!(out, "200 True\n", "{err}");
+    sb.destroy().unwrap();
+}
+
+#[test]
+fn namespace_egress_works_after_a_resume() {
+    if let Some(t) = namespace_tier("namespace_egress_works_after_a_resume") {
+        egress_after_resume(t, "ns-egress");
+    }
+}
+
+#[test]
+fn microvm_egress_works_after_a_resume() {
+    if let Some(t) = microvm_tier("microvm_egress_works_after_a_resume") {
+        egress_after_resume(t, "vm-egress");
+    }
+}
+
 #[test]
 fn namespace_repeated_pause_resume_keeps_files() {
     if let Some(t) = namespace_tier("namespace_repeated_pause_resume_keeps_files") {

@@ -30,6 +30,24 @@ fn sandbox_server() -> Option<(tempfile::TempDir, Up, String)> {
     Some((dir, up, key))
 }
 
+/// `tessera sandbox remote ARGS` against `url` with `key` (no config file from `dir`'s
+/// user): exit code, stdout, stderr.
+fn remote(dir: &std::path::Path, url: &str, key: &str, args: &[&str]) -> (i32, String, String) {
+    let o = Command::new(common::BIN)
+        .args(["sandbox", "remote"])
+        .args(args)
+        .env("TESSERA_URL", url)
+        .env("TESSERA_API_KEY", key)
+        .env("TESSERA_CONFIG", dir.join("none.yaml"))
+        .output()
+        .unwrap();
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
 #[test]
 fn the_e2b_flow_through_the_python_client() {
     let ci = std::env::var_os("CI").is_some();
@@ -76,21 +94,7 @@ fn the_cli_drives_server_sandboxes() {
     let Some((dir, up, key)) = sandbox_server() else {
         return;
     };
-    let cli = |args: &[&str]| {
-        let o = Command::new(common::BIN)
-            .args(["sandbox", "remote"])
-            .args(args)
-            .env("TESSERA_URL", &up.url)
-            .env("TESSERA_API_KEY", &key)
-            .env("TESSERA_CONFIG", dir.path().join("none.yaml"))
-            .output()
-            .unwrap();
-        (
-            o.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&o.stdout).into_owned(),
-            String::from_utf8_lossy(&o.stderr).into_owned(),
-        )
-    };
+    let cli = |args: &[&str]| remote(dir.path(), &up.url, &key, args);
     let (code, id, err) = cli(&["create", "--timeout", "120"]);
     assert_eq!(code, 0, "{err}");
     let id = id.trim().to_string();
@@ -184,21 +188,7 @@ fn a_paused_sandbox_outlives_a_killed_server() {
     let Some((dir, up, key)) = sandbox_server() else {
         return;
     };
-    let cli = |url: &str, args: &[&str]| {
-        let o = Command::new(common::BIN)
-            .args(["sandbox", "remote"])
-            .args(args)
-            .env("TESSERA_URL", url)
-            .env("TESSERA_API_KEY", &key)
-            .env("TESSERA_CONFIG", dir.path().join("none.yaml"))
-            .output()
-            .unwrap();
-        (
-            o.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&o.stdout).into_owned(),
-            String::from_utf8_lossy(&o.stderr).into_owned(),
-        )
-    };
+    let cli = |url: &str, args: &[&str]| remote(dir.path(), url, &key, args);
     let made = |url: &str| {
         let (code, id, err) = cli(url, &["create", "--timeout", "120"]);
         assert_eq!(code, 0, "{err}");

@@ -171,7 +171,9 @@ async fn isolated_work_runs_in_a_micro_vm() {
     let Some(ktpl) = kernel_template("isolated_work_runs_in_a_micro_vm") else {
         return;
     };
-    let s = Server::start_with(|c| {
+    // The scheduler, the micro-VM tier and API sandboxes (cold): this server, and the
+    // one started again on its folder below.
+    let vm_server = |c: &mut tessera_server::ServerConfig| {
         c.scheduler = Some(tessera_server::scheduler::batch_scheduler());
         c.node.vm_kernel = Some(ktpl.clone());
         c.sandboxes = tessera_server::sandboxes::SandboxesConfig {
@@ -179,8 +181,8 @@ async fn isolated_work_runs_in_a_micro_vm() {
             warm: 0,
             ..Default::default()
         };
-    })
-    .await;
+    };
+    let s = Server::start_with(vm_server).await;
     let (_, v) = s.admin.get("/v1/nodes").await;
     assert_eq!(
         v["items"][0]["labels"]["runtime-class.tessera.io/isolated"], "true",
@@ -359,13 +361,7 @@ async fn isolated_work_runs_in_a_micro_vm() {
     assert_eq!(qemu_processes(), 0, "a paused VM holds no QEMU");
     let store = tessera_server::SqliteStore::open(dir.path().join("data")).unwrap();
     let mut c = common::test_config(dir.path());
-    c.scheduler = Some(tessera_server::scheduler::batch_scheduler());
-    c.node.vm_kernel = Some(ktpl);
-    c.sandboxes = tessera_server::sandboxes::SandboxesConfig {
-        enabled: true,
-        warm: 0,
-        ..Default::default()
-    };
+    vm_server(&mut c);
     let running = tessera_server::start(store.into(), c).await.unwrap();
     let a = common::Client::new(&format!("http://{}", running.addr), Some(&tenant_key));
     let (st, v) = a.get(&format!("/v1/sandboxes/{id}")).await;

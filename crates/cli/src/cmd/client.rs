@@ -201,14 +201,22 @@ impl Client {
         path: &str,
         body: Option<(&str, Vec<u8>)>,
     ) -> Result<(Value, reqwest::header::HeaderMap), Failure> {
-        let mut req = self
-            .http
-            .request(method, format!("{}{path}", self.url))
-            .bearer_auth(&self.key);
-        if let Some((ct, b)) = body {
-            req = req.header("content-type", ct).body(b);
+        self.reply(self.request(method, path, body)).await
+    }
+
+    /// A request to `path` with the key and `body` (content type, bytes).
+    fn request(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<(&str, Vec<u8>)>,
+    ) -> reqwest::RequestBuilder {
+        let url = format!("{}{path}", self.url);
+        let req = self.http.request(method, url).bearer_auth(&self.key);
+        match body {
+            Some((ct, b)) => req.header("content-type", ct).body(b),
+            None => req,
         }
-        self.reply(req).await
     }
 
     /// Sends a request whose body streams (`tessera weights put`); the reply as
@@ -219,13 +227,9 @@ impl Client {
         path: &str,
         body: reqwest::Body,
     ) -> Result<Value, Failure> {
-        let req = self
-            .http
-            .request(method, format!("{}{path}", self.url))
-            .bearer_auth(&self.key)
-            .header("content-type", "application/octet-stream")
-            .body(body);
-        self.reply(req).await.map(|(v, _)| v)
+        let req = self.request(method, path, None);
+        let req = req.header("content-type", "application/octet-stream");
+        self.reply(req.body(body)).await.map(|(v, _)| v)
     }
 
     /// Sends a request and hands back a successful reply for the caller to read (a
@@ -236,14 +240,11 @@ impl Client {
         path: &str,
         body: Option<(&str, Vec<u8>)>,
     ) -> Result<reqwest::Response, Failure> {
-        let mut req = self
-            .http
-            .request(method, format!("{}{path}", self.url))
-            .bearer_auth(&self.key);
-        if let Some((ct, b)) = body {
-            req = req.header("content-type", ct).body(b);
-        }
-        let resp = req.send().await.map_err(|e| self.unreachable(e))?;
+        let resp = self
+            .request(method, path, body)
+            .send()
+            .await
+            .map_err(|e| self.unreachable(e))?;
         if resp.status().is_success() {
             return Ok(resp);
         }

@@ -295,6 +295,21 @@ pub async fn list<S: Store>(
     states: &[State],
     runtime: Option<&str>,
 ) -> Result<Vec<Session>, AgentError> {
+    Ok(list_versioned(store, tenant, states, runtime)
+        .await?
+        .into_iter()
+        .map(|(s, _)| s)
+        .collect())
+}
+
+/// As [`list`], each session with its record's version (what a watcher of
+/// [`KIND_SESSION`] compares events with).
+pub async fn list_versioned<S: Store>(
+    store: &S,
+    tenant: &str,
+    states: &[State],
+    runtime: Option<&str>,
+) -> Result<Vec<(Session, u64)>, AgentError> {
     let states: Vec<State> = if states.is_empty() {
         State::ALL.to_vec()
     } else {
@@ -310,12 +325,12 @@ pub async fn list<S: Store>(
                 }
             }
             let id = o.name.rsplit('/').next().unwrap_or_default();
-            if let Some(s) = get(store, tenant, id).await? {
-                out.push(s);
+            if let Some(o) = store.get(&Key::new(KIND_SESSION, tenant, id)).await? {
+                out.push((parse(&o)?, o.version));
             }
         }
     }
-    out.sort_by(|a, b| a.id.cmp(&b.id));
+    out.sort_by(|a, b| a.0.id.cmp(&b.0.id));
     Ok(out)
 }
 

@@ -332,6 +332,18 @@ async fn world() -> World {
     }
 }
 
+/// How often the page read the list at `path` (not its watch, nor other routes).
+async fn list_reads(b: &Browser, path: &str) -> u64 {
+    b.js(
+        "return performance.getEntriesByType('resource').filter(e => new URL(e.name).pathname === arguments[0]).length",
+        vec![json!(path)],
+    )
+    .await
+    .unwrap()
+    .as_u64()
+    .unwrap()
+}
+
 fn common_now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -766,6 +778,28 @@ async fn the_console_shows_the_cluster_queues_jobs_sessions_and_pools() {
             .await
             .unwrap();
         assert!(s.as_str().unwrap().contains("echo"), "{s}");
+        // Followed, not read again: a new session's row comes in on top by itself,
+        // the row of s1 is the same element where it was (rows do not jump), and
+        // the list was read once.
+        b.js(
+            "document.querySelector('#sessions tr[data-key=\"s1\"]').__kept = true; return true",
+            vec![],
+        )
+        .await
+        .unwrap();
+        w.api
+            .post(
+                &w.alpha,
+                "/v1/runtimes/echo/invocations?session_id=s2",
+                json!({"hello": 2}),
+            )
+            .await;
+        let rows = b
+            .wait_for("the new session's row", "const r = [...document.querySelectorAll('#sessions tbody tr')]; return r.some(x => x.dataset.key === 's2') && r.map(x => [x.dataset.key, !!x.__kept])", WAIT)
+            .await
+            .unwrap();
+        assert_eq!(rows, json!([["s2", false], ["s1", true]]));
+        assert_eq!(list_reads(&b, "/v1/sessions").await, 1);
         shot(&b, "sessions").await;
         axe(&b, "sessions").await;
         b.goto(&format!("{}/ui/sessions/s1", w.up.url))
@@ -817,6 +851,52 @@ async fn the_console_shows_the_cluster_queues_jobs_sessions_and_pools() {
         )
         .await
         .unwrap();
+        // A sandbox made, paused and killed elsewhere: its row comes, changes and
+        // goes by itself; the first row stays the same element, first.
+        b.js(
+            "document.querySelector('#sandboxes tbody tr').__kept = true; return true",
+            vec![],
+        )
+        .await
+        .unwrap();
+        let made = w.api.post(&w.alpha, "/v1/sandboxes", json!({})).await;
+        let id = made["sandbox_id"].as_str().unwrap().to_string();
+        let rows_js = format!(
+            "const r = [...document.querySelectorAll('#sandboxes tbody tr')]; const n = r.find(x => x.dataset.key === '{id}'); return n && n.innerText.includes('STATE') && r.map(x => [x.dataset.key === '{id}', !!x.__kept])"
+        );
+        let rows = b
+            .wait_for(
+                "the new sandbox's row",
+                &rows_js.replace("STATE", "running"),
+                WAIT,
+            )
+            .await
+            .unwrap();
+        assert_eq!(rows, json!([[false, true], [true, false]]));
+        w.api
+            .post(&w.alpha, &format!("/v1/sandboxes/{id}/pause"), json!(null))
+            .await;
+        b.wait_for(
+            "the paused sandbox's row",
+            &rows_js.replace("STATE", "paused"),
+            WAIT,
+        )
+        .await
+        .unwrap();
+        w.api
+            .call(
+                &w.alpha,
+                reqwest::Method::DELETE,
+                &format!("/v1/sandboxes/{id}"),
+                None,
+            )
+            .await;
+        let left = b
+            .wait_for("the killed sandbox's row gone", &format!("const r = [...document.querySelectorAll('#sandboxes tbody tr')]; return !r.some(x => x.dataset.key === '{id}') && r.map(x => !!x.__kept)"), WAIT)
+            .await
+            .unwrap();
+        assert_eq!(left, json!([true]));
+        assert_eq!(list_reads(&b, "/v1/sandboxes").await, 1);
         shot(&b, "sandboxes").await;
         axe(&b, "sandboxes").await;
     }

@@ -163,6 +163,16 @@ fn session_view(s: &sessions::Session) -> Result<Value, ApiError> {
     Ok(v)
 }
 
+/// A session record from the store's change log, as the session list shows it, with
+/// its `resource_version` (`/v1/watch?kind=session`); `None` for a record that does
+/// not read as a session.
+pub(crate) fn watched_session(o: &tessera_store::Object) -> Option<Value> {
+    let s: sessions::Session = serde_json::from_value(o.body.clone()).ok()?;
+    let mut v = session_view(&s).ok()?;
+    v["resource_version"] = o.version.into();
+    Some(v)
+}
+
 /// Writes into a session (memory, history, checkpoints, spans) need the session to
 /// exist: a write for a session nobody started is a 404, not a stray record.
 async fn session_exists(a: &App, tenant: &str, id: &str) -> Result<(), ApiError> {
@@ -375,8 +385,15 @@ async fn list_sessions(State(a): State<App>, c: Caller, Q(q): Q<SessionQuery>) -
             })?);
         }
     }
-    let l = sessions::list(a.plane.store(), &c.tenant, &states, q.runtime.as_deref()).await?;
-    items(l.iter().map(session_view).collect::<Result<_, _>>()?)
+    let l =
+        sessions::list_versioned(a.plane.store(), &c.tenant, &states, q.runtime.as_deref()).await?;
+    let mut out = Vec::with_capacity(l.len());
+    for (s, version) in &l {
+        let mut v = session_view(s)?;
+        v["resource_version"] = (*version).into();
+        out.push(v);
+    }
+    items(out)
 }
 async fn get_session(
     State(a): State<App>,

@@ -13,7 +13,7 @@ use axum::http::{StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use futures_util::{Stream, StreamExt, stream};
+use futures_util::{StreamExt, stream};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -327,11 +327,14 @@ struct WatchQuery {
 
 /// Server-sent events: one event per change, `event:` created|updated|deleted,
 /// `id:` the revision (resume with `?after=`), `data:` the object as GET renders it.
-async fn watch(
-    State(a): State<App>,
-    c: Caller,
-    Q(q): Q<WatchQuery>,
-) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+///
+/// Sandboxes live in the server's memory, not the store: `kind=sandbox` follows their
+/// own feed ([`crate::sandboxes::watch`]), numbered apart from the store's revisions.
+async fn watch(State(a): State<App>, c: Caller, Q(q): Q<WatchQuery>) -> Result<Response, ApiError> {
+    if q.kind == crate::sandboxes::WATCH_KIND {
+        let s = crate::sandboxes::watch(&a, &c, q.after)?;
+        return Ok(Sse::new(s).keep_alive(KeepAlive::default()).into_response());
+    }
     let w = a.plane.watch(&c, q.after, &q.kind).await?;
     // A watch that falls behind the change log's compaction (or whose store
     // fails) ends with one `event: error` carrying the problem document.
@@ -355,7 +358,7 @@ async fn watch(
                     Ok(Event::default()
                         .event(op)
                         .id(ch.version().to_string())
-                        .data(render(&ch.object).to_string()))
+                        .data(render_watched(&ch.object).to_string()))
                 })
                 .collect(),
             Err(e) => vec![Ok(Event::default()
@@ -364,7 +367,17 @@ async fn watch(
         };
         stream::iter(events)
     });
-    Ok(Sse::new(s).keep_alive(KeepAlive::default()))
+    Ok(Sse::new(s).keep_alive(KeepAlive::default()).into_response())
+}
+
+/// A watched object as its kind's GET renders it.
+fn render_watched(o: &tessera_store::Object) -> Value {
+    if o.kind == tessera_agent::sessions::KIND_SESSION {
+        if let Some(v) = crate::agents::watched_session(o) {
+            return v;
+        }
+    }
+    render(o)
 }
 
 async fn openapi() -> Json<Value> {
@@ -471,7 +484,7 @@ routes! {
     get "/v1/events" list_events "List events" None, 200;
     get "/v1/audit" list_audit "The audit log: who changed what (admins)" None, 200;
     get "/v1/templates" list_templates "Templates an operator registered (name, digest): what sandboxes, runtimes and jobs may name" None, 200;
-    get "/v1/watch" watch "Watch changes as server-sent events (?kind=job|queue|event&after=REVISION); 410 (code compacted) when REVISION left the change log: list again" None, 200;
+    get "/v1/watch" watch "Watch changes as server-sent events (?kind=job|queue|event|session|sandbox&after=REVISION); 410 (code compacted) when REVISION left the change log: list again" None, 200;
 }
 
 /// The API router.

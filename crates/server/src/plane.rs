@@ -50,7 +50,12 @@ pub struct QueueCaps {
 }
 
 /// Kinds a tenant may watch.
-pub const WATCHABLE: &[&str] = &[kind::JOB, kind::QUEUE, kind::EVENT];
+pub const WATCHABLE: &[&str] = &[
+    kind::JOB,
+    kind::QUEUE,
+    kind::EVENT,
+    tessera_agent::sessions::KIND_SESSION,
+];
 
 /// Who is calling, after authentication.
 #[derive(Debug, Clone, PartialEq)]
@@ -1380,7 +1385,7 @@ impl ControlPlane {
             return Err(ApiError::invalid(
                 "kind",
                 format!(
-                    "{kind:?} cannot be watched: use one of {}",
+                    "{kind:?} cannot be watched: use one of {}, sandbox",
                     WATCHABLE.join(", ")
                 ),
             ));

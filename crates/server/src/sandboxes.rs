@@ -52,9 +52,13 @@ use crate::problem::{ApiError, Code};
 
 mod bodies;
 mod cap;
+mod feed;
 mod kept;
 use bodies::{CommandResult, exec_error, file_error};
 pub use bodies::{NewSandbox, PathQuery, SandboxCommand, SandboxTimeout, schemas};
+
+/// The kind `/v1/watch` follows this module's feed for.
+pub const WATCH_KIND: &str = "sandbox";
 
 /// Lifetime of a sandbox when the create call names none (E2B's default too).
 pub const DEFAULT_TIMEOUT_S: u64 = 300;
@@ -113,6 +117,8 @@ struct Entry {
     placed: Mutex<Option<(Arc<crate::placement::Placer>, crate::placement::Placement)>>,
     /// Pause and resume of this sandbox, one at a time (with its placement).
     lifecycle: tokio::sync::Mutex<()>,
+    /// The number of its last change on the feed (its `resource_version`).
+    version: std::sync::atomic::AtomicU64,
 }
 
 impl Entry {
@@ -143,7 +149,9 @@ struct Inner {
     /// The server's template registry (`None`: only `host`).
     templates: Option<tessera_sandbox::TemplateRegistry>,
     max_per_tenant: usize,
-    all: Mutex<HashMap<String, Arc<Entry>>>,
+    /// The listed sandboxes; every change to them is on `feed`.
+    all: Mutex<feed::Listed>,
+    feed: Arc<feed::Feed>,
     /// Creates in flight per tenant, counted against the cap ([`cap`]).
     creating: cap::Creating,
     /// The agent scheduler's nodes for sandboxes.
@@ -154,6 +162,8 @@ struct Inner {
     namespace: Arc<dyn Tier>,
     /// Where paused sandboxes' snapshots go (root's alone, emptied at start).
     snapshots: std::path::PathBuf,
+    /// Turns true when the server stops (ends the watchers' streams).
+    stop: watch::Receiver<bool>,
 }
 
 /// What the handlers of this module share.
@@ -232,6 +242,7 @@ impl SandboxesState {
             )
         });
         let namespace: Arc<dyn Tier> = Arc::new(tessera_sandbox::NamespaceTier::new(rt.clone()));
+        let feed = Arc::new(feed::Feed::default());
         let inner = Arc::new(Inner {
             rt,
             pool,
@@ -242,12 +253,14 @@ impl SandboxesState {
             } else {
                 cfg.max_per_tenant
             },
-            all: Mutex::new(HashMap::new()),
+            all: Mutex::new(feed::Listed::new(feed.clone())),
+            feed,
             creating: Mutex::new(HashMap::new()),
             placer: Arc::new(crate::placement::Placer::new(nodes)),
             microvm,
             namespace,
             snapshots,
+            stop: stop.clone(),
         });
         kept::relist(&inner);
         let task = tokio::spawn(reap_expired(inner.clone(), stop.clone()));
@@ -256,8 +269,13 @@ impl SandboxesState {
 }
 
 impl Inner {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Entry>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, feed::Listed> {
         self.all.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Publishes that `e` changed (paused, resumed, a new timeout).
+    fn changed(&self, e: &Entry) {
+        feed::changed(&self.feed, e, feed::Op::Updated);
     }
 
     /// The caller's sandbox `id`; another tenant's is "not found", like a missing one.
@@ -324,7 +342,7 @@ async fn reap_expired(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
     let rest: Vec<Arc<Entry>> = inner
         .lock()
         .drain()
-        .map(|(_, e)| e)
+        .into_iter()
         .filter(|e| !e.sandbox.is_paused())
         .collect();
     let _ = tokio::task::spawn_blocking(move || {
@@ -333,6 +351,30 @@ async fn reap_expired(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
         }
     })
     .await;
+}
+
+/// `GET /v1/watch?kind=sandbox`: the caller's sandboxes' changes after `after` (from
+/// now without), as server-sent events; 410 when `after` is not one this feed has.
+pub(crate) fn watch(
+    a: &App,
+    c: &Caller,
+    after: Option<u64>,
+) -> Result<impl futures_util::Stream<Item = Result<Event, Infallible>> + Send + use<>, ApiError> {
+    c.require(Role::Viewer)?;
+    let inner = enabled(a)?;
+    let after = match after {
+        Some(n) => {
+            inner.feed.since(n, &c.tenant).map_err(feed::gone)?;
+            n
+        }
+        None => inner.feed.last(),
+    };
+    Ok(feed::events(
+        inner.feed.clone(),
+        c.tenant.clone(),
+        after,
+        inner.stop.clone(),
+    ))
 }
 
 fn enabled(a: &App) -> Result<Arc<Inner>, ApiError> {
@@ -388,6 +430,9 @@ fn info(e: &Entry) -> Value {
     );
     json!({
         "sandbox_id": e.id,
+        // As every watched object has them (`/v1/watch?kind=sandbox`).
+        "name": e.id,
+        "resource_version": e.version.load(std::sync::atomic::Ordering::Relaxed),
         "template": e.template,
         "runtime_class": e.class,
         "tier": e.sandbox.tier(),
@@ -573,8 +618,9 @@ async fn create(
         metadata: b.metadata,
         placed: Mutex::new(Some((inner.placer.clone(), placement))),
         lifecycle: tokio::sync::Mutex::new(()),
+        version: Default::default(),
     });
-    inner.lock().insert(e.id.clone(), e.clone());
+    inner.lock().insert(e.clone());
     // Listed: it counts as a sandbox now, not as a create in flight.
     drop(seat);
     Ok((StatusCode::CREATED, Json(info(&e))))
@@ -638,6 +684,7 @@ async fn set_timeout(
     }
     let e = inner.get(&c, &id)?;
     e.restart_clock(Duration::from_secs(b.timeout));
+    inner.changed(&e);
     Ok(Json(info(&e)))
 }
 
@@ -664,9 +711,10 @@ fn lifecycle_error(id: &str, what: &str, e: LifecycleError) -> ApiError {
 async fn pause_entry(inner: &Arc<Inner>, e: &Arc<Entry>) -> Result<(), ApiError> {
     let _one = e.lifecycle.lock().await;
     let (sb, dir) = (e.sandbox.clone(), inner.snapshots.join(&e.id));
-    blocking(move || sb.pause_to_disk(&dir, &PauseOptions::default()))
-        .await?
-        .map_err(|err| lifecycle_error(&e.id, "pause", err))?;
+    let r = blocking(move || sb.pause_to_disk(&dir, &PauseOptions::default())).await;
+    // Paused or not, watchers see its state now.
+    inner.changed(e);
+    r?.map_err(|err| lifecycle_error(&e.id, "pause", err))?;
     e.release();
     if let Err(err) = kept::write(&inner.snapshots, e) {
         // Paused all the same, until this server stops.
@@ -699,10 +747,14 @@ async fn resume_entry(inner: &Arc<Inner>, e: &Arc<Entry>) -> Result<(), ApiError
     if !matches!(r, Ok(Ok(()))) {
         e.release();
     }
-    r?.map_err(|err| lifecycle_error(&e.id, "resume", err))?;
+    if let Err(err) = r?.map_err(|err| lifecycle_error(&e.id, "resume", err)) {
+        inner.changed(e);
+        return Err(err);
+    }
     // Running again: it ends with this server (a stale snapshot must not come back).
     kept::forget(&inner.snapshots, &e.id);
     e.restart_clock(t);
+    inner.changed(e);
     Ok(())
 }
 

@@ -219,6 +219,8 @@ async fn invocations_run_in_sessions_on_sandboxes() {
         .post("/v1/runtimes", json!({"name": "echo", "command": ["python3", "-c", AGENT], "resources": {"memory_mb": 256}}))
         .await;
     assert_eq!(st, StatusCode::CREATED, "{v}");
+    // The console's sessions list follows this watch.
+    let mut watch = t.watch("session", None).await;
     let (st, v) = t
         .post(
             "/v1/runtimes/echo/invocations?session_id=abc",
@@ -266,6 +268,34 @@ async fn invocations_run_in_sessions_on_sandboxes() {
         (StatusCode::OK, Some("killed")),
         "{v}"
     );
+    // Every change of the session's record came through the watch, in order, as the
+    // list shows a session (no host pid), ending with the kill.
+    let mut seen = Vec::new();
+    watch
+        .until(|s| s.iter().any(|(_, o)| o["state"] == "killed"), &mut seen)
+        .await;
+    assert_eq!(seen[0].0, "created", "{seen:?}");
+    assert!(
+        seen.iter()
+            .all(|(_, o)| o["id"] == "abc" && o.get("sandbox_pid").is_none()),
+        "{seen:?}"
+    );
+    let versions: Vec<u64> = seen
+        .iter()
+        .map(|(_, o)| o["resource_version"].as_u64().unwrap())
+        .collect();
+    assert!(versions.windows(2).all(|w| w[0] < w[1]), "{versions:?}");
+    assert!(seen.iter().any(|(_, o)| o["invocations"] == 3), "{seen:?}");
+    // The list carries the version the watch compares with (the record may have
+    // been written again since the kill: the watch brings that write too).
+    let (_, l) = t.get("/v1/sessions").await;
+    let listed = l["items"][0]["resource_version"].as_u64().unwrap();
+    watch
+        .until(
+            |s| s.iter().any(|(_, o)| o["resource_version"] == listed),
+            &mut seen,
+        )
+        .await;
     let (st, v) = t
         .post("/v1/runtimes/echo/invocations?session_id=abc", json!({}))
         .await;

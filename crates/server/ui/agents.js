@@ -4,42 +4,69 @@
 // keys, and its cost broken down (tokens, GPU-seconds, CPU-seconds, tool fees),
 // with kill.
 //
-// Sandboxes, sessions and their usage have no watch in the API: these lists are
-// read again every few seconds while they are on screen, and rows are updated in
-// place by id (a row never moves because another changed).
+// Both lists follow the SSE watch (`/v1/watch?kind=sandbox|session`) after one list
+// call: a change redraws its own row in place, a new row goes where its start time
+// puts it, and no other row is touched or moves. Ages and times left count on the
+// page's clock, without asking the server. A session's page reads its details again
+// when that session's record changes (an invocation, a kill), not on a timer.
 
-import { api } from "./api.js";
-import { dl, esc, fmtAge, fmtBytes, fmtDuration, fmtMoney, fmtTime, h, notice } from "./util.js";
+import { api, listAndWatch, stream } from "./api.js";
+import { debounce, dl, esc, fmtAge, fmtBytes, fmtDuration, fmtMoney, fmtTime, h, notice } from "./util.js";
 
 const OP_COLOR = { invoke_agent: "#1f5fbf", chat: "#2b7a3d", execute_tool: "#b3471d" };
 
-/** Keeps a <tbody> in the order of `items` (by `key`), replacing rows in place. */
-function syncRows(tbody, items, key, row) {
-  const have = new Map([...tbody.children].map((tr) => [tr.dataset.key, tr]));
-  let prev = null;
-  for (const it of items) {
-    const k = key(it);
-    const fresh = row(it);
-    fresh.dataset.key = k;
-    const old = have.get(k);
-    if (old) { old.replaceWith(fresh); have.delete(k); }
-    const want = prev ? prev.nextSibling : tbody.firstChild;
-    if (want !== fresh) tbody.insertBefore(fresh, want);
-    prev = fresh;
-  }
-  for (const tr of have.values()) tr.remove();
+/**
+ * A <tbody> of rows kept by key: `reset(items)` draws a list, `put(item)` redraws
+ * one row where it is when what it shows changed (or inserts a new one in `order`),
+ * `remove(key)` takes one out. Rows of other items are never replaced.
+ */
+function keyedRows(tbody, { key, row, order }) {
+  const items = new Map();
+  const draw = (it) => {
+    const tr = row(it);
+    tr.dataset.key = key(it);
+    return tr;
+  };
+  const rowOf = (k) => [...tbody.children].find((tr) => tr.dataset.key === k);
+  return {
+    items,
+    reset(list) {
+      items.clear();
+      for (const it of list) items.set(key(it), it);
+      tbody.replaceChildren(...[...items.values()].sort(order).map(draw));
+    },
+    put(it) {
+      const k = key(it);
+      const fresh = draw(it);
+      const old = items.has(k) ? rowOf(k) : null;
+      items.set(k, it);
+      if (old) { if (!sameRow(old, fresh)) old.replaceWith(fresh); return; }
+      const next = [...tbody.children].find((tr) => order(it, items.get(tr.dataset.key)) < 0);
+      tbody.insertBefore(fresh, next || null);
+    },
+    remove(k) {
+      items.delete(k);
+      rowOf(k)?.remove();
+    },
+  };
 }
 
-function poller(f, ms) {
-  let t = null;
-  let closed = false;
-  const tick = async () => {
-    if (closed) return;
-    if (!document.hidden) await f();
-    if (!closed) t = setTimeout(tick, ms);
-  };
-  tick();
-  return () => { closed = true; clearTimeout(t); };
+/** Whether two rows show the same, their counting cells aside (a write nobody sees, such as a lease renewal, redraws nothing). */
+function sameRow(a, b) {
+  const [x, y] = [a.cloneNode(true), b.cloneNode(true)];
+  for (const r of [x, y]) for (const c of r.querySelectorAll("[data-since],[data-until]")) c.textContent = "";
+  return x.isEqualNode(y);
+}
+
+/** Cells with `data-since` (an age) or `data-until` (time left), in ms since the epoch, kept counting. */
+function ticking(el) {
+  const t = setInterval(() => {
+    if (document.hidden) return;
+    const now = Date.now();
+    for (const c of el.querySelectorAll("[data-since]")) c.textContent = fmtAge(Number(c.dataset.since), now);
+    for (const c of el.querySelectorAll("[data-until]")) c.textContent = fmtDuration(Math.max(0, Number(c.dataset.until) - now));
+  }, 1000);
+  return () => clearInterval(t);
 }
 
 function pill(s) { return h("span", { class: `pill phase-${s}` }, s); }
@@ -54,33 +81,45 @@ export function mountSandboxes(el, ctx) {
     h("table", { id: "sandboxes" },
       h("thead", {}, h("tr", {}, ["Sandbox", "State", "Template", "Runtime class", "Node", "Age", "Ends in", "Limits", "Network"].map((c) => h("th", { scope: "col" }, c)))),
       tbody));
-  const stop = poller(async () => {
-    let l;
-    try { l = await api("/v1/sandboxes"); } catch (e) {
-      msg.replaceChildren(notice(e.status === 404 ? "Sandboxes are off on this server (start it with tessera up --sandboxes)." : `Could not read the sandboxes: ${e.message}`, e.status === 404 ? "info" : "error"));
-      return;
-    }
-    msg.replaceChildren(l.items.length ? "" : notice("No sandboxes: create one with POST /v1/sandboxes or tessera sandbox create."));
-    const items = [...l.items].sort((a, b) => a.started_at - b.started_at || a.sandbox_id.localeCompare(b.sandbox_id));
-    syncRows(tbody, items, (s) => s.sandbox_id, (s) => h("tr", {},
+  const rows = keyedRows(tbody, {
+    key: (s) => s.sandbox_id,
+    order: (a, b) => a.started_at - b.started_at || a.sandbox_id.localeCompare(b.sandbox_id),
+    row: (s) => h("tr", {},
       h("th", { scope: "row" }, h("code", {}, s.sandbox_id)),
       h("td", {}, pill(s.state)),
       h("td", {}, s.template || "base"),
       h("td", {}, s.runtime_class || "standard"),
-      h("td", {}, s.node || "this server"),
-      h("td", {}, fmtAge(s.started_at * 1000)),
-      h("td", {}, s.end_at ? fmtDuration(Math.max(0, s.end_at * 1000 - Date.now())) : "–"),
+      h("td", {}, s.node || (s.state === "paused" ? "– (on disk)" : "this server")),
+      h("td", { "data-since": s.started_at * 1000 }, fmtAge(s.started_at * 1000)),
+      s.end_at ? h("td", { "data-until": s.end_at * 1000 }, fmtDuration(Math.max(0, s.end_at * 1000 - Date.now()))) : h("td", {}, "–"),
       h("td", {}, s.limits ? `${fmtBytes(s.limits.memory_bytes)}, ${s.limits.cpu_millis ? `${s.limits.cpu_millis / 1000} CPU` : "no CPU limit"}` : "–"),
-      h("td", {}, s.network?.mode || "none")));
-    window.__console.paints.sandboxes = performance.now();
-  }, 5000);
-  return stop;
+      h("td", {}, s.network?.mode || "none")),
+  });
+  const empty = () => msg.replaceChildren(rows.items.size ? "" : notice("No sandboxes: create one with POST /v1/sandboxes or tessera sandbox remote create."));
+  const painted = () => { window.__console.paints.sandboxes = performance.now(); };
+  const sub = listAndWatch("sandbox", "/v1/sandboxes", {
+    key: (s) => s.sandbox_id,
+    loaded: (items) => { rows.reset(items); empty(); painted(); },
+    apply: (op, s) => {
+      if (op === "deleted") rows.remove(s.sandbox_id); else rows.put(s);
+      empty();
+      painted();
+    },
+    onState: (st) => {
+      if (!st.startsWith("error")) return;
+      const off = st.includes("sandboxes are off");
+      msg.replaceChildren(notice(off ? "Sandboxes are off on this server (start it with tessera up --sandboxes)." : `Could not read the sandboxes: ${st.slice(7)}`, off ? "info" : "error"));
+    },
+  });
+  const stopClock = ticking(tbody);
+  return () => { sub.close(); stopClock(); };
 }
 
 export function mountSessions(el, ctx) {
   ctx.title("Sessions");
   const q = ctx.query;
-  const stateSel = h("select", { id: "state", onchange: () => { ctx.setQuery({ state: stateSel.value }); refresh(); } },
+  let sub = null;
+  const stateSel = h("select", { id: "state", onchange: () => { ctx.setQuery({ state: stateSel.value }); follow(); } },
     ["", "starting", "active", "idle", "ended", "failed", "killed"].map((s) => h("option", { value: s, selected: s === (q.get("state") || "") }, s || "any")));
   const tbody = h("tbody", {});
   const msg = h("div", {});
@@ -93,38 +132,63 @@ export function mountSessions(el, ctx) {
     h("table", { id: "sessions" },
       h("thead", {}, h("tr", {}, ["Session", "Runtime", "State", "Sandbox", "Runtime class", "Node", "Age", "Invocations", "Cost"].map((c) => h("th", { scope: "col" }, c)))),
       tbody));
-  async function refresh() {
-    let l;
-    try {
-      l = await api(`/v1/sessions${stateSel.value ? `?state=${stateSel.value}` : ""}`);
-    } catch (e) {
-      msg.replaceChildren(notice(`Could not read the sessions: ${e.message}`, "error"));
-      return;
-    }
-    msg.replaceChildren(l.items.length ? "" : notice("No sessions: they start with POST /v1/runtimes/NAME/invocations."));
-    const items = [...l.items].sort((a, b) => b.created_at_ms - a.created_at_ms || a.id.localeCompare(b.id));
-    // Costs of the most recent sessions (one usage read each, the first 50).
-    await Promise.all(items.slice(0, 50).map(async (s) => {
-      try {
-        const u = await api(`/v1/usage?session=${encodeURIComponent(s.id)}`);
-        currency = u.currency;
-        costs.set(s.id, u.session_totals?.cost ?? 0);
-      } catch { /* keep the last figure */ }
-    }));
-    syncRows(tbody, items, (s) => s.id, (s) => h("tr", {},
+  const rows = keyedRows(tbody, {
+    key: (s) => s.id,
+    order: (a, b) => b.created_at_ms - a.created_at_ms || a.id.localeCompare(b.id),
+    row: (s) => h("tr", {},
       h("th", { scope: "row" }, h("a", { href: `/ui/sessions/${encodeURIComponent(s.id)}` }, s.id)),
       h("td", {}, `${s.runtime} v${s.version}`),
       h("td", {}, pill(s.state)),
       h("td", {}, s.sandbox ? h("code", {}, s.sandbox) : "–"),
       h("td", {}, s.runtime_class || "standard"),
       h("td", {}, s.node || (s.sandbox ? "this server" : "–")),
-      h("td", { title: fmtTime(s.created_at_ms) }, fmtAge(s.created_at_ms)),
+      h("td", { title: fmtTime(s.created_at_ms), "data-since": s.created_at_ms }, fmtAge(s.created_at_ms)),
       h("td", { class: "num" }, s.invocations),
-      h("td", { class: "num" }, costs.has(s.id) ? fmtMoney(costs.get(s.id), currency) : "–")));
-    window.__console.paints.sessions = performance.now();
+      h("td", { class: "num" }, costs.has(s.id) ? fmtMoney(costs.get(s.id), currency) : "–")),
+  });
+  // A session's cost is read when it is first shown and after its invocations or
+  // state change (what usage follows), one session at a time.
+  async function cost(s) {
+    try {
+      const u = await api(`/v1/usage?session=${encodeURIComponent(s.id)}`);
+      currency = u.currency;
+      costs.set(s.id, u.session_totals?.cost ?? 0);
+      const now = rows.items.get(s.id);
+      if (now) rows.put(now);
+    } catch { /* keep the last figure */ }
   }
-  const stop = poller(refresh, 5000);
-  return stop;
+  const wanted = () => (stateSel.value ? stateSel.value.split(",") : null);
+  const empty = () => msg.replaceChildren(rows.items.size ? "" : notice("No sessions: they start with POST /v1/runtimes/NAME/invocations."));
+  const painted = () => { window.__console.paints.sessions = performance.now(); };
+  function follow() {
+    sub?.close();
+    const st = stateSel.value;
+    sub = listAndWatch("session", `/v1/sessions${st ? `?state=${st}` : ""}`, {
+      key: (s) => s.id,
+      loaded: (items) => {
+        rows.reset(items);
+        empty();
+        painted();
+        // The most recent fifty.
+        [...rows.items.values()].sort((a, b) => b.created_at_ms - a.created_at_ms).slice(0, 50).forEach(cost);
+      },
+      apply: (op, s) => {
+        const before = rows.items.get(s.id);
+        const w = wanted();
+        if (op === "deleted" || (w && !w.includes(s.state))) rows.remove(s.id);
+        else {
+          rows.put(s);
+          if (!before || before.invocations !== s.invocations || before.state !== s.state) cost(s);
+        }
+        empty();
+        painted();
+      },
+      onState: (x) => { if (x.startsWith("error")) msg.replaceChildren(notice(`Could not read the sessions: ${x.slice(7)}`, "error")); },
+    });
+  }
+  follow();
+  const stopClock = ticking(tbody);
+  return () => { sub?.close(); stopClock(); };
 }
 
 /** Spans in tree order (depth first), each with its depth. */
@@ -272,6 +336,21 @@ export function mountSession(el, ctx) {
     } else costEl.replaceChildren(notice(`usage: ${usage.reason.message}`, "error"));
     window.__console.paints.session = performance.now();
   }
-  const stop = poller(loadAll, 5000);
-  return () => { closed = true; stop(); };
+  // Read again when this session's record changes (an invocation began or ended, a
+  // kill, its sandbox released), at most every half second.
+  const again = debounce(() => { if (!closed) loadAll(); }, 500);
+  // Read once the watch is open, so that no change between the read and the watch
+  // is missed; after a 410 (it fell behind) the watch is opened again and read again.
+  let sub = null;
+  const watch = () => {
+    sub = stream((last) => `/v1/watch?kind=session${last ? `&after=${last}` : ""}`, {
+      onOpen: () => loadAll(),
+      onEvent: (ev) => {
+        try { if (JSON.parse(ev.data).id === id) again(); } catch { /* not a session */ }
+      },
+      onGone: (err) => { if (!closed && err?.status === 410) { sub.close(); watch(); } },
+    });
+  };
+  watch();
+  return () => { closed = true; sub.close(); };
 }

@@ -143,10 +143,11 @@ export function stream(url, { onEvent, onOpen, onGone, onState } = {}) {
  * again: the watch is opened first, then the list is read; every event (also those
  * that arrived while listing) is merged by resource_version, so nothing is missed
  * and nothing goes back in time. `apply(op, obj)` gets "created" | "updated" |
- * "deleted"; `loaded(items)` the first list. On 410 (the watch fell behind the
- * change log) it lists again.
+ * "deleted"; `loaded(items)` the first list; `key(obj)` names an object (its
+ * `name` unless told). On 410 (the watch fell behind the change log) it lists again;
+ * any other refusal of the watch ends it with `onState("error: …")`.
  */
-export function listAndWatch(kind, listPath, { loaded, apply, onState }) {
+export function listAndWatch(kind, listPath, { loaded, apply, onState, key = (o) => o.name }) {
   let closed = false;
   let s = null;
   const start = () => {
@@ -155,9 +156,9 @@ export function listAndWatch(kind, listPath, { loaded, apply, onState }) {
     let opened = false;
     let listed = false;
     const fresh = (o) => {
-      const v = versions.get(o.name);
+      const v = versions.get(key(o));
       if (v !== undefined && v >= o.resource_version) return false;
-      versions.set(o.name, o.resource_version);
+      versions.set(key(o), o.resource_version);
       return true;
     };
     s = stream((last) => `/v1/watch?kind=${encodeURIComponent(kind)}${last ? `&after=${last}` : ""}`, {
@@ -169,7 +170,7 @@ export function listAndWatch(kind, listPath, { loaded, apply, onState }) {
         try {
           const l = await api(listPath);
           if (closed) return;
-          for (const o of l.items) versions.set(o.name, o.resource_version);
+          for (const o of l.items) versions.set(key(o), o.resource_version);
           loaded(l.items);
           listed = true;
           for (const [op, o] of early.splice(0)) if (fresh(o)) apply(op, o);
@@ -184,10 +185,12 @@ export function listAndWatch(kind, listPath, { loaded, apply, onState }) {
         if (!listed) { early.push([ev.event, o]); return; }
         if (fresh(o)) apply(ev.event, o);
       },
-      onGone: () => {
+      onGone: (err) => {
         if (closed) return;
         s.close();
-        start();
+        // 410: fell behind the change log, list again; any other refusal is final.
+        if (err?.status === 410) start();
+        else onState?.(`error: ${err?.message || "the watch was refused"}`);
       },
     });
   };

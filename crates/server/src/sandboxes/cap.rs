@@ -37,8 +37,7 @@ pub(super) fn take_seat<'a>(inner: &'a Inner, tenant: &str) -> Result<Seat<'a>, 
     // Locks in this order everywhere: the sandboxes, then the creates in flight.
     let all = inner.lock();
     let mut creating = inner.creating.lock().unwrap_or_else(|p| p.into_inner());
-    let held = all.values().filter(|e| e.tenant == tenant).count()
-        + creating.get(tenant).copied().unwrap_or(0);
+    let held = all.len_of(tenant) + creating.get(tenant).copied().unwrap_or(0);
     if held >= inner.max_per_tenant {
         return Err(ApiError::new(
             Code::QuotaExceeded,

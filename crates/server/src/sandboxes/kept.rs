@@ -96,9 +96,10 @@ pub(super) fn relist(inner: &super::Inner) {
             paused.len()
         );
     }
-    inner
-        .lock()
-        .extend(paused.into_iter().map(|e| (e.id.clone(), Arc::new(e))));
+    let mut all = inner.lock();
+    for e in paused {
+        all.insert(Arc::new(e));
+    }
 }
 
 /// The paused sandboxes recorded in `dir`, each opened with its snapshot's tier; lines
@@ -213,6 +214,7 @@ pub(super) fn load(
             auto_pause: record.auto_pause,
             metadata: record.metadata,
             placed: Mutex::new(None),
+            version: Default::default(),
             lifecycle: tokio::sync::Mutex::new(()),
         });
     }

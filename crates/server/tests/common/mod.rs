@@ -207,6 +207,25 @@ impl Client {
         }
     }
 
+    /// Opens `/v1/watch?kind=KIND` (after `after`, else from now); panics unless 200.
+    pub async fn watch(&self, kind: &str, after: Option<u64>) -> Watch {
+        let path = match after {
+            Some(a) => format!("/v1/watch?kind={kind}&after={a}"),
+            None => format!("/v1/watch?kind={kind}"),
+        };
+        let r = self
+            .request(Method::GET, &path)
+            .header("accept", "text/event-stream")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "{path}");
+        Watch {
+            r,
+            buf: String::new(),
+        }
+    }
+
     /// Sends a JSON body (or none); returns the status and the reply as JSON (a
     /// reply that is not JSON comes back as a string value).
     pub async fn call(&self, m: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
@@ -310,4 +329,53 @@ pub fn job(name: &str, tasks: usize) -> Value {
         .map(|i| json!({"name": format!("t{i}"), "resources": {"cpu_milli": 100, "memory": 1000}}))
         .collect();
     json!({"name": name, "queue": "q", "tasks": tasks})
+}
+
+/// An open server-sent event stream of `/v1/watch`.
+pub struct Watch {
+    r: reqwest::Response,
+    buf: String,
+}
+
+impl Watch {
+    /// The next `n` events, as (event, data); panics unless they come within 30 s.
+    pub async fn next(&mut self, n: usize) -> Vec<(String, Value)> {
+        let mut out = Vec::new();
+        self.until(|seen| seen.len() >= n, &mut out).await;
+        out
+    }
+
+    /// Reads events into `out` until `done(out)`; panics unless that is within 30 s.
+    pub async fn until(
+        &mut self,
+        done: impl Fn(&[(String, Value)]) -> bool,
+        out: &mut Vec<(String, Value)>,
+    ) {
+        // One deadline for all of them: keep-alive comments arrive every 15 s.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !done(out) {
+            if let Some(cut) = self.buf.find("\n\n") {
+                let block: String = self.buf.drain(..cut + 2).collect();
+                let mut ev = String::from("message");
+                let mut data = String::new();
+                for line in block.lines() {
+                    if let Some(e) = line.strip_prefix("event: ") {
+                        ev = e.to_string();
+                    } else if let Some(d) = line.strip_prefix("data: ") {
+                        data.push_str(d);
+                    }
+                }
+                if !data.is_empty() {
+                    out.push((ev, serde_json::from_str(&data).unwrap()));
+                }
+                continue;
+            }
+            let chunk = tokio::time::timeout_at(deadline, self.r.chunk())
+                .await
+                .unwrap_or_else(|_| panic!("the watch did not deliver within 30 s; got {out:?}"))
+                .unwrap()
+                .expect("the stream stays open");
+            self.buf.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    }
 }

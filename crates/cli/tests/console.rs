@@ -916,6 +916,28 @@ async fn the_console_shows_the_cluster_queues_jobs_sessions_and_pools() {
         p.contains("tiny-chat") && p.contains("p50") && p.contains("Recommended replicas"),
         "{p}"
     );
+    // A request through the pool shows in its card by itself: the pools are
+    // listed once and followed (sampled by the server), not read again.
+    let requests = "return Number(document.querySelector('[data-pool=\"tiny\"] [data-k=\"requests\"]').textContent)";
+    let before = b.js(requests, vec![]).await.unwrap().as_u64().unwrap();
+    let r = w
+        .api
+        .http
+        .post(format!("{}/v1/chat/completions", w.api.url))
+        .bearer_auth(&w.alpha)
+        .json(&json!({"model": MODEL, "messages": [{"role": "user", "content": "again"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    b.wait_for(
+        "the pool's figures after a request",
+        &format!("{requests} > {before}"),
+        WAIT,
+    )
+    .await
+    .unwrap();
+    assert_eq!(list_reads(&b, "/v1/pools").await, 1);
     shot(&b, "pools").await;
     axe(&b, "pools").await;
 

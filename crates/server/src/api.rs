@@ -329,10 +329,15 @@ struct WatchQuery {
 /// `id:` the revision (resume with `?after=`), `data:` the object as GET renders it.
 ///
 /// Sandboxes live in the server's memory, not the store: `kind=sandbox` follows their
-/// own feed ([`crate::sandboxes::watch`]), numbered apart from the store's revisions.
+/// own feed ([`crate::sandboxes::watch`]), numbered apart from the store's revisions;
+/// `kind=pool` samples the inference pools' gauges ([`crate::gateway::watch_pools`]).
 async fn watch(State(a): State<App>, c: Caller, Q(q): Q<WatchQuery>) -> Result<Response, ApiError> {
     if q.kind == crate::sandboxes::WATCH_KIND {
         let s = crate::sandboxes::watch(&a, &c, q.after)?;
+        return Ok(Sse::new(s).keep_alive(KeepAlive::default()).into_response());
+    }
+    if q.kind == crate::gateway::WATCH_KIND {
+        let s = crate::gateway::watch_pools(&a, &c, q.after)?;
         return Ok(Sse::new(s).keep_alive(KeepAlive::default()).into_response());
     }
     let w = a.plane.watch(&c, q.after, &q.kind).await?;
@@ -484,7 +489,7 @@ routes! {
     get "/v1/events" list_events "List events" None, 200;
     get "/v1/audit" list_audit "The audit log: who changed what (admins)" None, 200;
     get "/v1/templates" list_templates "Templates an operator registered (name, digest): what sandboxes, runtimes and jobs may name" None, 200;
-    get "/v1/watch" watch "Watch changes as server-sent events (?kind=job|queue|event|session|sandbox&after=REVISION); 410 (code compacted) when REVISION left the change log: list again" None, 200;
+    get "/v1/watch" watch "Watch changes as server-sent events (?kind=job|queue|event|session|sandbox|pool&after=REVISION); 410 (code compacted) when REVISION left the change log: list again" None, 200;
 }
 
 /// The API router.

@@ -563,6 +563,84 @@ async fn list_pools(State(a): State<App>, c: Caller) -> R {
     Ok(axum::Json(json!({"items": a.gateway.gateway.pools()})).into_response())
 }
 
+/// The kind `/v1/watch` samples the pools for.
+pub const WATCH_KIND: &str = "pool";
+
+/// How often a pool watch samples the pools' figures.
+pub const POOL_SAMPLE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Each pool as `GET /v1/pools` shows it, by name.
+fn pool_figures(g: &Gateway) -> std::collections::BTreeMap<String, Value> {
+    g.pools()
+        .into_iter()
+        .map(|p| (p.spec.name.clone(), json!(p)))
+        .collect()
+}
+
+/// `GET /v1/watch?kind=pool`: a pool's figures are gauges, not stored changes, so
+/// the server samples them for each watcher every [`POOL_SAMPLE`] and sends a pool
+/// only when what it shows changed since the last sample (`created`, `updated`,
+/// `deleted`; `id:` the sample's time in ms). Nothing is kept to resume from: an
+/// `after` is answered 410, and the watcher lists the pools again.
+pub(crate) fn watch_pools(
+    a: &App,
+    c: &Caller,
+    after: Option<u64>,
+) -> Result<
+    impl futures_util::Stream<Item = Result<axum::response::sse::Event, std::convert::Infallible>>
+    + Send
+    + use<>,
+    ApiError,
+> {
+    use axum::response::sse::Event;
+    use futures_util::StreamExt;
+    c.require(Role::Viewer)?;
+    if let Some(n) = after {
+        return Err(ApiError::new(
+            Code::Compacted,
+            format!(
+                "pool figures are sampled, not kept: a watch cannot resume after {n}; list the pools again and watch from now"
+            ),
+        ));
+    }
+    let g = a.gateway.gateway.clone();
+    let seen = pool_figures(&g);
+    let mut tick = tokio::time::interval(POOL_SAMPLE);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    Ok(
+        futures_util::stream::unfold((g, seen, tick), |(g, mut seen, mut tick)| async move {
+            loop {
+                tick.tick().await;
+                let now = pool_figures(&g);
+                let mut out = Vec::new();
+                for (name, v) in &now {
+                    match seen.get(name) {
+                        None => out.push(("created", v.clone())),
+                        Some(old) if old != v => out.push(("updated", v.clone())),
+                        Some(_) => {}
+                    }
+                }
+                for (name, v) in &seen {
+                    if !now.contains_key(name) {
+                        out.push(("deleted", v.clone()));
+                    }
+                }
+                seen = now;
+                if out.is_empty() {
+                    continue;
+                }
+                let id = now_ms().to_string();
+                let events: Vec<Result<Event, std::convert::Infallible>> = out
+                    .into_iter()
+                    .map(|(op, v)| Ok(Event::default().event(op).id(&id).data(v.to_string())))
+                    .collect();
+                return Some((events, (g, seen, tick)));
+            }
+        })
+        .flat_map(futures_util::stream::iter),
+    )
+}
+
 async fn get_pool(State(a): State<App>, c: Caller, Path(name): Path<String>) -> R {
     c.require(Role::Viewer)?;
     match a.gateway.gateway.pool_status(&name) {

@@ -1385,7 +1385,7 @@ impl ControlPlane {
             return Err(ApiError::invalid(
                 "kind",
                 format!(
-                    "{kind:?} cannot be watched: use one of {}, sandbox",
+                    "{kind:?} cannot be watched: use one of {}, sandbox, pool",
                     WATCHABLE.join(", ")
                 ),
             ));

@@ -537,6 +537,22 @@ async fn watch_streams_only_the_callers_tenant() {
         (st, v["field"].as_str()),
         (StatusCode::BAD_REQUEST, Some("kind"))
     );
+    assert!(
+        v["detail"]
+            .as_str()
+            .unwrap()
+            .contains("session, sandbox, pool"),
+        "{v}"
+    );
+    // Pools' figures are sampled, not kept: there is nothing to resume from.
+    let (st, v) = e
+        .call(Some(&a), Method::GET, "/v1/watch?kind=pool&after=5", None)
+        .await;
+    assert_eq!(
+        (st, v["code"].as_str()),
+        (StatusCode::GONE, Some("compacted")),
+        "{v}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

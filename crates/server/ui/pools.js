@@ -2,10 +2,11 @@
 // the gateway's queue, the prefix-cache hit rate, time-to-first-token percentiles,
 // and the scaling recommendation with its reasons.
 //
-// Pools' figures are gauges (no change events): they are read every 2 s while this
-// view is on screen; each pool's card and each endpoint's row is updated in place.
+// Pools' figures are gauges: the server samples them for this view's watch
+// (`/v1/watch?kind=pool`, every half second) and sends a pool only when what it
+// shows changed; that pool's card is redrawn in place, the others stay as they are.
 
-import { api } from "./api.js";
+import { listAndWatch } from "./api.js";
 import { fmtDuration, h, notice } from "./util.js";
 
 const pct = (v) => (v === null || v === undefined ? "–" : `${(v * 100).toFixed(1)}%`);
@@ -26,7 +27,7 @@ function card(p) {
       h("dt", {}, "Queued at the gateway"), h("dd", { "data-k": "queued" }, String(p.queued)),
       h("dt", {}, "Prefix-cache hit rate"), h("dd", { "data-k": "hit_rate" }, pct(s.prefix_cache_hit_rate)),
       h("dt", {}, "Time to first token"), h("dd", { "data-k": "ttft" }, ttft(s.ttft_ms)),
-      h("dt", {}, "Requests seen"), h("dd", {}, String(s.requests ?? 0)),
+      h("dt", {}, "Requests seen"), h("dd", { "data-k": "requests" }, String(s.requests ?? 0)),
       h("dt", {}, "Recommended replicas"), h("dd", { "data-k": "recommended" }, h("strong", {}, String(p.recommended_replicas)), why ? h("span", { class: "muted" }, ` (${why})`) : "")),
     h("table", {},
       h("thead", {}, h("tr", {}, ["Endpoint", "Healthy", "Weight", "Outstanding", "Waiting", "Running", "KV cache", "Hit rate", "TTFT p50 / p99", "Failures"].map((c) => h("th", { scope: "col" }, c)))),
@@ -48,31 +49,30 @@ export function mount(el, ctx) {
   const list = h("div", { class: "grid2", id: "pools" });
   const msg = h("div", {});
   el.append(h("h1", {}, "Inference pools"), msg, list);
-  let closed = false;
-  let t = null;
   const cards = new Map();
-  const tick = async () => {
-    if (closed) return;
-    if (!document.hidden) {
-      try {
-        const l = await api("/v1/pools");
-        msg.replaceChildren(l.items.length ? "" : notice("No pools: a system operator registers them with tessera pool create."));
-        const seen = new Set();
-        for (const p of l.items) {
-          seen.add(p.spec.name);
-          const c = card(p);
-          const old = cards.get(p.spec.name);
-          if (old) old.replaceWith(c); else list.append(c);
-          cards.set(p.spec.name, c);
-        }
-        for (const [n, c] of cards) if (!seen.has(n)) { c.remove(); cards.delete(n); }
-        window.__console.paints.pools = performance.now();
-      } catch (e) {
-        msg.replaceChildren(notice(`Could not read the pools: ${e.message}`, "error"));
-      }
-    }
-    if (!closed) t = setTimeout(tick, 2000);
+  const empty = () => msg.replaceChildren(cards.size ? "" : notice("No pools: a system operator registers them with tessera pool create."));
+  const put = (p) => {
+    const c = card(p);
+    const old = cards.get(p.spec.name);
+    if (old) old.replaceWith(c); else list.append(c);
+    cards.set(p.spec.name, c);
   };
-  tick();
-  return () => { closed = true; clearTimeout(t); };
+  const painted = () => { window.__console.paints.pools = performance.now(); };
+  const sub = listAndWatch("pool", "/v1/pools", {
+    key: (p) => p.spec.name,
+    loaded: (items) => {
+      for (const c of cards.values()) c.remove();
+      cards.clear();
+      items.forEach(put);
+      empty();
+      painted();
+    },
+    apply: (op, p) => {
+      if (op === "deleted") { cards.get(p.spec.name)?.remove(); cards.delete(p.spec.name); } else put(p);
+      empty();
+      painted();
+    },
+    onState: (st) => { if (st.startsWith("error")) msg.replaceChildren(notice(`Could not read the pools: ${st.slice(7)}`, "error")); },
+  });
+  return () => sub.close();
 }

@@ -1154,3 +1154,137 @@ async fn cluster_watch_resumes_or_resets() {
         .unwrap();
     assert_eq!(r.status().as_u16(), 200);
 }
+
+/// A cluster larger than a screen is drawn in two steps (the first screen's racks
+/// at once, the rest in chunks right after): every node ends up drawn once, in
+/// rack order, the counts are right from the first paint, a filter reaches nodes
+/// drawn late, and a change to a node drawn late arrives from the watch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_cluster_is_drawn_in_chunks() {
+    if !have_browser() {
+        return;
+    }
+    const RACKS: usize = 30;
+    const PER: usize = 50;
+    let dir = tempfile::tempdir().unwrap();
+    let mut yaml = String::from("nodes:\n");
+    for r in 0..RACKS {
+        yaml.push_str(&format!(
+            "  - {{name: r{r}n, count: {PER}, cpu: 64, memory: 256Gi, gpus: 8, gpu_model: H100-80GB, gpu_memory: 80Gi, network: [rack-{r}, spine-{}], labels: {{rack: r{r}}}}}\n",
+            r / 10
+        ));
+    }
+    let file = dir.path().join("big.yaml");
+    std::fs::write(&file, yaml).unwrap();
+    let d = dir.path().join("data").to_str().unwrap().to_string();
+    let f = file.to_str().unwrap().to_string();
+    let up = tokio::task::spawn_blocking(move || {
+        up_with(&["--data", &d, "--no-local-node", "--cluster", &f])
+    })
+    .await
+    .unwrap();
+    let key = up.key.clone().unwrap();
+    let b = Browser::start(1400, 1000).await.unwrap();
+    b.goto(&format!("{}/ui/cluster#key={key}", up.url))
+        .await
+        .unwrap();
+    let first = b
+        .wait_for(
+            "the first paint",
+            "const c = window.__console; return c && c.paints.cluster && [c.paints.clusterDrawnAtOnce, document.getElementById('counts').textContent]",
+            WAIT,
+        )
+        .await
+        .unwrap();
+    let total = RACKS * PER;
+    let at_once = first[0].as_u64().unwrap() as usize;
+    assert!(
+        at_once > 0 && at_once < total,
+        "{at_once} of {total} nodes drawn at once"
+    );
+    // Counted from the data, not from what is drawn yet.
+    assert_eq!(
+        first[1].as_str().unwrap(),
+        format!("{total} of {total} nodes, {} GPUs", total * 8)
+    );
+    let all = b
+        .wait_for(
+            "every node drawn",
+            "const c = window.__console; return c.paints.clusterComplete && [...document.querySelectorAll('#heatmap svg.node')].map(s => s.dataset.node)",
+            WAIT,
+        )
+        .await
+        .unwrap();
+    let names: Vec<&str> = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(names.len(), total, "each node drawn once");
+    let unique: std::collections::BTreeSet<&&str> = names.iter().collect();
+    assert_eq!(unique.len(), total);
+    // Rack order: every node of rack r before any of rack r + 1.
+    let rack_of = |n: &str| n[1..n.find('n').unwrap()].parse::<usize>().unwrap();
+    let racks: Vec<usize> = names.iter().map(|n| rack_of(n)).collect();
+    assert!(racks.windows(2).all(|w| w[0] <= w[1]), "{racks:?}");
+    // A filter by name reaches the last rack (drawn late), and hides the others.
+    b.js(
+        "const i = document.getElementById('q'); i.value = arguments[0]; i.dispatchEvent(new Event('input')); return true",
+        vec![json!(format!("r{}n", RACKS - 1))],
+    )
+    .await
+    .unwrap();
+    let shown = b
+        .js(
+            "return [[...document.querySelectorAll('#heatmap svg.node:not(.hidden)')].length, document.getElementById('counts').textContent, [...document.querySelectorAll('#heatmap section.rack:not([hidden])')].map(s => s.dataset.rack)]",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        shown,
+        json!([
+            PER,
+            format!("{PER} of {total} nodes, {} GPUs", total * 8),
+            [format!("rack-{}", RACKS - 1)]
+        ])
+    );
+    // A job bound to a node drawn late shows in its cell from the watch.
+    let http = reqwest::Client::new();
+    for (path, body) in [
+        ("/v1/queues", json!({"name": "q"})),
+        (
+            "/v1/jobs",
+            json!({"name": "late", "queue": "q", "tasks": [{"name": "t", "gpu": 8, "node_selector": {"rack": format!("r{}", RACKS - 1)}}]}),
+        ),
+    ] {
+        let r = http
+            .post(format!("{}{path}", up.url))
+            .bearer_auth(&key)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert!(
+            r.status().is_success(),
+            "{path}: {}",
+            r.text().await.unwrap()
+        );
+    }
+    let node = b
+        .wait_for(
+            "the bound job's node drawn whole",
+            "const s = [...document.querySelectorAll('#heatmap svg.node')].find(s => s.querySelectorAll('[data-state=\"whole\"]').length === 8); return s && s.dataset.node",
+            WAIT,
+        )
+        .await
+        .unwrap();
+    assert_eq!(rack_of(node.as_str().unwrap()), RACKS - 1, "{node}");
+    assert!(
+        !names[..at_once].contains(&node.as_str().unwrap()),
+        "{node} was drawn at once, not late"
+    );
+    no_errors(&b, "large cluster").await;
+    let _ = b.client.clone().close().await;
+}

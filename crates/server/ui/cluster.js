@@ -6,7 +6,8 @@
 // fragmentation summary says how many nodes have how many whole GPUs free.
 //
 // Data: GET /v1/cluster/gpus once, then /v1/cluster/watch: each event replaces one
-// node's drawing in place (its position never moves).
+// node's drawing in place (its position never moves). The first screen of racks is
+// drawn at once, the rest right after in short chunks (see `draw`).
 
 import { api, stream } from "./api.js";
 import { esc, fmtAge, fmtBytes, fmtCpu, fmtGpu, fmtTime, h, notice, OTHER_TENANT, tenantColor, utilColor, UTIL_STEPS } from "./util.js";
@@ -285,41 +286,110 @@ export function mount(el, ctx) {
     return [...g.entries()].sort((a, b) => a[0].localeCompare(b[0], undefined, { numeric: true }));
   }
 
+  // The map is drawn in two steps: the racks that fill the first screen at once,
+  // then the rest in chunks of a few milliseconds each, so that the first paint
+  // does not wait for parsing thousands of nodes below the fold. A node not drawn
+  // yet is kept current in `nodes`; its chunk draws what it is by then. Counts and
+  // filters are worked out from the data, so they are right from the first paint.
+  let gen = 0;
+  let lists = []; // per div.nodes, in order: { div, names }
+  let pending = []; // those not drawn yet
+  const later = new Set(); // their nodes' names
+
+  /** Nodes to draw at once: about one and a half screens of them. */
+  function firstScreen() {
+    return Math.max(200, Math.ceil((window.innerWidth * window.innerHeight) / (80 * 46) * 1.5));
+  }
+
+  function register(div) {
+    for (const s of div.querySelectorAll("svg.node")) {
+      const name = s.dataset.node;
+      if (!matches(nodes.get(name), f)) s.classList.add("hidden");
+      if (selected === name) s.classList.add("sel");
+      els.set(name, s);
+    }
+  }
+
   function draw() {
     const start = performance.now();
+    const my = ++gen;
+    const budget = firstScreen();
+    let drawn = 0;
     let html = "";
+    const names = [];
+    const now = [];
     for (const [top, racks] of groups()) {
       const all = [...racks.values()].flat();
       html += `<section class="tier" data-tier="${esc(top)}"><h3>${esc(top)} <span class="sub" data-count>${nodesText(all.length)}</span></h3>`;
       for (const [rack, list] of [...racks.entries()].sort((a, b) => a[0].localeCompare(b[0], undefined, { numeric: true }))) {
         list.sort((a, b) => a.name.localeCompare(b.name, undefined, { numeric: true }));
         if (rack) html += `<section class="rack" data-rack="${esc(rack)}"><h4 class="sub">${esc(rack)} <span data-count>${nodesText(list.length)}</span></h4>`;
-        html += `<div class="nodes">${list.map((n) => nodeSvg(n, o)).join("")}</div>`;
+        const at = drawn < budget;
+        html += `<div class="nodes">${at ? list.map((n) => nodeSvg(n, o)).join("") : ""}</div>`;
+        drawn += at ? list.length : 0;
+        names.push(list.map((n) => n.name));
+        now.push(at);
         if (rack) html += "</section>";
       }
       html += "</section>";
     }
     map.innerHTML = html || '<p class="muted">No nodes are registered.</p>';
     els.clear();
+    later.clear();
+    lists = [...map.querySelectorAll("div.nodes")].map((div, i) => ({ div, names: names[i] }));
+    pending = lists.filter((_, i) => !now[i]);
+    for (const p of pending) for (const n of p.names) later.add(n);
     for (const s of map.querySelectorAll("svg.node")) els.set(s.dataset.node, s);
     legendEl.innerHTML = legend(o);
     applyFilter();
     if (selected) showDetails(selected, false);
     window.__console.paints.clusterBuildMs = performance.now() - start;
+    if (pending.length) setTimeout(() => drawLater(my), 0);
+    else done();
+  }
+
+  function done() {
+    requestAnimationFrame(() => { window.__console.paints.clusterComplete = performance.now(); });
+  }
+
+  function drawLater(my) {
+    if (my !== gen || closed) return;
+    const t = performance.now();
+    while (pending.length && performance.now() - t < 12) {
+      const p = pending.shift();
+      p.div.innerHTML = p.names.filter((n) => nodes.has(n)).map((n) => nodeSvg(nodes.get(n), o)).join("");
+      for (const n of p.names) later.delete(n);
+      register(p.div);
+    }
+    if (pending.length) setTimeout(() => drawLater(my), 0);
+    else done();
   }
 
   function applyFilter() {
-    let shown = 0;
     let first = null;
     for (const [name, s] of els) {
       const ok = matches(nodes.get(name), f);
       s.classList.toggle("hidden", !ok);
-      if (ok) { shown++; first = first || s; }
+      if (ok && !first) first = s;
     }
-    for (const sec of map.querySelectorAll("section")) {
-      const n = sec.querySelectorAll("svg.node:not(.hidden)").length;
-      sec.hidden = n === 0;
-      const c = sec.querySelector(":scope > h3 [data-count], :scope > h4 [data-count]");
+    // Counts from the data: nodes not drawn yet count too.
+    let shown = 0;
+    const perTier = new Map();
+    for (const { div, names } of lists) {
+      const n = names.filter((x) => nodes.has(x) && matches(nodes.get(x), f)).length;
+      shown += n;
+      const rack = div.parentElement.matches("section.rack") ? div.parentElement : null;
+      if (rack) {
+        rack.hidden = n === 0;
+        const c = rack.querySelector(":scope > h4 [data-count]");
+        if (c) c.textContent = nodesText(n);
+      }
+      const tier = div.closest("section.tier");
+      perTier.set(tier, (perTier.get(tier) || 0) + n);
+    }
+    for (const [tier, n] of perTier) {
+      tier.hidden = n === 0;
+      const c = tier.querySelector(":scope > h3 [data-count]");
       if (c) c.textContent = nodesText(n);
     }
     const gpus = [...nodes.values()].reduce((a, n) => a + n.gpus.length, 0);
@@ -446,7 +516,9 @@ export function mount(el, ctx) {
     const old = els.get(n.name);
     const prev = nodes.get(n.name);
     nodes.set(n.name, n);
-    if (!old || !prev || tiers(prev).join("/") !== tiers(n).join("/")) return false;
+    if (!prev || tiers(prev).join("/") !== tiers(n).join("/")) return false;
+    // Not drawn yet: its chunk draws it as it is now.
+    if (!old) return later.has(n.name);
     const tpl = document.createElement("template");
     tpl.innerHTML = nodeSvg(n, o);
     const s = tpl.content.firstElementChild;
@@ -480,8 +552,10 @@ export function mount(el, ctx) {
     drawSummary();
     draw();
     const tDrawn = performance.now();
+    const drawnAtOnce = els.size;
     requestAnimationFrame(() => requestAnimationFrame(() => {
       window.__console.paints.cluster = performance.now();
+      window.__console.paints.clusterDrawnAtOnce = drawnAtOnce;
       window.__console.paints.clusterDetail = { mountMs: t0, fetchMs: tGot - tFetch, drawMs: tDrawn - tGot, nodes: nodes.size };
     }));
     sub?.close();
@@ -491,7 +565,7 @@ export function mount(el, ctx) {
       onEvent: (ev) => {
         if (ev.event === "node") {
           const n = norm(JSON.parse(ev.data));
-          const known = els.has(n.name);
+          const known = els.has(n.name) || later.has(n.name);
           if (!replaceNode(n) || !known) { facets(); draw(); }
           const at = Date.now();
           window.__console.applied.push({ view: "cluster", node: n.name, at });

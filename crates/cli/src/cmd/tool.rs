@@ -6,25 +6,11 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Subcommand, ValueEnum};
 use serde_json::{Value, json};
 
-use super::client::{Failure, server_and_key};
-use crate::output::{EXIT_BAD_INPUT, EXIT_FAILURE, fail};
-
-#[derive(Debug, Clone, Copy, Default, ValueEnum)]
-pub enum Format {
-    #[default]
-    Table,
-    Json,
-}
-
-#[derive(Debug, Args)]
-pub struct Out {
-    /// Output format.
-    #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Table)]
-    pub format: Format,
-}
+use super::client::{Client, Failure, Out, finish, runtime, show};
+use crate::output::EXIT_BAD_INPUT;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum Outcome {
@@ -131,82 +117,6 @@ fn bad(msg: impl Into<String>) -> Failure {
     Failure(EXIT_BAD_INPUT, msg.into())
 }
 
-struct Client {
-    url: String,
-    key: String,
-    http: reqwest::Client,
-}
-
-impl Client {
-    fn from_env() -> Result<Client, Failure> {
-        let (url, key) = server_and_key()?;
-        Ok(Client {
-            url,
-            key,
-            http: reqwest::Client::new(),
-        })
-    }
-
-    async fn call(
-        &self,
-        method: reqwest::Method,
-        path: &str,
-        body: Option<(&str, Vec<u8>)>,
-    ) -> Result<Value, Failure> {
-        let mut req = self
-            .http
-            .request(method, format!("{}{path}", self.url))
-            .bearer_auth(&self.key);
-        if let Some((ct, b)) = body {
-            req = req.header("content-type", ct).body(b);
-        }
-        let resp = req.send().await.map_err(|e| {
-            Failure(
-                EXIT_FAILURE,
-                format!(
-                    "cannot reach {} ({e}): is `tessera up` running there? Set TESSERA_URL otherwise",
-                    self.url
-                ),
-            )
-        })?;
-        let status = resp.status();
-        let text = resp.text().await.unwrap_or_default();
-        let v: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
-        if status.is_success() {
-            Ok(v)
-        } else {
-            let detail = v["detail"]
-                .as_str()
-                .map(str::to_string)
-                .unwrap_or_else(|| v.to_string());
-            let code = if status.is_client_error() {
-                EXIT_BAD_INPUT
-            } else {
-                EXIT_FAILURE
-            };
-            let field = v["field"]
-                .as_str()
-                .map(|f| format!(" (field {f})"))
-                .unwrap_or_default();
-            Err(Failure(code, format!("{status}: {detail}{field}")))
-        }
-    }
-
-    async fn json(
-        &self,
-        method: reqwest::Method,
-        path: &str,
-        body: Value,
-    ) -> Result<Value, Failure> {
-        self.call(
-            method,
-            path,
-            Some(("application/json", body.to_string().into_bytes())),
-        )
-        .await
-    }
-}
-
 fn read_file(file: &PathBuf) -> Result<(String, Vec<u8>), Failure> {
     let data = if file.as_os_str() == "-" {
         let mut b = Vec::new();
@@ -229,11 +139,19 @@ fn json_arg(flag: &str, s: &str) -> Result<Value, Failure> {
     serde_json::from_str(s).map_err(|e| bad(format!("{flag}: not valid JSON ({e}): {s}")))
 }
 
-fn print(out: &Out, v: &Value, table: impl Fn(&Value) -> String) {
-    match out.format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(v).unwrap_or_default()),
-        Format::Table => print!("{}", table(v)),
-    }
+/// Sends `v` as the JSON body, exactly as given.
+async fn call_json(
+    cl: &Client,
+    method: reqwest::Method,
+    path: &str,
+    v: Value,
+) -> Result<Value, Failure> {
+    let body = ("application/json", v.to_string().into_bytes());
+    cl.call(method, path, Some(body)).await
+}
+
+fn print(out: &Out, v: &Value, table: impl Fn(&Value) -> String) -> Result<i32, Failure> {
+    show(v, out.format, table)
 }
 
 fn s(v: &Value) -> String {
@@ -347,17 +265,16 @@ async fn run_async(c: ToolCommand) -> Result<(), Failure> {
                     .as_str()
                     .ok_or_else(|| bad(format!("{}: the tool has no \"name\"", file.display())))?
                     .to_string();
-                cl.json(Method::PUT, &format!("/v1/tools/{name}"), spec)
-                    .await?
+                call_json(&cl, Method::PUT, &format!("/v1/tools/{name}"), spec).await?
             } else {
                 cl.call(Method::POST, "/v1/tools", Some((&ct, data)))
                     .await?
             };
-            print(&out, &v, tools_table);
+            print(&out, &v, tools_table)?;
         }
         ToolCommand::List { out } => {
             let v = cl.call(Method::GET, "/v1/tools", None).await?;
-            print(&out, &v, tools_table);
+            print(&out, &v, tools_table)?;
         }
         ToolCommand::Get { name, out } => {
             let v = cl
@@ -365,7 +282,7 @@ async fn run_async(c: ToolCommand) -> Result<(), Failure> {
                 .await?;
             print(&out, &v, |v| {
                 format!("{}\n", serde_json::to_string_pretty(v).unwrap_or_default())
-            });
+            })?;
         }
         ToolCommand::Delete { name } => {
             cl.call(Method::DELETE, &format!("/v1/tools/{name}"), None)
@@ -389,13 +306,13 @@ async fn run_async(c: ToolCommand) -> Result<(), Failure> {
             runtime,
             role,
         } => {
-            let v = cl
-                .json(
-                    Method::POST,
-                    &format!("/v1/tools/{name}/grants"),
-                    json!({"runtime": runtime, "role": role}),
-                )
-                .await?;
+            let v = call_json(
+                &cl,
+                Method::POST,
+                &format!("/v1/tools/{name}/grants"),
+                json!({"runtime": runtime, "role": role}),
+            )
+            .await?;
             println!("{}", v["items"]);
         }
         ToolCommand::Revoke {
@@ -403,13 +320,13 @@ async fn run_async(c: ToolCommand) -> Result<(), Failure> {
             runtime,
             role,
         } => {
-            let v = cl
-                .json(
-                    Method::DELETE,
-                    &format!("/v1/tools/{name}/grants"),
-                    json!({"runtime": runtime, "role": role}),
-                )
-                .await?;
+            let v = call_json(
+                &cl,
+                Method::DELETE,
+                &format!("/v1/tools/{name}/grants"),
+                json!({"runtime": runtime, "role": role}),
+            )
+            .await?;
             println!("{}", v["items"]);
         }
         ToolCommand::Call {
@@ -426,9 +343,7 @@ async fn run_async(c: ToolCommand) -> Result<(), Failure> {
             if let Some(k) = key {
                 body["idempotency_key"] = json!(k);
             }
-            let v = cl
-                .json(Method::POST, &format!("/v1/tools/{name}/call"), body)
-                .await?;
+            let v = call_json(&cl, Method::POST, &format!("/v1/tools/{name}/call"), body).await?;
             print(&out, &v, |v| {
                 format!(
                     "status: {}{}\nledger: {}\nresult: {}\n{}",
@@ -445,7 +360,7 @@ async fn run_async(c: ToolCommand) -> Result<(), Failure> {
                         .map(|e| format!("error: {e}\n"))
                         .unwrap_or_default()
                 )
-            });
+            })?;
         }
         ToolCommand::Ledger {
             session,
@@ -465,7 +380,7 @@ async fn run_async(c: ToolCommand) -> Result<(), Failure> {
                 format!("/v1/ledger?{}", q.join("&"))
             };
             let v = cl.call(Method::GET, &path, None).await?;
-            print(&out, &v, ledger_table);
+            print(&out, &v, ledger_table)?;
         }
         ToolCommand::Resolve {
             id,
@@ -485,17 +400,16 @@ async fn run_async(c: ToolCommand) -> Result<(), Failure> {
             if let Some(e) = error {
                 body["error"] = json!(e);
             }
-            let v = cl
-                .json(Method::POST, &format!("/v1/ledger/{id}/resolve"), body)
-                .await?;
+            let v = call_json(&cl, Method::POST, &format!("/v1/ledger/{id}/resolve"), body).await?;
             println!("{} is now {}", id, s(&v["state"]));
         }
         ToolCommand::Approvals { out } => {
             let v = cl.call(Method::GET, "/v1/approvals", None).await?;
-            print(&out, &v, ledger_table);
+            print(&out, &v, ledger_table)?;
         }
         ToolCommand::Approve { id } => {
-            cl.json(
+            call_json(
+                &cl,
                 Method::POST,
                 &format!("/v1/approvals/{id}"),
                 json!({"decision": "approve"}),
@@ -504,7 +418,8 @@ async fn run_async(c: ToolCommand) -> Result<(), Failure> {
             println!("approved {id}");
         }
         ToolCommand::Deny { id } => {
-            cl.json(
+            call_json(
+                &cl,
                 Method::POST,
                 &format!("/v1/approvals/{id}"),
                 json!({"decision": "deny"}),
@@ -517,15 +432,5 @@ async fn run_async(c: ToolCommand) -> Result<(), Failure> {
 }
 
 pub fn run(c: ToolCommand) -> i32 {
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => return fail(EXIT_FAILURE, format!("cannot start the async runtime: {e}")),
-    };
-    match rt.block_on(run_async(c)) {
-        Ok(()) => 0,
-        Err(Failure(code, msg)) => fail(code, msg),
-    }
+    finish(runtime().and_then(|rt| rt.block_on(run_async(c)).map(|()| 0)))
 }

@@ -144,7 +144,9 @@ fn admin_error(e: AdminError) -> ApiError {
 pub(crate) fn call_error(e: CallError) -> ApiError {
     let msg = e.to_string();
     match e {
-        CallError::ToolNotFound(_) | CallError::SessionNotFound(_) => ApiError::not_found(msg),
+        CallError::ToolNotFound(_) | CallError::SessionNotFound(_) => {
+            ApiError::new(Code::NotFound, msg)
+        }
         CallError::NotYourSession { .. } | CallError::NotGranted { .. } => ApiError::forbidden(msg),
         CallError::InvalidArguments(v) => {
             let path = v.path.trim_start_matches('/').replace('/', ".");

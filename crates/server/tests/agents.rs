@@ -188,6 +188,10 @@ async fn events_usage_and_session_keys() {
         (Method::GET, "/v1/events", None),
         (Method::POST, "/v1/topics/approvals/events", Some(json!({}))),
         (Method::GET, "/v1/watch?kind=job", None),
+        // Other sessions' records, sandboxes and pools are not a session's to follow.
+        (Method::GET, "/v1/watch?kind=session", None),
+        (Method::GET, "/v1/watch?kind=sandbox", None),
+        (Method::GET, "/v1/watch?kind=pool", None),
         (Method::GET, "/v1/agent-pools", None),
         (Method::GET, "/v1/approvals", None),
     ] {

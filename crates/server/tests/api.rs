@@ -544,6 +544,27 @@ async fn watch_streams_only_the_callers_tenant() {
             .contains("session, sandbox, pool"),
         "{v}"
     );
+    // A hostile `after` is refused or waits, never breaks the server.
+    for kind in ["job", "session"] {
+        let r = e
+            .http
+            .get(format!(
+                "{}/v1/watch?kind={kind}&after={}",
+                e.base,
+                u64::MAX
+            ))
+            .bearer_auth(&a)
+            .send()
+            .await
+            .unwrap();
+        assert!(
+            r.status().is_success() || r.status().is_client_error(),
+            "{kind}: {}",
+            r.status()
+        );
+    }
+    let (st, _) = e.call(Some(&a), Method::GET, "/healthz", None).await;
+    assert_eq!(st, StatusCode::OK);
     // Pools' figures are sampled, not kept: there is nothing to resume from.
     let (st, v) = e
         .call(Some(&a), Method::GET, "/v1/watch?kind=pool&after=5", None)

@@ -136,7 +136,8 @@ impl Feed {
         // gave (or the next, before any). Every change after `after` is here when
         // that one is at most `after + 1`.
         let oldest = r.changes.front().map_or(r.next, |c| c.seq);
-        if after + 1 < oldest || after >= r.next {
+        // `after` below `next` first: `after + 1` cannot overflow then.
+        if after >= r.next || after + 1 < oldest {
             return Err(Gone {
                 requested: after,
                 oldest: oldest - 1,
@@ -323,5 +324,7 @@ mod tests {
         );
         assert_eq!(f.since(110, "a").unwrap().len(), KEPT);
         assert!(f.since(f.last() + 1, "a").is_err());
+        // A hostile number is a 410, not an overflow.
+        assert!(f.since(u64::MAX, "a").is_err());
     }
 }

@@ -107,6 +107,7 @@ enum Command {
 }
 
 fn main() {
+    output::quiet_broken_pipes();
     let cli = Cli::parse();
     let code = match cli.command {
         Command::Sched(c) => cmd::sched::run(c),

@@ -32,6 +32,33 @@ pub fn print_text(s: &str) -> i32 {
     }
 }
 
+/// Makes output into a closed pipe (`tessera … | head`) end the command quietly
+/// with status 0, wherever it is printed: what the reader wanted, it got. Code
+/// that writes with `print!`/`println!` panics on a closed pipe; this hook turns
+/// that one panic into exit 0 and leaves every other panic as it was. Called first
+/// thing in `main`.
+pub fn quiet_broken_pipes() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let p = info.payload();
+        let msg = p
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| p.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if is_closed_pipe_panic(msg) {
+            std::process::exit(0);
+        }
+        default(info)
+    }));
+}
+
+/// The message std's `print!` family panics with on a closed stdout or stderr.
+fn is_closed_pipe_panic(msg: &str) -> bool {
+    (msg.starts_with("failed printing to stdout") || msg.starts_with("failed printing to stderr"))
+        && msg.contains("Broken pipe")
+}
+
 /// A time the server gives as milliseconds (`per_second` 1000) or seconds (1) since
 /// the epoch, for people: `2026-12-03 11:20:07 UTC`; `-` when absent.
 pub fn time_cell(v: &serde_json::Value, per_second: i64) -> String {
@@ -53,6 +80,17 @@ pub fn time_cell(v: &serde_json::Value, per_second: i64) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn only_the_closed_pipe_panic_is_quiet() {
+        assert!(super::is_closed_pipe_panic(
+            "failed printing to stdout: Broken pipe (os error 32)"
+        ));
+        assert!(!super::is_closed_pipe_panic(
+            "failed printing to stdout: No space left on device (os error 28)"
+        ));
+        assert!(!super::is_closed_pipe_panic("index out of bounds"));
+    }
+
     use super::time_cell;
     use serde_json::json;
 

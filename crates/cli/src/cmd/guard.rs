@@ -264,6 +264,8 @@ fn scan(a: ScanArgs) -> i32 {
         let out = scanner.redact(&data);
         return match std::io::stdout().write_all(&out) {
             Ok(()) => 0,
+            // `… | head`: the reader has what it wanted.
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => 0,
             Err(e) => fail(EXIT_FAILURE, format!("cannot write stdout: {e}")),
         };
     }

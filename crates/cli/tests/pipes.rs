@@ -28,7 +28,12 @@ fn into_head(args: &[&str], input: &std::path::Path) -> (i32, String, String) {
     // The reader goes, as `head -1` does; the command has far more to print.
     drop(out);
     let mut err = String::new();
-    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
     let status = child.wait().unwrap();
     (
         status.code().unwrap_or(-1),

@@ -59,8 +59,8 @@ pub struct LimitArgs {
     /// Network: `none` (loopback only; with --allow-domain, plus the egress proxy).
     #[arg(long, value_enum, default_value = "none")]
     pub net: NetArg,
-    /// Memory limit, e.g. `512M`, `1G`, or bytes.
-    #[arg(long, default_value = "512M")]
+    /// Memory limit: `512Mi`, `1Gi` (powers of 1024), `500M` (powers of 1000), or bytes.
+    #[arg(long, default_value = "512Mi")]
     pub memory: String,
     /// CPU limit in cores, e.g. `0.5`, `2`.
     #[arg(long, default_value = "1")]
@@ -76,8 +76,8 @@ pub struct LimitArgs {
     /// Maximum number of processes and threads.
     #[arg(long, default_value_t = 256)]
     pub pids: u32,
-    /// Size of each writable layer (/tmp, /home/user, /workspace), e.g. `256M`.
-    #[arg(long, default_value = "256M")]
+    /// Size of each writable layer (/tmp, /home/user, /workspace), e.g. `256Mi`.
+    #[arg(long, default_value = "256Mi")]
     pub disk: String,
     /// Root file system: `host` (the host's /usr, read-only) or a template directory
     /// (from `tessera template build`).
@@ -229,30 +229,18 @@ pub fn run(c: SandboxCommand) -> i32 {
     }
 }
 
-/// Parses `512M`, `1G`, `1.5Gi`, `4096` into bytes.
+/// A size in bytes with the model's quantity rules, as job files and Kubernetes
+/// write them: `Ki Mi Gi Ti` are powers of 1024, `k M G T` powers of 1000, no
+/// suffix is bytes (`512Mi`, `1.5Gi`, `500M`, `4096`). Zero is refused: a limit
+/// of nothing is a mistake.
 pub fn parse_bytes(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let (num, mult) = match t.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
-        None => (t, 1u64),
-        Some((i, _)) => {
-            let m = match t[i..].to_ascii_lowercase().as_str() {
-                "b" => 1,
-                "k" | "kb" | "ki" | "kib" => 1 << 10,
-                "m" | "mb" | "mi" | "mib" => 1 << 20,
-                "g" | "gb" | "gi" | "gib" => 1 << 30,
-                u => return Err(format!("unknown unit {u:?} in {s:?}; use K, M or G")),
-            };
-            (&t[..i], m)
-        }
-    };
-    let v: f64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size; write e.g. 512M"))?;
-    if !(v.is_finite() && v > 0.0) {
-        return Err(format!("{s:?} must be a positive size"));
+    match tessera_model::parse_bytes(s.trim()) {
+        Ok(0) => Err(format!("{s:?} must be a positive size")),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!(
+            "{e}; write a size such as 512Mi or 1Gi (powers of 1024) or 500M (powers of 1000)"
+        )),
     }
-    Ok((v * mult as f64) as u64)
 }
 
 /// Parses `10s`, `500ms`, `2m`, `1h`, or plain seconds.
@@ -1115,13 +1103,18 @@ mod tests {
 
     #[test]
     fn sizes_and_durations_parse() {
-        assert_eq!(parse_bytes("512M"), Ok(512 << 20));
-        assert_eq!(parse_bytes("1G"), Ok(1 << 30));
+        // The model's rules (issue 24: one parse_bytes): binary with `i`, decimal
+        // without, as job files and Kubernetes have them.
+        assert_eq!(parse_bytes("512Mi"), Ok(512 << 20));
+        assert_eq!(parse_bytes("512M"), Ok(512_000_000));
+        assert_eq!(parse_bytes("1Gi"), Ok(1 << 30));
         assert_eq!(parse_bytes("1.5Gi"), Ok(3 << 29));
         assert_eq!(parse_bytes("4096"), Ok(4096));
-        assert!(parse_bytes("12X").unwrap_err().contains("unit"));
+        assert!(parse_bytes("12X").unwrap_err().contains("512Mi"));
+        assert!(parse_bytes("512MB").is_err());
         assert!(parse_bytes("-1").is_err());
         assert!(parse_bytes("").is_err());
+        assert!(parse_bytes("0").unwrap_err().contains("positive"));
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));

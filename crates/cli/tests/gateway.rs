@@ -501,3 +501,36 @@ fn sim_routing_writes_the_table_json_and_plot_the_lead_runs() {
         "{plot:.80}"
     );
 }
+
+/// The Responses API is metered as chat is (it used to meter 0 tokens: the meter
+/// knew only chat's field names, so `/v1/responses` went around budgets and
+/// prices), answered whole and streamed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_responses_api_is_metered_as_chat_is() {
+    let env = start().await;
+    let http = reqwest::Client::new();
+    for (session, stream) in [("resp-whole", false), ("resp-stream", true)] {
+        let r = http
+            .post(format!("{}/v1/responses", env.up.url))
+            .bearer_auth(&env.key)
+            .header("x-session-id", session)
+            .json(&json!({"model": MODEL, "input": "hello there", "stream": stream}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+        let body = r.text().await.unwrap();
+        assert!(body.contains("resp_mock"), "{body}");
+        let u = env.metered_out(session, 4.0).await;
+        let q = &u["session_totals"]["quantities"];
+        assert_eq!(q["tokens_out"].as_f64(), Some(4.0), "{session}: {u}");
+        assert!(
+            q["tokens_in"].as_f64().unwrap_or(0.0) > 0.0,
+            "{session}: {u}"
+        );
+        assert!(
+            q["tokens_cached"].as_f64().unwrap_or(0.0) > 0.0,
+            "{session}: {u}"
+        );
+    }
+}

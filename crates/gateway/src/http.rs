@@ -667,20 +667,35 @@ fn prompt_text(v: &Value) -> Vec<u8> {
     out
 }
 
+/// Picks up an engine reply's id and token usage, in either of OpenAI's shapes:
+/// chat, completions and embeddings (`prompt_tokens`, `completion_tokens`), and the
+/// Responses API (`input_tokens`, `output_tokens`; in a stream, inside the
+/// `response.completed` event's `response`). A reply in the Responses shape must
+/// not meter as 0 tokens: budgets and prices are charged from these figures.
 fn usage_of(v: &Value, u: &mut Usage) {
-    if let Some(id) = v.get("id").and_then(Value::as_str) {
+    let id = v
+        .get("id")
+        .or_else(|| v.pointer("/response/id"))
+        .and_then(Value::as_str);
+    if let Some(id) = id {
         if u.response_id.is_empty() && id.len() <= 256 {
             u.response_id = id.to_string();
         }
     }
-    let Some(x) = v.get("usage").filter(|x| x.is_object()) else {
+    let Some(x) = v
+        .get("usage")
+        .or_else(|| v.pointer("/response/usage"))
+        .filter(|x| x.is_object())
+    else {
         return;
     };
     let n = |p: &str| x.pointer(p).and_then(Value::as_u64).unwrap_or(0);
-    u.prompt_tokens = n("/prompt_tokens");
-    u.completion_tokens = n("/completion_tokens");
-    u.cached_tokens = n("/prompt_tokens_details/cached_tokens");
-    u.reasoning_tokens = n("/completion_tokens_details/reasoning_tokens");
+    u.prompt_tokens = n("/prompt_tokens").max(n("/input_tokens"));
+    u.completion_tokens = n("/completion_tokens").max(n("/output_tokens"));
+    u.cached_tokens =
+        n("/prompt_tokens_details/cached_tokens").max(n("/input_tokens_details/cached_tokens"));
+    u.reasoning_tokens = n("/completion_tokens_details/reasoning_tokens")
+        .max(n("/output_tokens_details/reasoning_tokens"));
 }
 
 /// Parses a Prometheus text page for vLLM's gauges: (waiting, running, KV use).
@@ -1479,6 +1494,45 @@ fn now_ms() -> u64 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn usage_is_read_in_the_chat_and_the_responses_shapes() {
+        let mut u = Usage::default();
+        usage_of(
+            &serde_json::json!({"id": "chatcmpl-1", "usage": {"prompt_tokens": 10, "completion_tokens": 3,
+                "prompt_tokens_details": {"cached_tokens": 4}}}),
+            &mut u,
+        );
+        assert_eq!(
+            (u.prompt_tokens, u.completion_tokens, u.cached_tokens),
+            (10, 3, 4)
+        );
+        assert_eq!(u.response_id, "chatcmpl-1");
+        // The Responses API, answered whole.
+        let mut u = Usage::default();
+        usage_of(
+            &serde_json::json!({"id": "resp_1", "object": "response", "usage": {"input_tokens": 20,
+                "input_tokens_details": {"cached_tokens": 8}, "output_tokens": 5,
+                "output_tokens_details": {"reasoning_tokens": 2}, "total_tokens": 25}}),
+            &mut u,
+        );
+        assert_eq!(
+            (
+                u.prompt_tokens,
+                u.completion_tokens,
+                u.cached_tokens,
+                u.reasoning_tokens
+            ),
+            (20, 5, 8, 2)
+        );
+        assert_eq!(u.response_id, "resp_1");
+        // And streamed: the usage comes in the `response.completed` event.
+        let mut u = Usage::default();
+        let line = br#"data: {"type": "response.completed", "response": {"id": "resp_2", "usage": {"input_tokens": 7, "output_tokens": 9}}}"#;
+        assert!(scan_sse_line(line, &mut u, false), "the event is forwarded");
+        assert_eq!((u.prompt_tokens, u.completion_tokens), (7, 9));
+        assert_eq!(u.response_id, "resp_2");
+    }
+
     use super::*;
 
     #[test]

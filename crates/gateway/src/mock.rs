@@ -1,7 +1,8 @@
 //! A small OpenAI-compatible engine for tests and benchmarks (no GPU engine
 //! can run here): `/v1/chat/completions` and `/v1/completions`, plain and
-//! streaming (SSE, `stream_options.include_usage`), and vLLM-style Prometheus
-//! gauges on `/metrics`. Knobs make it slow, or die in the middle of a stream.
+//! streaming (SSE, `stream_options.include_usage`), the Responses API
+//! (`/v1/responses`, plain and streaming, with its own usage field names), and
+//! vLLM-style Prometheus gauges on `/metrics`. Knobs make it slow, or die in the middle of a stream.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -50,6 +51,7 @@ pub async fn start() -> std::io::Result<MockEngine> {
     let app = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(chat))
+        .route("/v1/responses", post(responses))
         .route("/metrics", get(metrics))
         .with_state(knobs.clone());
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -171,6 +173,49 @@ async fn chat(State(k): State<Arc<MockKnobs>>, body: Bytes) -> Response {
     let s =
         futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|x| (x, rx)) });
     let mut r = Response::new(Body::from_stream(s));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/event-stream"),
+    );
+    r
+}
+
+/// The Responses API: `usage` as `input_tokens` / `output_tokens` (with details),
+/// answered whole or streamed as `response.*` events, the usage in
+/// `response.completed`.
+async fn responses(State(k): State<Arc<MockKnobs>>, body: Bytes) -> Response {
+    let Ok(v) = serde_json::from_slice::<Value>(&body) else {
+        return (StatusCode::BAD_REQUEST, "bad json").into_response();
+    };
+    k.requests.fetch_add(1, Ordering::Relaxed);
+    let model = v.get("model").and_then(Value::as_str).unwrap_or("mock");
+    let input = (body.len() / 4) as u64;
+    let n = k.tokens.load(Ordering::Relaxed).max(1);
+    let text = "ok ".repeat(n);
+    let usage = json!({"input_tokens": input, "input_tokens_details": {"cached_tokens": input / 2},
+        "output_tokens": n, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": input + n as u64});
+    let done = json!({"id": "resp_mock", "object": "response", "status": "completed", "model": model,
+        "output": [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}],
+        "usage": usage});
+    if !v.get("stream").and_then(Value::as_bool).unwrap_or(false) {
+        return axum::Json(done).into_response();
+    }
+    let mut out = String::new();
+    out.push_str(&format!(
+        "event: response.created\ndata: {}\n\n",
+        json!({"type": "response.created", "response": {"id": "resp_mock", "status": "in_progress"}})
+    ));
+    for _ in 0..n {
+        out.push_str(&format!(
+            "event: response.output_text.delta\ndata: {}\n\n",
+            json!({"type": "response.output_text.delta", "delta": "ok "})
+        ));
+    }
+    out.push_str(&format!(
+        "event: response.completed\ndata: {}\n\n",
+        json!({"type": "response.completed", "response": done})
+    ));
+    let mut r = Response::new(Body::from(out));
     r.headers_mut().insert(
         header::CONTENT_TYPE,
         header::HeaderValue::from_static("text/event-stream"),

@@ -253,6 +253,14 @@ pub struct EndpointStatus {
     pub url: String,
     pub weight: u32,
     pub healthy: bool,
+    /// Why it is out of rotation (absent while it is in).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub out_of_rotation: Option<String>,
+    /// How its health is known: `metrics` (vLLM gauges), or `/metrics`, `/health`
+    /// or `/v1/models` (an engine without vLLM's gauges, served on its health
+    /// alone).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub probe: Option<&'static str>,
     pub outstanding: u32,
     pub waiting: u32,
     pub running: u32,
@@ -362,6 +370,12 @@ struct Slot {
     load: EndpointLoad,
     /// Out of rotation until then (failure), or for good (removed).
     down_until: Option<Instant>,
+    /// Why it was last taken out of rotation (kept while it is out).
+    down_reason: Option<String>,
+    /// How its health is known: `metrics` (vLLM gauges on `/metrics`), or the
+    /// path it answered without them (`/metrics`, `/health`, `/v1/models`);
+    /// `None` before the first probe.
+    probe: Option<&'static str>,
     removed: bool,
     failures: u64,
     stats: Window,
@@ -506,6 +520,8 @@ impl PoolInner {
                 weight: e.weight,
                 load: EndpointLoad::default(),
                 down_until: None,
+                down_reason: None,
+                probe: None,
                 removed: false,
                 failures: 0,
                 stats: Window::default(),
@@ -808,6 +824,9 @@ impl Gateway {
                     url: s.url.clone(),
                     weight: s.weight,
                     healthy: g.healthy(s, now),
+                    out_of_rotation: (!g.healthy(s, now))
+                        .then(|| s.down_reason.clone().unwrap_or_else(|| "down".into())),
+                    probe: s.probe,
                     outstanding: s.load.outstanding,
                     waiting: s.load.waiting,
                     running: s.load.running,
@@ -1015,41 +1034,79 @@ impl Gateway {
                 Err(_) => continue,
             };
             for (i, url) in urls {
-                let r = self
-                    .client
-                    .get(format!("{url}/metrics"))
-                    .timeout(Duration::from_secs(2))
-                    .send()
-                    .await;
-                let text = match r {
-                    Ok(r) if r.status().is_success() => r.text().await.ok(),
-                    _ => None,
-                };
+                let probed = self.probe(&url).await;
                 let Ok(mut g) = p.inner.lock() else { continue };
+                let pool_name = g.spec.name.clone();
                 let Some(s) = g.slots.get_mut(i) else {
                     continue;
                 };
                 if s.url != url {
                     continue;
                 }
-                match text {
-                    Some(t) => {
-                        let (w, r, kv) = parse_vllm_metrics(&t);
+                match probed {
+                    Ok((path, text)) => {
+                        let (w, r, kv) =
+                            text.as_deref().map(parse_vllm_metrics).unwrap_or_default();
                         s.load.waiting = w.unwrap_or(0);
                         s.load.running = r.unwrap_or(0);
                         s.load.kv_util = kv.unwrap_or(0.0);
+                        s.probe = Some(path);
                         if s.down_until.is_some_and(|t| Instant::now() >= t) {
                             s.down_until = None;
+                            s.down_reason = None;
                         }
                     }
-                    None => {
+                    Err(why) => {
                         // No answer: keep it out of rotation until it answers.
+                        if s.down_until.is_none() {
+                            eprintln!(
+                                "gateway: pool {pool_name:?}: endpoint {url} out of rotation: {why}"
+                            );
+                        }
                         s.down_until = Some(Instant::now() + self.cfg.down_for);
+                        s.down_reason = Some(why);
                     }
                 }
                 g.release_and_grant();
             }
         }
+    }
+
+    /// Asks an engine how it is: its vLLM gauges on `/metrics` when it has them,
+    /// else a plain health check (`/health`, as vLLM, TGI and llama.cpp serve it,
+    /// then OpenAI's `/v1/models`), so that an engine without vLLM's metrics is
+    /// served on its health alone (its load then counts only the requests this
+    /// gateway has sent it). Returns the path that answered and the gauges' text,
+    /// or why none answered.
+    async fn probe(&self, url: &str) -> Result<(&'static str, Option<String>), String> {
+        let get = |path: &'static str| {
+            self.client
+                .get(format!("{url}{path}"))
+                .timeout(Duration::from_secs(2))
+                .send()
+        };
+        let mut why = Vec::new();
+        match get("/metrics").await {
+            // It answers: it is up, with vLLM's gauges or without.
+            Ok(r) if r.status().is_success() => {
+                let t = r.text().await.unwrap_or_default();
+                return Ok(if t.contains("vllm:") {
+                    ("metrics", Some(t))
+                } else {
+                    ("/metrics", None)
+                });
+            }
+            Ok(r) => why.push(format!("/metrics answered {}", r.status().as_u16())),
+            Err(e) => return Err(format!("no answer from {url}: {e}")),
+        }
+        for path in ["/health", "/v1/models"] {
+            match get(path).await {
+                Ok(r) if r.status().is_success() => return Ok((path, None)),
+                Ok(r) => why.push(format!("{path} answered {}", r.status().as_u16())),
+                Err(e) => why.push(format!("{path}: {e}")),
+            }
+        }
+        Err(format!("not healthy: {}", why.join(", ")))
     }
 
     /// Scrapes engines every `scrape_period` until `stop` turns true.
@@ -1277,19 +1334,19 @@ impl Gateway {
                 Ok(Ok(r)) => {
                     engine_wait += sent.elapsed();
                     last_err = format!("{url} answered {}", r.status());
-                    self.mark_down(&pool, slot, &url);
+                    self.mark_down(&pool, slot, &url, &last_err);
                     continue;
                 }
                 Ok(Err(e)) => {
                     engine_wait += sent.elapsed();
                     last_err = format!("{url}: {e}");
-                    self.mark_down(&pool, slot, &url);
+                    self.mark_down(&pool, slot, &url, &last_err);
                     continue;
                 }
                 Err(_) => {
                     engine_wait += sent.elapsed();
                     last_err = format!("{url}: no answer in {:?}", self.cfg.engine_timeout);
-                    self.mark_down(&pool, slot, &url);
+                    self.mark_down(&pool, slot, &url, &last_err);
                     continue;
                 }
             };
@@ -1312,7 +1369,7 @@ impl Gateway {
                     Err(e) => {
                         engine_wait += sent.elapsed();
                         last_err = format!("{url}: {e}");
-                        self.mark_down(&pool, slot, &url);
+                        self.mark_down(&pool, slot, &url, &last_err);
                         continue;
                     }
                 };
@@ -1397,7 +1454,7 @@ impl Gateway {
                 }
                 let failed_stream = failed.clone();
                 if let Some(e) = failed {
-                    gw.mark_down(&pool2, slot, &url);
+                    gw.mark_down(&pool2, slot, &url, &format!("the stream broke: {e}"));
                     let ev = json!({"error": {"message": format!("the engine {url} failed mid-stream: {e}"), "type": "engine_failed", "code": "engine_failed"}});
                     let _ = tx.send(Ok(Bytes::from(format!("data: {ev}\n\n")))).await;
                 }
@@ -1432,11 +1489,18 @@ impl Gateway {
         )
     }
 
-    fn mark_down(&self, pool: &Pool, slot: usize, url: &str) {
+    fn mark_down(&self, pool: &Pool, slot: usize, url: &str, why: &str) {
         if let Ok(mut g) = pool.inner.lock() {
+            let pool_name = g.spec.name.clone();
             if let Some(s) = g.slots.get_mut(slot) {
                 if s.url == url {
+                    if s.down_until.is_none() {
+                        eprintln!(
+                            "gateway: pool {pool_name:?}: endpoint {url} out of rotation: a request failed: {why}"
+                        );
+                    }
                     s.down_until = Some(Instant::now() + self.cfg.down_for);
+                    s.down_reason = Some(format!("a request failed: {why}"));
                     s.failures += 1;
                 }
             }

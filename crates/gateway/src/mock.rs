@@ -28,6 +28,9 @@ pub struct MockKnobs {
     pub die_after: AtomicUsize,
     /// Answer every request with 503.
     pub down: AtomicBool,
+    /// No vLLM gauges: `/metrics` is a 404 (as on engines other than vLLM); the
+    /// engine's health is on `/health`.
+    pub no_metrics: AtomicBool,
     /// Requests served.
     pub requests: AtomicU64,
     /// Requests in progress (reported as `vllm:num_requests_running`).
@@ -53,6 +56,7 @@ pub async fn start() -> std::io::Result<MockEngine> {
         .route("/v1/completions", post(chat))
         .route("/v1/responses", post(responses))
         .route("/metrics", get(metrics))
+        .route("/health", get(health))
         .with_state(knobs.clone());
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = l.local_addr()?;
@@ -71,12 +75,26 @@ pub async fn start() -> std::io::Result<MockEngine> {
     })
 }
 
-async fn metrics(State(k): State<Arc<MockKnobs>>) -> String {
+async fn health(State(k): State<Arc<MockKnobs>>) -> Response {
+    if k.down.load(Ordering::Relaxed) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "down").into_response();
+    }
+    "ok".into_response()
+}
+
+async fn metrics(State(k): State<Arc<MockKnobs>>) -> Response {
+    if k.down.load(Ordering::Relaxed) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "down").into_response();
+    }
+    if k.no_metrics.load(Ordering::Relaxed) {
+        return StatusCode::NOT_FOUND.into_response();
+    }
     let r = k.running.load(Ordering::Relaxed);
     format!(
         "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{model_name=\"mock\"}} {r}\nvllm:num_requests_waiting{{model_name=\"mock\"}} 0\nvllm:kv_cache_usage_perc{{model_name=\"mock\"}} {:.3}\n",
         (r as f64 / 64.0).min(1.0)
     )
+    .into_response()
 }
 
 struct Running(Arc<MockKnobs>);

@@ -375,3 +375,101 @@ fn kv_events_read_vllm_shaped_json() {
             .is_err()
     );
 }
+
+/// Engines without vLLM's gauges are served on their health check alone, and an
+/// endpoint out of rotation says why (in the pool's status, which `pool get`
+/// and the console show).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engines_without_vllm_metrics_are_served_on_health_and_down_ones_say_why() {
+    let vllm = mock::start().await.unwrap();
+    let plain = mock::start().await.unwrap();
+    plain.knobs.no_metrics.store(true, Ordering::Relaxed);
+    let sick = mock::start().await.unwrap();
+    sick.knobs.down.store(true, Ordering::Relaxed);
+    // Nothing listens there.
+    let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let gone_url = format!("http://{}", gone.local_addr().unwrap());
+    drop(gone);
+    let sink = Arc::new(MemorySink::default());
+    let gw = Gateway::new(sink, GatewayConfig::default());
+    let urls = [
+        vllm.url.clone(),
+        plain.url.clone(),
+        sick.url.clone(),
+        gone_url.clone(),
+    ];
+    gw.upsert_pool(PoolSpec {
+        name: "p".into(),
+        model: "m".into(),
+        endpoints: urls
+            .iter()
+            .map(|u| EndpointSpec {
+                url: u.clone(),
+                weight: 1,
+            })
+            .collect(),
+        max_in_flight: 8,
+        max_queue: 8,
+        queue_timeout_ms: 300,
+        redact: Default::default(),
+    })
+    .unwrap();
+    gw.scrape_once().await;
+    let st = gw.pool_status("p").unwrap();
+    let by = |u: &str| st.endpoints.iter().find(|e| e.url == u).unwrap().clone();
+    let (v, p, s, g) = (by(&vllm.url), by(&plain.url), by(&sick.url), by(&gone_url));
+    assert!(
+        v.healthy && v.probe == Some("metrics") && v.out_of_rotation.is_none(),
+        "{v:?}"
+    );
+    assert!(p.healthy && p.probe == Some("/health"), "{p:?}");
+    assert!(!s.healthy, "{s:?}");
+    assert_eq!(
+        s.out_of_rotation.as_deref(),
+        Some("not healthy: /metrics answered 503, /health answered 503, /v1/models answered 404")
+    );
+    assert!(!g.healthy, "{g:?}");
+    assert!(
+        g.out_of_rotation
+            .as_deref()
+            .unwrap()
+            .starts_with(&format!("no answer from {gone_url}")),
+        "{g:?}"
+    );
+    // The engine without gauges takes requests (a pool of its own, so that routing
+    // cannot prefer the other).
+    gw.upsert_pool(PoolSpec {
+        name: "plain".into(),
+        model: "m2".into(),
+        endpoints: vec![EndpointSpec {
+            url: plain.url.clone(),
+            weight: 1,
+        }],
+        max_in_flight: 8,
+        max_queue: 8,
+        queue_timeout_ms: 300,
+        redact: Default::default(),
+    })
+    .unwrap();
+    gw.scrape_once().await;
+    let who = Caller {
+        tenant: "t1".into(),
+        session: Some("s1".into()),
+        ..Caller::default()
+    };
+    let body = Bytes::from(
+        json!({"model": "m2", "messages": [{"role": "user", "content": "hi"}]}).to_string(),
+    );
+    for _ in 0..3 {
+        let r = gw
+            .forward(who.clone(), "/v1/chat/completions", body.clone())
+            .await;
+        assert_eq!(r.status().as_u16(), 200);
+    }
+    assert_eq!(plain.knobs.requests.load(Ordering::Relaxed), 3);
+    assert_eq!(sick.knobs.requests.load(Ordering::Relaxed), 0);
+    // As JSON (what `GET /v1/pools/p` answers): the reason is there by name.
+    let j = serde_json::to_value(gw.pool_status("p").unwrap()).unwrap();
+    assert!(j["endpoints"][2]["out_of_rotation"].is_string(), "{j}");
+    assert!(j["endpoints"][0].get("out_of_rotation").is_none(), "{j}");
+}

@@ -33,7 +33,7 @@ function card(p) {
       h("thead", {}, h("tr", {}, ["Endpoint", "Healthy", "Weight", "Outstanding", "Waiting", "Running", "KV cache", "Hit rate", "TTFT p50 / p99", "Failures"].map((c) => h("th", { scope: "col" }, c)))),
       h("tbody", {}, p.endpoints.map((e) => h("tr", { "data-endpoint": e.url },
         h("th", { scope: "row" }, h("code", {}, e.url)),
-        h("td", {}, e.healthy ? "yes" : h("strong", {}, "no")),
+        h("td", {}, e.healthy ? (e.probe && e.probe !== "metrics" ? `yes (health: ${e.probe})` : "yes") : h("strong", { title: e.out_of_rotation || "" }, `no: ${e.out_of_rotation || "down"}`)),
         h("td", { class: "num" }, e.weight),
         h("td", { class: "num" }, e.outstanding),
         h("td", { class: "num" }, e.waiting),

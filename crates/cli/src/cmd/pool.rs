@@ -185,10 +185,14 @@ fn pool_detail(v: &Value) -> String {
             vec![
                 cell(&e["url"]),
                 cell(&e["weight"]),
-                if e["healthy"] == true {
-                    "up".into()
-                } else {
-                    "out of rotation".into()
+                match (e["healthy"] == true, e["probe"].as_str()) {
+                    (true, Some("metrics") | None) => "up".into(),
+                    // No vLLM gauges: served on its health check alone.
+                    (true, Some(path)) => format!("up (health: {path})"),
+                    (false, _) => format!(
+                        "out of rotation: {}",
+                        e["out_of_rotation"].as_str().unwrap_or("down")
+                    ),
                 },
                 cell(&e["outstanding"]),
                 cell(&e["waiting"]),

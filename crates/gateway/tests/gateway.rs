@@ -376,6 +376,25 @@ fn kv_events_read_vllm_shaped_json() {
     );
 }
 
+/// A pool of `urls` (weight 1 each) serving `model`, 8 in flight and 8 queued.
+fn small_pool(name: &str, model: &str, urls: &[String]) -> PoolSpec {
+    PoolSpec {
+        name: name.into(),
+        model: model.into(),
+        endpoints: urls
+            .iter()
+            .map(|u| EndpointSpec {
+                url: u.clone(),
+                weight: 1,
+            })
+            .collect(),
+        max_in_flight: 8,
+        max_queue: 8,
+        queue_timeout_ms: 300,
+        redact: Default::default(),
+    }
+}
+
 /// Engines without vLLM's gauges are served on their health check alone, and an
 /// endpoint out of rotation says why (in the pool's status, which `pool get`
 /// and the console show).
@@ -398,22 +417,7 @@ async fn engines_without_vllm_metrics_are_served_on_health_and_down_ones_say_why
         sick.url.clone(),
         gone_url.clone(),
     ];
-    gw.upsert_pool(PoolSpec {
-        name: "p".into(),
-        model: "m".into(),
-        endpoints: urls
-            .iter()
-            .map(|u| EndpointSpec {
-                url: u.clone(),
-                weight: 1,
-            })
-            .collect(),
-        max_in_flight: 8,
-        max_queue: 8,
-        queue_timeout_ms: 300,
-        redact: Default::default(),
-    })
-    .unwrap();
+    gw.upsert_pool(small_pool("p", "m", &urls)).unwrap();
     gw.scrape_once().await;
     let st = gw.pool_status("p").unwrap();
     let by = |u: &str| st.endpoints.iter().find(|e| e.url == u).unwrap().clone();
@@ -438,19 +442,8 @@ async fn engines_without_vllm_metrics_are_served_on_health_and_down_ones_say_why
     );
     // The engine without gauges takes requests (a pool of its own, so that routing
     // cannot prefer the other).
-    gw.upsert_pool(PoolSpec {
-        name: "plain".into(),
-        model: "m2".into(),
-        endpoints: vec![EndpointSpec {
-            url: plain.url.clone(),
-            weight: 1,
-        }],
-        max_in_flight: 8,
-        max_queue: 8,
-        queue_timeout_ms: 300,
-        redact: Default::default(),
-    })
-    .unwrap();
+    gw.upsert_pool(small_pool("plain", "m2", std::slice::from_ref(&plain.url)))
+        .unwrap();
     gw.scrape_once().await;
     let who = Caller {
         tenant: "t1".into(),

@@ -1250,6 +1250,22 @@ async fn a_large_cluster_is_drawn_in_chunks() {
             [format!("rack-{}", RACKS - 1)]
         ])
     );
+    // Opened with that filter in its address, the map's one tab stop is on a node
+    // drawn late (the first screen's nodes are all filtered out).
+    b.goto(&format!("{}/ui/cluster?q=r{}n", up.url, RACKS - 1))
+        .await
+        .unwrap();
+    let stop = b
+        .wait_for(
+            "the tab stop on a late rack",
+            "const c = window.__console; const t = [...document.querySelectorAll('#heatmap svg.node[tabindex=\"0\"]')]; return c && c.paints.clusterComplete && t.map(s => s.dataset.node)",
+            WAIT,
+        )
+        .await
+        .unwrap();
+    let stop = stop.as_array().unwrap();
+    assert_eq!(stop.len(), 1, "{stop:?}");
+    assert_eq!(rack_of(stop[0].as_str().unwrap()), RACKS - 1, "{stop:?}");
     // A job bound to a node drawn late shows in its cell from the watch.
     let http = reqwest::Client::new();
     for (path, body) in [

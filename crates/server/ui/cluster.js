@@ -361,6 +361,9 @@ export function mount(el, ctx) {
       for (const n of p.names) later.delete(n);
       register(p.div);
     }
+    // The map's one tab stop, when the nodes shown so far had none (a filter that
+    // matches only racks drawn late).
+    if (!map.querySelector('svg.node[tabindex="0"]')) map.querySelector("svg.node:not(.hidden)")?.setAttribute("tabindex", "0");
     if (pending.length) setTimeout(() => drawLater(my), 0);
     else done();
   }

@@ -371,6 +371,15 @@ async fn tessera_pool_creates_lists_updates_and_deletes_pools() {
     let (code, out, _) = run(s(&["pool", "get", "second"]));
     assert_eq!(code, 0);
     assert!(out.contains(&b) && !out.contains(&a), "{out}");
+    // The engine's row says it is in rotation (a mock engine has vLLM's gauges).
+    let row = out
+        .lines()
+        .find(|l| l.starts_with(b.as_str()))
+        .unwrap_or("");
+    assert!(
+        row.contains(" up ") && !row.contains("out of rotation"),
+        "{out}"
+    );
 
     // Bad input: exit 2 with a message naming what to fix.
     let (code, _, err) = run(s(&[

@@ -201,8 +201,10 @@ pub struct CpArgs {
 pub struct LsArgs {
     #[command(flatten)]
     pub state: StateArgs,
-    /// Print JSON.
-    #[arg(long)]
+    #[command(flatten)]
+    pub out: super::client::Out,
+    /// The same as `-o json` (kept for scripts written before `-o`).
+    #[arg(long, hide = true)]
     pub json: bool,
 }
 
@@ -1032,29 +1034,38 @@ mod long {
             }
         }
         rows.sort_by(|x, y| x.record.name.cmp(&y.record.name));
-        if a.json {
-            return print_json(&rows);
-        }
-        println!(
-            "{:<24} {:>8} {:>8} {:>6} {:>6}  status",
-            "name", "pid", "memory", "cpus", "pids"
-        );
-        for r in &rows {
-            println!(
-                "{:<24} {:>8} {:>8} {:>6} {:>6}  {}",
-                r.record.name,
-                r.record.supervisor_pid,
-                r.record.memory,
-                r.record.cpus,
-                r.record.pids,
-                if r.running {
-                    "running"
-                } else {
-                    "dead (rm to clean up)"
-                }
+        let format = if a.json {
+            super::super::client::Format::Json
+        } else {
+            a.out.format
+        };
+        let v = match serde_json::to_value(&rows) {
+            Ok(v) => v,
+            Err(e) => return fail(EXIT_FAILURE, e),
+        };
+        let table = |_: &serde_json::Value| {
+            let mut t = format!(
+                "{:<24} {:>8} {:>8} {:>6} {:>6}  status\n",
+                "name", "pid", "memory", "cpus", "pids"
             );
-        }
-        0
+            for r in &rows {
+                t.push_str(&format!(
+                    "{:<24} {:>8} {:>8} {:>6} {:>6}  {}\n",
+                    r.record.name,
+                    r.record.supervisor_pid,
+                    r.record.memory,
+                    r.record.cpus,
+                    r.record.pids,
+                    if r.running {
+                        "running"
+                    } else {
+                        "dead (rm to clean up)"
+                    }
+                ));
+            }
+            t
+        };
+        super::super::client::finish(super::super::client::show(&v, format, table))
     }
 
     pub fn rm(a: RmArgs) -> i32 {

@@ -149,8 +149,10 @@ pub struct TemplateImportArgs {
 pub struct TemplateListArgs {
     #[command(flatten)]
     pub at: RegistryArgs,
-    /// Print JSON.
-    #[arg(long)]
+    #[command(flatten)]
+    pub out: super::client::Out,
+    /// The same as `-o json` (kept for scripts written before `-o`).
+    #[arg(long, hide = true)]
     pub json: bool,
 }
 
@@ -249,24 +251,29 @@ pub fn template(c: TemplateCommand) -> i32 {
                 Ok(l) => l,
                 Err(e) => return fail(EXIT_FAILURE, e),
             };
-            if a.json {
-                return print_json(&list);
-            }
-            println!(
-                "{:<24} {:<73} {:>8} {:>12}  SOURCE",
-                "NAME", "DIGEST", "FILES", "BYTES"
-            );
-            println!(
-                "{:<24} {:<73} {:>8} {:>12}  built in: the host's /usr",
-                "host", "host", "-", "-"
-            );
-            for r in list {
-                println!(
-                    "{:<24} {:<73} {:>8} {:>12}  {}",
-                    r.name, r.digest, r.files, r.bytes, r.source
+            let format = if a.json {
+                super::client::Format::Json
+            } else {
+                a.out.format
+            };
+            let v = match serde_json::to_value(&list) {
+                Ok(v) => v,
+                Err(e) => return fail(EXIT_FAILURE, e),
+            };
+            let table = |_: &serde_json::Value| {
+                let mut t = format!(
+                    "{:<24} {:<73} {:>8} {:>12}  SOURCE\n{:<24} {:<73} {:>8} {:>12}  built in: the host's /usr\n",
+                    "NAME", "DIGEST", "FILES", "BYTES", "host", "host", "-", "-"
                 );
-            }
-            0
+                for r in &list {
+                    t.push_str(&format!(
+                        "{:<24} {:<73} {:>8} {:>12}  {}\n",
+                        r.name, r.digest, r.files, r.bytes, r.source
+                    ));
+                }
+                t
+            };
+            super::client::finish(super::client::show(&v, format, table))
         }
         TemplateCommand::Rm { at, name } => match at
             .open()

@@ -1,6 +1,7 @@
 //! The forward pipeline: a request is accepted, admitted, routed, sent (with
 //! retries before the first byte) and its reply relayed and metered.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -8,13 +9,11 @@ use axum::body::{Body, Bytes};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
 use serde_json::{Value, json};
-use tokio::sync::oneshot;
 
 use crate::route::{EndpointLoad, RouteRequest, text_blocks};
 
 use super::metrics::observe;
-use super::pool::InFlight;
-use super::queue::Ticket;
+use super::pool::{InFlight, Pool};
 use super::{Caller, Gateway, Refusal, Usage, now_ms, openai_error, too_many};
 
 /// The block hashes the gateway's prefix index uses for a request body (chat
@@ -23,52 +22,110 @@ pub fn request_blocks(body: &Value) -> Vec<u64> {
     text_blocks(&prompt_text(body))
 }
 
+/// A request accepted for forwarding: who sent it, the pool that serves its
+/// model, what it asks, and when it came in.
+struct Call {
+    who: Caller,
+    path: &'static str,
+    model: String,
+    pool: Arc<Pool>,
+    /// The request as engines get it (with `stream_options` set when streaming).
+    request: Value,
+    stream: bool,
+    /// The caller asked for the usage chunk (else it is metered and dropped).
+    client_wants_usage: bool,
+    /// For routing: the prompt's block hashes and its tokens (estimated).
+    blocks: Vec<u64>,
+    prompt_tokens: u32,
+    t0: Instant,
+    started_ms: u64,
+}
+
+/// The attempts at a request so far.
+struct Attempts {
+    /// Slots tried (a bitmask).
+    tried: u64,
+    last_err: String,
+    /// Time spent waiting on engines (excluded from the gateway's overhead).
+    engine_wait: Duration,
+    /// The admission grant is not used up yet (the first routing uses it).
+    granted: bool,
+}
+
+impl Attempts {
+    /// Notes an attempt sent at `sent` that failed, and why; returns why.
+    fn failed(&mut self, sent: Instant, why: String) -> &str {
+        self.engine_wait += sent.elapsed();
+        self.last_err = why;
+        &self.last_err
+    }
+}
+
+/// The endpoint one attempt is routed to.
+struct Routed {
+    slot: usize,
+    url: String,
+    uncached: u64,
+    pool_name: String,
+}
+
 impl Gateway {
     /// `POST /v1/chat/completions` (`path` = `/v1/chat/completions`) and
-    /// `POST /v1/completions`.
+    /// `POST /v1/completions`. The steps: `accept`, `admit` (see `queue`), then
+    /// `send_with_retries` (`route`, `send`, and `reply_whole` or a `Relay`).
     pub async fn forward(&self, who: Caller, path: &'static str, body: Bytes) -> Response {
-        let t0 = Instant::now();
-        let started_ms = now_ms();
-        let mut v: Value = match serde_json::from_slice(&body) {
-            Ok(v @ Value::Object(_)) => v,
-            Ok(_) => {
-                return openai_error(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_request_error",
-                    "the body must be a JSON object",
-                );
-            }
+        let call = match self.accept(who, path, &body).await {
+            Ok(call) => call,
+            Err(r) => return r,
+        };
+        if let Err(r) = self.admit(&call.pool, &call.who).await {
+            return r;
+        }
+        let body = match serde_json::to_vec(&call.request) {
+            Ok(b) => Bytes::from(b),
             Err(e) => {
-                return openai_error(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_request_error",
-                    format!("the body is not valid JSON: {e}"),
-                );
+                return openai_error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string());
             }
         };
+        self.send_with_retries(call, body).await
+    }
+
+    /// Accepts a request: a JSON object naming a model that a pool serves, from a
+    /// caller who may spend. A streaming request asks the engine for the usage
+    /// chunk, which is what is metered.
+    async fn accept(
+        &self,
+        who: Caller,
+        path: &'static str,
+        body: &Bytes,
+    ) -> Result<Call, Response> {
+        let t0 = Instant::now();
+        let started_ms = now_ms();
+        let mut v = parse_request(body)
+            .map_err(|why| openai_error(StatusCode::BAD_REQUEST, "invalid_request_error", why))?;
         let Some(model) = v.get("model").and_then(Value::as_str).map(str::to_string) else {
-            return openai_error(
+            return Err(openai_error(
                 StatusCode::BAD_REQUEST,
                 "invalid_request_error",
                 "model: missing; name a model from GET /v1/models",
-            );
+            ));
         };
         let Some(pool) = self.pool_for_model(&model) else {
-            return openai_error(
+            return Err(openai_error(
                 StatusCode::NOT_FOUND,
                 "model_not_found",
                 format!("model {model:?} is served by no pool; see GET /v1/models"),
-            );
+            ));
         };
         if let Err(r) = self.sink.check(&who).await {
-            return match r {
+            return Err(match r {
                 Refusal::Budget(why) => openai_error(
                     StatusCode::PAYMENT_REQUIRED,
                     "budget_exceeded",
                     format!("budget exceeded: {why}"),
                 ),
                 Refusal::Quota(why) => too_many(format!("quota exceeded: {why}"), 60),
-            };
+            });
         }
         let stream = v.get("stream").and_then(Value::as_bool).unwrap_or(false);
         let client_wants_usage = v
@@ -82,306 +139,82 @@ impl Gateway {
         let text = prompt_text(&v);
         let blocks = text_blocks(&text);
         let prompt_tokens = (text.len() / 4) as u32;
-        // Admission: room now, or a place in the fair queue.
-        let mut queued_ticket = None;
-        {
-            let Ok(mut g) = pool.inner.lock() else {
-                return openai_error(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal",
-                    "pool state poisoned",
-                );
-            };
-            let now = Instant::now();
-            if g.capacity(now) == 0 {
-                return openai_error(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "unavailable",
-                    format!("pool {:?} has no healthy endpoint", g.spec.name),
-                );
-            }
-            if g.queue.len == 0 && g.has_room(now) {
-                g.granted += 1;
-            } else if g.queue.len >= g.spec.max_queue {
-                let cap = g.capacity(now).max(1) as u64;
-                let wait = (g.queue.len as u64).div_ceil(cap).max(1);
-                return too_many(
-                    format!(
-                        "pool {:?} is saturated: {} requests in flight, {} waiting at the gateway",
-                        g.spec.name, g.in_flight, g.queue.len
-                    ),
-                    wait,
-                );
-            } else {
-                let (tx, rx) = oneshot::channel();
-                let id = self.ids.fetch_add(1, Ordering::Relaxed);
-                g.queue.push(
-                    &who.tenant,
-                    Ticket {
-                        id,
-                        priority: who.priority,
-                        tx,
-                    },
-                );
-                queued_ticket = Some((id, rx, Duration::from_millis(g.spec.queue_timeout_ms)));
-            }
-        }
-        if let Some((id, rx, timeout)) = queued_ticket {
-            match tokio::time::timeout(timeout, rx).await {
-                Ok(Ok(())) => {}
-                _ => {
-                    let still_queued = pool
-                        .inner
-                        .lock()
-                        .map(|mut g| g.queue.remove(&who.tenant, id))
-                        .unwrap_or(true);
-                    if still_queued {
-                        return too_many(
-                            format!(
-                                "waited {} ms at the gateway for room in the pool",
-                                timeout.as_millis()
-                            ),
-                            2,
-                        );
-                    }
-                    // Granted as the wait ended: go on.
-                }
-            }
-        }
-        let body = match serde_json::to_vec(&v) {
-            Ok(b) => Bytes::from(b),
-            Err(e) => {
-                return openai_error(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string());
-            }
+        Ok(Call {
+            who,
+            path,
+            model,
+            pool,
+            request: v,
+            stream,
+            client_wants_usage,
+            blocks,
+            prompt_tokens,
+            t0,
+            started_ms,
+        })
+    }
+
+    /// Sends an admitted request (`body`) to the endpoint the router picks, and
+    /// on a failure before the first byte to another, up to `retries` more
+    /// times; the first answer is passed on, whole or streamed. 502 when no
+    /// endpoint answers.
+    async fn send_with_retries(&self, call: Call, body: Bytes) -> Response {
+        let mut a = Attempts {
+            tried: 0,
+            last_err: String::new(),
+            engine_wait: Duration::ZERO,
+            granted: true,
         };
-        let mut tried: u64 = 0;
-        let mut last_err = String::new();
-        // Time spent waiting on engines (excluded from the gateway's overhead).
-        let mut engine_wait = Duration::ZERO;
-        let mut granted = true;
         for _attempt in 0..=self.cfg.retries {
-            // Route.
-            let (slot, url, uncached, pool_name) = {
-                let Ok(mut g) = pool.inner.lock() else {
-                    break;
-                };
-                if granted {
-                    g.granted = g.granted.saturating_sub(1);
-                    granted = false;
-                }
-                let now = Instant::now();
-                let limit = g.spec.max_in_flight;
-                let loads: Vec<EndpointLoad> = g
-                    .slots
-                    .iter()
-                    .enumerate()
-                    .map(|(i, s)| {
-                        let mut l = s.load.clone();
-                        l.weight = s.weight;
-                        l.healthy = g.healthy(s, now) && tried & (1 << i) == 0;
-                        l
-                    })
-                    .collect();
-                // Prefer endpoints below their limit; all are over: least bad.
-                let mut under = loads.clone();
-                for (l, s) in under.iter_mut().zip(&g.slots) {
-                    if l.outstanding >= s.weight * limit {
-                        l.healthy = false;
-                    }
-                }
-                let rr = RouteRequest {
-                    tenant: &who.tenant,
-                    session: who.session.as_deref(),
-                    blocks: &blocks,
-                    block_tokens: 16,
-                    prompt_tokens,
-                    now_ms: now_ms(),
-                };
-                let d = g
-                    .router
-                    .pick(&rr, &under)
-                    .or_else(|| g.router.pick(&rr, &loads));
-                let Some(d) = d else {
-                    g.release_and_grant();
-                    break;
-                };
-                g.router.routed(&rr, &d);
-                g.in_flight += 1;
-                let s = &mut g.slots[d.endpoint];
-                s.load.outstanding += 1;
-                s.load.pending_prefill += d.uncached_tokens;
-                (
-                    d.endpoint,
-                    s.url.clone(),
-                    d.uncached_tokens,
-                    g.spec.name.clone(),
-                )
+            let Some(to) = self.route(&call, &mut a) else {
+                break;
             };
-            tried |= 1 << slot;
+            a.tried |= 1 << to.slot;
             let guard = InFlight {
-                pool: pool.clone(),
-                slot,
-                uncached,
+                pool: call.pool.clone(),
+                slot: to.slot,
+                uncached: to.uncached,
             };
-            let mut req = self
-                .client
-                .post(format!("{url}{path}"))
-                .header(header::CONTENT_TYPE, "application/json")
-                .body(body.clone());
-            if let Some(tp) = &who.traceparent {
-                req = req.header("traceparent", tp);
-            }
-            let sent = Instant::now();
-            let resp = tokio::time::timeout(self.cfg.engine_timeout, req.send()).await;
+            let (sent, resp) = self.send(&call, &to.url, &body).await;
             let resp = match resp {
-                Ok(Ok(r)) if !r.status().is_server_error() => r,
-                Ok(Ok(r)) => {
-                    engine_wait += sent.elapsed();
-                    last_err = format!("{url} answered {}", r.status());
-                    self.mark_down(&pool, slot, &url, &last_err);
-                    continue;
-                }
-                Ok(Err(e)) => {
-                    engine_wait += sent.elapsed();
-                    last_err = format!("{url}: {e}");
-                    self.mark_down(&pool, slot, &url, &last_err);
-                    continue;
-                }
-                Err(_) => {
-                    engine_wait += sent.elapsed();
-                    last_err = format!("{url}: no answer in {:?}", self.cfg.engine_timeout);
-                    self.mark_down(&pool, slot, &url, &last_err);
+                Ok(r) => r,
+                Err(why) => {
+                    self.mark_down(&call.pool, to.slot, &to.url, a.failed(sent, why));
                     continue;
                 }
             };
             let status = resp.status();
-            let mut usage = Usage {
-                pool: pool_name,
-                model: model.clone(),
-                request_id: format!(
-                    "gw-{:x}-{}",
-                    self.boot,
-                    self.ids.fetch_add(1, Ordering::Relaxed)
-                ),
-                endpoint: url.clone(),
-                started_ms,
-                ..Usage::default()
-            };
-            if !stream || !status.is_success() {
-                let bytes = match resp.bytes().await {
-                    Ok(b) => b,
-                    Err(e) => {
-                        engine_wait += sent.elapsed();
-                        last_err = format!("{url}: {e}");
-                        self.mark_down(&pool, slot, &url, &last_err);
-                        continue;
-                    }
+            let usage = self.usage_for(&call, to.pool_name, &to.url);
+            if call.stream && status.is_success() {
+                let relay = Relay {
+                    gw: self.clone(),
+                    pool: call.pool,
+                    who: call.who,
+                    slot: to.slot,
+                    url: to.url,
+                    guard,
+                    sent,
+                    usage,
+                    client_wants_usage: call.client_wants_usage,
+                    t0: call.t0,
+                    engine_wait: a.engine_wait,
                 };
-                engine_wait += sent.elapsed();
-                drop(guard);
-                if status.is_success() {
-                    if let Ok(v) = serde_json::from_slice::<Value>(&bytes) {
-                        usage_of(&v, &mut usage);
-                    }
-                }
-                let mut r = Response::new(Body::from(bytes));
-                *r.status_mut() =
-                    StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
-                r.headers_mut().insert(
-                    header::CONTENT_TYPE,
-                    HeaderValue::from_static("application/json"),
-                );
-                // The reply leaves now; metering (a store write) must not hold it.
-                usage.ttft_ms = ms(t0);
-                usage.total_ms = usage.ttft_ms;
-                usage.overhead_us = overhead_us(t0, engine_wait);
-                if status.is_success() {
-                    observe(&pool, slot, &usage);
-                    let sink = self.sink.clone();
-                    tokio::spawn(async move { sink.record(&who, usage).await });
-                }
-                return r;
+                return relay.respond(resp);
             }
-            // Streaming: pass chunks through as they come; meter from the usage
-            // chunk; an engine that dies mid-stream ends the stream with an
-            // error event and leaves rotation.
-            let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(64);
-            let gw = self.clone();
-            let pool2 = pool.clone();
-            let who2 = who.clone();
-            tokio::spawn(async move {
-                let _guard = guard;
-                let mut resp = resp;
-                let mut line = Vec::new();
-                // Nothing forwarded yet: the engine's time runs until the chunk
-                // that completes the first line to forward.
-                let mut first = true;
-                let mut failed = None;
-                loop {
-                    match resp.chunk().await {
-                        Ok(Some(c)) => {
-                            let engine_time = sent.elapsed();
-                            let mut out = Vec::with_capacity(c.len());
-                            for &b in c.iter() {
-                                line.push(b);
-                                if b == b'\n' {
-                                    let keep = scan_sse_line(&line, &mut usage, client_wants_usage);
-                                    if keep {
-                                        out.extend_from_slice(&line);
-                                    }
-                                    line.clear();
-                                }
-                            }
-                            if out.is_empty() {
-                                continue;
-                            }
-                            if tx.send(Ok(Bytes::from(out))).await.is_err() {
-                                break; // client gone
-                            }
-                            if first {
-                                first = false;
-                                usage.ttft_ms = ms(t0);
-                                usage.overhead_us = overhead_us(t0, engine_wait + engine_time);
-                            }
-                        }
-                        Ok(None) => {
-                            if !line.is_empty() {
-                                let _ = tx.send(Ok(Bytes::from(std::mem::take(&mut line)))).await;
-                            }
-                            break;
-                        }
-                        Err(e) => {
-                            failed = Some(e.to_string());
-                            break;
-                        }
-                    }
+            let bytes = match resp.bytes().await {
+                Ok(b) => b,
+                Err(e) => {
+                    let why = format!("{}: {e}", to.url);
+                    self.mark_down(&call.pool, to.slot, &to.url, a.failed(sent, why));
+                    continue;
                 }
-                let failed_stream = failed.clone();
-                if let Some(e) = failed {
-                    gw.mark_down(&pool2, slot, &url, &format!("the stream broke: {e}"));
-                    let ev = json!({"error": {"message": format!("the engine {url} failed mid-stream: {e}"), "type": "engine_failed", "code": "engine_failed"}});
-                    let _ = tx.send(Ok(Bytes::from(format!("data: {ev}\n\n")))).await;
-                }
-                usage.total_ms = ms(t0);
-                if failed_stream.is_none() {
-                    observe(&pool2, slot, &usage);
-                }
-                gw.sink.record(&who2, usage).await;
-            });
-            let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-                rx.recv().await.map(|x| (x, rx))
-            });
-            let mut r = Response::new(Body::from_stream(stream));
-            r.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("text/event-stream"),
-            );
-            r.headers_mut()
-                .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-            return r;
+            };
+            a.engine_wait += sent.elapsed();
+            drop(guard);
+            return self.reply_whole(call, to.slot, status, bytes, usage, a.engine_wait);
         }
-        if granted {
-            if let Ok(mut g) = pool.inner.lock() {
+        if a.granted {
+            if let Ok(mut g) = call.pool.inner.lock() {
                 g.granted = g.granted.saturating_sub(1);
                 g.release_and_grant();
             }
@@ -389,9 +222,279 @@ impl Gateway {
         openai_error(
             StatusCode::BAD_GATEWAY,
             "engine_failed",
-            format!("no endpoint of the pool answered: {last_err}"),
+            format!("no endpoint of the pool answered: {}", a.last_err),
         )
     }
+
+    /// Routes one attempt among the endpoints in rotation not tried yet,
+    /// preferring those below their in-flight limit (when all are over it, the
+    /// least bad), and charges the pick to its endpoint. `None` when there is
+    /// none (the request's room goes to the next in the queue).
+    fn route(&self, call: &Call, a: &mut Attempts) -> Option<Routed> {
+        let Ok(mut g) = call.pool.inner.lock() else {
+            return None;
+        };
+        if a.granted {
+            g.granted = g.granted.saturating_sub(1);
+            a.granted = false;
+        }
+        let now = Instant::now();
+        let limit = g.spec.max_in_flight;
+        let loads: Vec<EndpointLoad> = g
+            .slots
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let mut l = s.load.clone();
+                l.weight = s.weight;
+                l.healthy = g.healthy(s, now) && a.tried & (1 << i) == 0;
+                l
+            })
+            .collect();
+        // Prefer endpoints below their limit; all are over: least bad.
+        let mut under = loads.clone();
+        for (l, s) in under.iter_mut().zip(&g.slots) {
+            if l.outstanding >= s.weight * limit {
+                l.healthy = false;
+            }
+        }
+        let rr = RouteRequest {
+            tenant: &call.who.tenant,
+            session: call.who.session.as_deref(),
+            blocks: &call.blocks,
+            block_tokens: 16,
+            prompt_tokens: call.prompt_tokens,
+            now_ms: now_ms(),
+        };
+        let d = g
+            .router
+            .pick(&rr, &under)
+            .or_else(|| g.router.pick(&rr, &loads));
+        let Some(d) = d else {
+            g.release_and_grant();
+            return None;
+        };
+        g.router.routed(&rr, &d);
+        g.in_flight += 1;
+        let s = &mut g.slots[d.endpoint];
+        s.load.outstanding += 1;
+        s.load.pending_prefill += d.uncached_tokens;
+        Some(Routed {
+            slot: d.endpoint,
+            url: s.url.clone(),
+            uncached: d.uncached_tokens,
+            pool_name: g.spec.name.clone(),
+        })
+    }
+
+    /// Sends `body` to the engine at `url`: when it was sent, and the engine's
+    /// response, or why there is none to pass on (no answer in time, a server
+    /// error).
+    async fn send(
+        &self,
+        call: &Call,
+        url: &str,
+        body: &Bytes,
+    ) -> (Instant, Result<reqwest::Response, String>) {
+        let mut req = self
+            .client
+            .post(format!("{url}{}", call.path))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(body.clone());
+        if let Some(tp) = &call.who.traceparent {
+            req = req.header("traceparent", tp);
+        }
+        let sent = Instant::now();
+        let resp = match tokio::time::timeout(self.cfg.engine_timeout, req.send()).await {
+            Ok(Ok(r)) if !r.status().is_server_error() => Ok(r),
+            Ok(Ok(r)) => Err(format!("{url} answered {}", r.status())),
+            Ok(Err(e)) => Err(format!("{url}: {e}")),
+            Err(_) => Err(format!("{url}: no answer in {:?}", self.cfg.engine_timeout)),
+        };
+        (sent, resp)
+    }
+
+    /// The usage record of a request `url` answers, filled in from its reply.
+    fn usage_for(&self, call: &Call, pool_name: String, url: &str) -> Usage {
+        Usage {
+            pool: pool_name,
+            model: call.model.clone(),
+            request_id: format!(
+                "gw-{:x}-{}",
+                self.boot,
+                self.ids.fetch_add(1, Ordering::Relaxed)
+            ),
+            endpoint: url.to_string(),
+            started_ms: call.started_ms,
+            ..Usage::default()
+        }
+    }
+
+    /// Passes on a whole reply (not streamed, or an error) as the engine gave it;
+    /// a successful one is counted in the pool's figures and metered.
+    fn reply_whole(
+        &self,
+        call: Call,
+        slot: usize,
+        status: reqwest::StatusCode,
+        bytes: Bytes,
+        mut usage: Usage,
+        engine_wait: Duration,
+    ) -> Response {
+        if status.is_success() {
+            if let Ok(v) = serde_json::from_slice::<Value>(&bytes) {
+                usage_of(&v, &mut usage);
+            }
+        }
+        let mut r = Response::new(Body::from(bytes));
+        *r.status_mut() = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        // The reply leaves now; metering (a store write) must not hold it.
+        usage.ttft_ms = ms(call.t0);
+        usage.total_ms = usage.ttft_ms;
+        usage.overhead_us = overhead_us(call.t0, engine_wait);
+        if status.is_success() {
+            observe(&call.pool, slot, &usage);
+            let sink = self.sink.clone();
+            let who = call.who;
+            tokio::spawn(async move { sink.record(&who, usage).await });
+        }
+        r
+    }
+}
+
+/// The request body as JSON; it must be an object. The error says why not.
+fn parse_request(body: &Bytes) -> Result<Value, String> {
+    match serde_json::from_slice(body) {
+        Ok(v @ Value::Object(_)) => Ok(v),
+        Ok(_) => Err("the body must be a JSON object".into()),
+        Err(e) => Err(format!("the body is not valid JSON: {e}")),
+    }
+}
+
+/// A streamed reply on its way to the caller: chunks pass through as they
+/// come; usage is metered from the usage chunk; an engine that dies
+/// mid-stream ends the stream with an error event and leaves rotation.
+struct Relay {
+    gw: Gateway,
+    pool: Arc<Pool>,
+    who: Caller,
+    slot: usize,
+    url: String,
+    /// The request's place in the pool, given back when the relay ends.
+    guard: InFlight,
+    sent: Instant,
+    usage: Usage,
+    client_wants_usage: bool,
+    t0: Instant,
+    /// Time spent on engines before this one answered.
+    engine_wait: Duration,
+}
+
+/// What a relay sends the caller.
+type Chunks = tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>;
+
+impl Relay {
+    /// Starts relaying the engine's `resp`; the caller's streamed response.
+    fn respond(self, resp: reqwest::Response) -> Response {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(64);
+        tokio::spawn(self.run(resp, tx));
+        let stream =
+            futures_util::stream::unfold(
+                rx,
+                |mut rx| async move { rx.recv().await.map(|x| (x, rx)) },
+            );
+        let mut r = Response::new(Body::from_stream(stream));
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        r.headers_mut()
+            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        r
+    }
+
+    /// Relays until the engine's stream ends, breaks or the caller goes; then
+    /// counts and meters the request.
+    async fn run(self, mut resp: reqwest::Response, tx: Chunks) {
+        let Relay {
+            gw,
+            pool,
+            who,
+            slot,
+            url,
+            guard: _guard,
+            sent,
+            mut usage,
+            client_wants_usage,
+            t0,
+            engine_wait,
+        } = self;
+        let mut line = Vec::new();
+        // Nothing forwarded yet: the engine's time runs until the chunk
+        // that completes the first line to forward.
+        let mut first = true;
+        let mut failed = None;
+        loop {
+            match resp.chunk().await {
+                Ok(Some(c)) => {
+                    let engine_time = sent.elapsed();
+                    let out = sse_lines(&mut line, &c, &mut usage, client_wants_usage);
+                    if out.is_empty() {
+                        continue;
+                    }
+                    if tx.send(Ok(Bytes::from(out))).await.is_err() {
+                        break; // client gone
+                    }
+                    if first {
+                        first = false;
+                        usage.ttft_ms = ms(t0);
+                        usage.overhead_us = overhead_us(t0, engine_wait + engine_time);
+                    }
+                }
+                Ok(None) => {
+                    if !line.is_empty() {
+                        let _ = tx.send(Ok(Bytes::from(std::mem::take(&mut line)))).await;
+                    }
+                    break;
+                }
+                Err(e) => {
+                    failed = Some(e.to_string());
+                    break;
+                }
+            }
+        }
+        if let Some(e) = &failed {
+            gw.mark_down(&pool, slot, &url, &format!("the stream broke: {e}"));
+            let ev = json!({"error": {"message": format!("the engine {url} failed mid-stream: {e}"), "type": "engine_failed", "code": "engine_failed"}});
+            let _ = tx.send(Ok(Bytes::from(format!("data: {ev}\n\n")))).await;
+        }
+        usage.total_ms = ms(t0);
+        if failed.is_none() {
+            observe(&pool, slot, &usage);
+        }
+        gw.sink.record(&who, usage).await;
+    }
+}
+
+/// Adds chunk `c` to the SSE `line` being read, and returns the complete lines
+/// to forward (see [`scan_sse_line`]); an incomplete last line stays in `line`.
+fn sse_lines(line: &mut Vec<u8>, c: &[u8], usage: &mut Usage, client_wants_usage: bool) -> Vec<u8> {
+    let mut out = Vec::with_capacity(c.len());
+    for &b in c {
+        line.push(b);
+        if b == b'\n' {
+            let keep = scan_sse_line(line, usage, client_wants_usage);
+            if keep {
+                out.extend_from_slice(line);
+            }
+            line.clear();
+        }
+    }
+    out
 }
 
 /// The text a prompt's prefix is hashed over: chat messages (role and content)

@@ -1,13 +1,21 @@
-//! The per-tenant fair queue at the gateway.
+//! Admission at the gateway: room in the pool now, or a turn in the per-tenant
+//! fair queue.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
+use axum::http::StatusCode;
+use axum::response::Response;
 use tokio::sync::oneshot;
+
+use super::pool::Pool;
+use super::{Caller, Gateway, openai_error, too_many};
 
 #[derive(Debug)]
 pub(super) struct Ticket {
-    pub(super) id: u64,
-    pub(super) priority: i32,
+    id: u64,
+    priority: i32,
     pub(super) tx: oneshot::Sender<()>,
 }
 
@@ -21,7 +29,7 @@ pub(super) struct FairQueue {
 }
 
 impl FairQueue {
-    pub(super) fn push(&mut self, tenant: &str, t: Ticket) {
+    fn push(&mut self, tenant: &str, t: Ticket) {
         self.by_tenant
             .entry(tenant.to_string())
             .or_default()
@@ -61,7 +69,7 @@ impl FairQueue {
         t
     }
 
-    pub(super) fn remove(&mut self, tenant: &str, id: u64) -> bool {
+    fn remove(&mut self, tenant: &str, id: u64) -> bool {
         let Some(q) = self.by_tenant.get_mut(tenant) else {
             return false;
         };
@@ -75,6 +83,81 @@ impl FairQueue {
             self.len -= 1;
         }
         gone
+    }
+}
+
+impl Gateway {
+    /// Admission: the request is granted room in `pool` now (when nobody waits
+    /// and there is room), or waits in the fair queue for a grant, up to the
+    /// pool's queue timeout. 503 when the pool has no healthy endpoint; 429 when
+    /// the queue is full or the wait runs out.
+    pub(super) async fn admit(&self, pool: &Pool, who: &Caller) -> Result<(), Response> {
+        let queued_ticket = {
+            let Ok(mut g) = pool.inner.lock() else {
+                return Err(openai_error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "pool state poisoned",
+                ));
+            };
+            let now = Instant::now();
+            if g.capacity(now) == 0 {
+                return Err(openai_error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    format!("pool {:?} has no healthy endpoint", g.spec.name),
+                ));
+            }
+            if g.queue.len == 0 && g.has_room(now) {
+                g.granted += 1;
+                None
+            } else if g.queue.len >= g.spec.max_queue {
+                let cap = g.capacity(now).max(1) as u64;
+                let wait = (g.queue.len as u64).div_ceil(cap).max(1);
+                return Err(too_many(
+                    format!(
+                        "pool {:?} is saturated: {} requests in flight, {} waiting at the gateway",
+                        g.spec.name, g.in_flight, g.queue.len
+                    ),
+                    wait,
+                ));
+            } else {
+                let (tx, rx) = oneshot::channel();
+                let id = self.ids.fetch_add(1, Ordering::Relaxed);
+                g.queue.push(
+                    &who.tenant,
+                    Ticket {
+                        id,
+                        priority: who.priority,
+                        tx,
+                    },
+                );
+                Some((id, rx, Duration::from_millis(g.spec.queue_timeout_ms)))
+            }
+        };
+        if let Some((id, rx, timeout)) = queued_ticket {
+            match tokio::time::timeout(timeout, rx).await {
+                Ok(Ok(())) => {}
+                _ => {
+                    let still_queued = pool
+                        .inner
+                        .lock()
+                        .map(|mut g| g.queue.remove(&who.tenant, id))
+                        .unwrap_or(true);
+                    if still_queued {
+                        return Err(too_many(
+                            format!(
+                                "waited {} ms at the gateway for room in the pool",
+                                timeout.as_millis()
+                            ),
+                            2,
+                        ));
+                    }
+                    // Granted as the wait ended: go on.
+                }
+            }
+        }
+        Ok(())
     }
 }
 

@@ -184,6 +184,22 @@ impl std::fmt::Debug for SandboxesState {
 }
 
 impl SandboxesState {
+    /// Listed sandboxes by (tenant, state, runtime class), for `/metrics`.
+    pub fn counts(&self) -> std::collections::BTreeMap<(String, String, String), u64> {
+        let mut out = std::collections::BTreeMap::new();
+        if let Some(inner) = &self.inner {
+            for e in inner.lock().values() {
+                let state = json!(e.sandbox.phase())
+                    .as_str()
+                    .unwrap_or("unknown")
+                    .to_string();
+                *out.entry((e.tenant.clone(), state, e.class.clone()))
+                    .or_default() += 1;
+            }
+        }
+        out
+    }
+
     /// Starts this module: its state and any background tasks, which end when
     /// `stop` turns true.
     pub(crate) async fn start(

@@ -128,6 +128,9 @@ pub struct Round {
     pub evictions: usize,
     /// The plan was not applied because a job changed meanwhile; run again.
     pub conflict: bool,
+    /// From the plan's decision to its bindings committed to the store, for a round
+    /// that bound a task and committed.
+    pub bind_write: Option<std::time::Duration>,
 }
 
 /// Scoped names in the snapshot: `tenant/name`.
@@ -353,6 +356,7 @@ pub async fn run_once(
     let Some((considered, plan)) = plan else {
         return Ok(round);
     };
+    let decided = std::time::Instant::now();
     round.jobs_considered = considered;
     round.bindings = plan.bindings.len();
     round.evictions = plan.evictions.len();
@@ -501,7 +505,12 @@ pub async fn run_once(
         return Ok(round);
     }
     match store.commit(ops).await {
-        Ok(_) => Ok(round),
+        Ok(_) => {
+            if !bound.is_empty() {
+                round.bind_write = Some(decided.elapsed());
+            }
+            Ok(round)
+        }
         Err(StoreError::Conflict { .. } | StoreError::NotFound(_)) => {
             round.conflict = true;
             round.jobs_updated = 0;
@@ -546,11 +555,18 @@ pub async fn run_loop(
                 Err(e) => eprintln!("scheduler: reading the store failed: {e}"),
             }
         }
+        let started = std::time::Instant::now();
         let result = match cache.as_mut() {
             Some(c) => run_once(&store, &schedule, c).await,
             None => Ok(Round::default()),
         };
         if let Ok(r) = &result {
+            metrics
+                .scheduler_cycle
+                .observe(started.elapsed().as_secs_f64());
+            if let Some(d) = r.bind_write {
+                metrics.scheduler_bind.observe(d.as_secs_f64());
+            }
             metrics.scheduler_rounds.fetch_add(1, Relaxed);
             if r.conflict {
                 metrics.scheduler_conflicts.fetch_add(1, Relaxed);

@@ -533,6 +533,7 @@ pub fn router(app: App) -> Router {
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::middleware::from_fn(crate::gateway::openai_errors))
         .layer(axum::middleware::from_fn_with_state(app.clone(), count))
+        .layer(axum::middleware::from_fn(crate::access::log))
         .with_state(app)
 }
 

@@ -595,14 +595,14 @@ async fn follow(inner: Arc<Inner>, mut rev: u64, mut poke: tokio::sync::watch::R
                         let _ = inner.tx.send(Arc::new(Update::Reset));
                     }
                     Err(e) => {
-                        eprintln!("console: reading the cluster again failed: {e}");
+                        tracing::warn!("console: reading the cluster again failed: {e}");
                         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
                     }
                 }
                 continue;
             }
             Err(e) => {
-                eprintln!("console: following the change log failed: {e}");
+                tracing::warn!("console: following the change log failed: {e}");
                 tokio::time::sleep(std::time::Duration::from_secs(1)).await;
                 continue;
             }

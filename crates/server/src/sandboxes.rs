@@ -342,7 +342,7 @@ async fn reap_expired(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
                     if let Err(err) = pause_entry(&i2, &e).await {
                         // Its time is up and it cannot be kept: it goes, as without
                         // auto_pause.
-                        eprintln!(
+                        tracing::warn!(
                             "sandbox {}: auto-pause at its timeout failed ({err}); killing it",
                             e.id
                         );
@@ -736,7 +736,7 @@ async fn pause_entry(inner: &Arc<Inner>, e: &Arc<Entry>) -> Result<(), ApiError>
     e.release();
     if let Err(err) = kept::write(&inner.snapshots, e) {
         // Paused all the same, until this server stops.
-        eprintln!(
+        tracing::warn!(
             "sandbox {}: paused, but its record could not be written ({err}); it will not outlive this server",
             e.id
         );

@@ -259,7 +259,7 @@ impl Cache {
         // GPU indices that do not add up (out of range, held twice) are
         // dropped so accounting stays whole; say so.
         for i in snap.repair() {
-            eprintln!("scheduler: snapshot repaired: {i}");
+            tracing::warn!("scheduler: snapshot repaired: {i}");
         }
         snap
     }
@@ -539,7 +539,7 @@ pub async fn run_loop(
         l = store.lead(SCHEDULER_LOCK) => match l {
             Ok(l) => l,
             Err(e) => {
-                eprintln!("scheduler: cannot take the scheduler lock: {e}");
+                tracing::warn!("scheduler: cannot take the scheduler lock: {e}");
                 return;
             }
         },
@@ -552,7 +552,7 @@ pub async fn run_loop(
         if cache.is_none() {
             match Cache::load(&store).await {
                 Ok(c) => cache = Some(c),
-                Err(e) => eprintln!("scheduler: reading the store failed: {e}"),
+                Err(e) => tracing::warn!("scheduler: reading the store failed: {e}"),
             }
         }
         let started = std::time::Instant::now();
@@ -586,7 +586,7 @@ pub async fn run_loop(
             }
             Ok(_) => {}
             Err(e) => {
-                eprintln!("scheduler round failed: {e}");
+                tracing::warn!("scheduler round failed: {e}");
                 cache = None;
             }
         }

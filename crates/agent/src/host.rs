@@ -843,9 +843,27 @@ impl Host {
                             .await;
                         return Err(e);
                     }
+                    tracing::info!(
+                        tenant = %tenant,
+                        session_id = %s.id,
+                        agent_id = %s.runtime,
+                        agent_version = s.version,
+                        sandbox = %sb.id(),
+                        restarted = was_started,
+                        "session {}: its agent answers in sandbox {}",
+                        s.id,
+                        sb.id()
+                    );
                     return Ok(live);
                 }
                 Err(e) => {
+                    tracing::warn!(
+                        tenant = %tenant,
+                        session_id = %s.id,
+                        agent_id = %s.runtime,
+                        "session {}: its agent did not start: {e}",
+                        s.id
+                    );
                     last = e;
                     self.inner
                         .sandboxes
@@ -1006,7 +1024,12 @@ impl Host {
     /// Gives the sandbox back (destroyed in the background) and records its
     /// CPU seconds and memory GB-seconds.
     async fn release(&self, tenant: &str, session: &str, mut live: Live, why: &str) {
-        let _ = why;
+        tracing::info!(
+            tenant = %tenant,
+            session_id = %session,
+            sandbox = %live.sb.id(),
+            "session {session}: sandbox released ({why})"
+        );
         if let Some(c) = live.control.take() {
             c.abort();
         }
@@ -1254,7 +1277,9 @@ impl Host {
                         .unwrap_or_else(|e| Err(e.to_string()))
                     {
                         Ok(()) => kept = true,
-                        Err(e) => eprintln!(
+                        Err(e) => tracing::warn!(
+                            tenant = %tenant,
+                            session_id = %id,
                             "session {tenant}/{id}: its files were not kept on disk ({e}); they go with its sandbox"
                         ),
                     }

@@ -8,6 +8,7 @@
 
 mod bench;
 mod cmd;
+mod logs;
 mod output;
 
 use clap::{Parser, Subcommand};
@@ -20,6 +21,13 @@ use clap::{Parser, Subcommand};
     propagate_version = true
 )]
 struct Cli {
+    /// How logs are written on stderr: `text` for people, `json` (one object a
+    /// line) for log pipelines.
+    #[arg(long, global = true, value_enum, default_value_t, env = "TESSERA_LOG_FORMAT")]
+    log_format: logs::LogFormat,
+    /// More logs: -v debug, -vv trace (of Tessera's own; RUST_LOG overrides).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
     #[command(subcommand)]
     command: Command,
 }
@@ -109,6 +117,13 @@ enum Command {
 fn main() {
     output::quiet_broken_pipes();
     let cli = Cli::parse();
+    // Servers tell what they do (the access log among it); one-shot commands only
+    // what went wrong.
+    let quiet = match &cli.command {
+        Command::Up(_) | Command::K8s(_) => tracing::Level::INFO,
+        _ => tracing::Level::WARN,
+    };
+    logs::init(cli.log_format, cli.verbose, quiet);
     let code = match cli.command {
         Command::Sched(c) => cmd::sched::run(c),
         Command::Sim(a) => cmd::sim::run(a),

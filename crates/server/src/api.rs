@@ -393,18 +393,38 @@ async fn healthz() -> &'static str {
     "ok"
 }
 
-async fn metrics(State(a): State<App>) -> Response {
+async fn metrics(State(a): State<App>, headers: axum::http::HeaderMap) -> Result<Response, ApiError> {
+    use crate::metrics::{gather, tenants};
     use tessera_store::Store;
+    let auth = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let scope = gather::scope(&a.plane, auth).await?;
     let rev = a.plane.store().revision().await.unwrap_or(0);
     let mut text = a.metrics.render(rev);
     // Inference pools: the scaling signal and load (issue 10).
     text.push_str(&a.gateway.gateway.prometheus());
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+    let facts = gather::facts(&scope, &a.cluster, &a.sandboxes, a.plane.store()).await?;
+    text.push_str(&tenants::render(&facts, &scope));
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }
 
+/// Counts every response and its latency (to the response head) under the family
+/// of the route it matched.
 async fn count(State(a): State<App>, req: Request, next: axum::middleware::Next) -> Response {
+    let started = std::time::Instant::now();
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(|m| m.as_str().to_string());
+    let method = req.method().clone();
     let r = next.run(req).await;
-    a.metrics.count_status(r.status().as_u16());
+    a.metrics.observe_request(
+        route.as_deref(),
+        method.as_str(),
+        r.status().as_u16(),
+        started.elapsed().as_secs_f64(),
+    );
     r
 }
 
@@ -513,6 +533,7 @@ pub fn router(app: App) -> Router {
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::middleware::from_fn(crate::gateway::openai_errors))
         .layer(axum::middleware::from_fn_with_state(app.clone(), count))
+        .layer(axum::middleware::from_fn(crate::access::log))
         .with_state(app)
 }
 

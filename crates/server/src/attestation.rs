@@ -119,7 +119,7 @@ impl Attester {
         rec.tcti = a.tpm.tcti().to_string();
         rec.software_tpm = software;
         if software {
-            eprintln!(
+            tracing::info!(
                 "tessera: node {}: attesting with a software TPM ({}): this proves the protocol, not hardware",
                 a.node,
                 a.tpm.tcti()
@@ -136,7 +136,7 @@ impl Attester {
             Err(e) => {
                 rec.registered = false;
                 rec.reason = format!("registration failed: {e}");
-                eprintln!("tessera: node {}: attestation {}", a.node, rec.reason);
+                tracing::warn!("tessera: node {}: attestation {}", a.node, rec.reason);
             }
         }
         rec.checked_ms = now_ms();
@@ -201,11 +201,11 @@ impl Attester {
             }
         }
         if let Err(e) = self.write(&rec).await {
-            eprintln!("tessera: node {}: attestation not recorded: {e}", self.node);
+            tracing::warn!("tessera: node {}: attestation not recorded: {e}", self.node);
         }
         self.label(rec.attested).await;
         if was && !rec.attested {
-            eprintln!(
+            tracing::warn!(
                 "tessera: node {} lost its attestation: {}",
                 self.node, rec.reason
             );
@@ -339,7 +339,7 @@ pub fn measurements(cfg: &crate::ServerConfig) -> Vec<Measurement> {
     let mut v = Vec::new();
     match std::fs::read("/proc/self/exe") {
         Ok(b) => v.push(Measurement::of("tessera-binary", &b)),
-        Err(e) => eprintln!("tessera: the tessera binary is not measured: {e}"),
+        Err(e) => tracing::warn!("tessera: the tessera binary is not measured: {e}"),
     }
     if let Some(init) = &cfg.node.init
         && let Ok(b) = std::fs::read(&init.path)
@@ -373,7 +373,7 @@ pub fn measurements(cfg: &crate::ServerConfig) -> Vec<Measurement> {
     if let Some(k) = &cfg.node.vm_kernel {
         match std::fs::read(k.join("vmlinuz")) {
             Ok(b) => v.push(Measurement::of("guest-kernel", &b)),
-            Err(e) => eprintln!("tessera: the guest kernel is not measured: {e}"),
+            Err(e) => tracing::warn!("tessera: the guest kernel is not measured: {e}"),
         }
     }
     v

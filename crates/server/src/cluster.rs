@@ -462,6 +462,64 @@ impl ClusterState {
             .map(|((t, n), (_, j))| (t.as_str(), n.as_str(), j));
         Ok(view::queue_tree(&queues, jobs, &total, tenant))
     }
+
+    /// The queues, jobs by phase and GPUs held of the tenants `scope` sees, for
+    /// `/metrics` ([`crate::metrics::tenants`]).
+    pub async fn metric_facts(
+        &self,
+        scope: &crate::metrics::tenants::Scope,
+        facts: &mut crate::metrics::tenants::Facts,
+    ) -> Result<(), ApiError> {
+        use crate::metrics::tenants::{Amounts, QueueFacts};
+        let tenants: BTreeSet<String> = {
+            self.ensure().await?;
+            let v = self.inner.view.read().map_err(poisoned)?;
+            for ((t, _), (_, j)) in v.jobs.iter().filter(|((t, _), _)| scope.sees(t)) {
+                *facts
+                    .jobs
+                    .entry((t.clone(), j.spec.queue.clone(), j.status.phase.clone()))
+                    .or_default() += 1;
+            }
+            for (_, n) in v.views.values() {
+                let model = n.model.clone().unwrap_or_else(|| "unknown".into());
+                for g in &n.gpus {
+                    for (h, milli) in &g.uses {
+                        let Some(t) = n.holders.get(*h).and_then(|h| h.tenant.as_ref()) else {
+                            continue;
+                        };
+                        if scope.sees(t) {
+                            *facts
+                                .gpu_milli
+                                .entry((t.clone(), model.clone()))
+                                .or_default() += u64::from(*milli);
+                        }
+                    }
+                }
+            }
+            v.queues
+                .keys()
+                .filter(|(t, _)| scope.sees(t))
+                .map(|(t, _)| t.clone())
+                .collect()
+        };
+        let amounts = |s: &view::Shown| Amounts {
+            cpu: s.cpu_milli as f64 / 1000.0,
+            memory_bytes: s.memory as f64,
+            gpu: s.gpu_milli as f64 / 1000.0,
+        };
+        for t in tenants {
+            for row in self.queues(&t).await? {
+                facts.queues.push(QueueFacts {
+                    tenant: t.clone(),
+                    queue: row.name,
+                    deserved: amounts(&row.deserved),
+                    allocated: amounts(&row.allocated),
+                    pending: amounts(&row.pending),
+                });
+            }
+        }
+        Ok(())
+    }
 }
 
 fn poisoned<T>(_: T) -> ApiError {
@@ -537,14 +595,14 @@ async fn follow(inner: Arc<Inner>, mut rev: u64, mut poke: tokio::sync::watch::R
                         let _ = inner.tx.send(Arc::new(Update::Reset));
                     }
                     Err(e) => {
-                        eprintln!("console: reading the cluster again failed: {e}");
+                        tracing::warn!("console: reading the cluster again failed: {e}");
                         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
                     }
                 }
                 continue;
             }
             Err(e) => {
-                eprintln!("console: following the change log failed: {e}");
+                tracing::warn!("console: following the change log failed: {e}");
                 tokio::time::sleep(std::time::Duration::from_secs(1)).await;
                 continue;
             }

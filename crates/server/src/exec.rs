@@ -185,7 +185,7 @@ pub async fn run_executor(
                 // Fell behind the change log's compaction: read the jobs again.
                 Err(StoreError::Compacted { .. }) => w = ex.resync().await,
                 Err(e) => {
-                    eprintln!("executor: watch failed: {e}");
+                    tracing::warn!("executor: watch failed: {e}");
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }
             },
@@ -208,11 +208,11 @@ fn reconcile_mig(n: &NodeRunner, node: &Arc<NodeRuntime>) {
     let _ = node;
     for (intent, r) in n.mig.reconcile(&Held::new()) {
         match r {
-            Ok(a) => eprintln!(
+            Ok(a) => tracing::info!(
                 "tessera: MIG step of {} on GPU {} finished after a restart: {a:?}",
                 intent.owner, intent.gpu
             ),
-            Err(e) => eprintln!("tessera: MIG step of {} not finished: {e}", intent.owner),
+            Err(e) => tracing::warn!("tessera: MIG step of {} not finished: {e}", intent.owner),
         }
     }
 }
@@ -229,7 +229,7 @@ impl Executor {
             match self.load().await {
                 Ok(rev) => break rev,
                 Err(e) => {
-                    eprintln!("executor: reading jobs failed: {e}; retrying");
+                    tracing::warn!("executor: reading jobs failed: {e}; retrying");
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
             }
@@ -849,7 +849,7 @@ impl Executor {
                 Err(StoreError::Conflict { .. }) => continue,
                 Err(StoreError::NotFound(_)) => return,
                 Err(e) => {
-                    eprintln!("executor: recording the end of {tenant}/{job_name}/{task}: {e}");
+                    tracing::warn!("executor: recording the end of {tenant}/{job_name}/{task}: {e}");
                     return;
                 }
             }
@@ -890,7 +890,7 @@ impl Executor {
                 source_id: format!("job/{job}/{uid}/{task}/{attempt}/{}", kind.as_str()),
             };
             if let Err(e) = record(&self.store, rec).await {
-                eprintln!("executor: usage of {tenant}/{job}/{task}: {e}");
+                tracing::warn!("executor: usage of {tenant}/{job}/{task}: {e}");
             }
         }
     }

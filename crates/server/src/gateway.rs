@@ -69,6 +69,22 @@ impl UsageSink for Meter {
     fn record<'a>(&'a self, who: &'a gw::Caller, u: Usage) -> BoxFuture<'a, ()> {
         Box::pin(async move {
             let session = who.session.clone().unwrap_or_else(|| "none".into());
+            tracing::info!(
+                tenant = %who.tenant,
+                session_id = %session,
+                model_request_id = %u.request_id,
+                model = %u.model,
+                pool = %u.pool,
+                input_tokens = u.prompt_tokens,
+                output_tokens = u.completion_tokens,
+                cached_tokens = u.cached_tokens,
+                ttft_ms = u.ttft_ms,
+                "model request {} to {}: {} tokens in, {} out",
+                u.request_id,
+                u.model,
+                u.prompt_tokens,
+                u.completion_tokens
+            );
             let uncached = u.prompt_tokens.saturating_sub(u.cached_tokens);
             let mut cost = 0.0;
             for (kind, q, tag) in [
@@ -94,7 +110,10 @@ impl UsageSink for Meter {
                 .await
                 {
                     Ok(r) => cost += r.cost,
-                    Err(e) => eprintln!(
+                    Err(e) => tracing::warn!(
+                        tenant = %who.tenant,
+                        session_id = %session,
+                        model_request_id = %u.request_id,
                         "gateway: metering {} tokens of {}/{session}: {e}",
                         kind.as_str(),
                         who.tenant
@@ -105,7 +124,10 @@ impl UsageSink for Meter {
                 if let Err(e) =
                     trace::record_span(&self.store, &who.tenant, chat_span(who, &u, cost)).await
                 {
-                    eprintln!(
+                    tracing::warn!(
+                        tenant = %who.tenant,
+                        session_id = %session,
+                        model_request_id = %u.request_id,
                         "gateway: recording the span of {}/{session}: {e}",
                         who.tenant
                     );

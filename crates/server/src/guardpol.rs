@@ -60,7 +60,7 @@ impl ControlPlane {
                     n += 1;
                 }
                 // A stored policy this version cannot read: the floor still applies.
-                Err(e) => eprintln!(
+                Err(e) => tracing::warn!(
                     "guard: tenant {:?}'s policy is not loaded ({}); the floor applies",
                     o.tenant, e.detail
                 ),

@@ -54,7 +54,7 @@ pub(crate) async fn heartbeat(
             let mismatch = nd.check_devices(&gpus).err();
             let disk = data.as_deref().and_then(tessera_node::health::disk_space);
             for (f, v) in nd.poll_faults() {
-                eprintln!(
+                tracing::warn!(
                     "node {}: GPU {} fault {:?}: {v:?}",
                     nd.config().name,
                     f.device_index,
@@ -99,7 +99,7 @@ pub(crate) async fn heartbeat(
                         StoreError::Conflict { .. } | StoreError::AlreadyExists(_)
                     )
                 {
-                    eprintln!("node {name}: heartbeat not written: {e}");
+                    tracing::warn!("node {name}: heartbeat not written: {e}");
                 }
             }
             if let Some((v, mut rec)) = record {

@@ -24,6 +24,7 @@ pub mod identity;
 pub mod jobfile;
 pub mod jobs;
 pub mod mcp;
+pub mod access;
 pub mod metrics;
 pub mod node;
 pub mod oidc;
@@ -273,14 +274,14 @@ async fn compact_loop(
         let rev = match store.revision().await {
             Ok(r) => r,
             Err(e) => {
-                eprintln!("compaction: reading the revision failed: {e}");
+                tracing::warn!("compaction: reading the revision failed: {e}");
                 continue;
             }
         };
         if rev > c.keep
             && let Err(e) = store.compact(rev - c.keep).await
         {
-            eprintln!("compaction through {} failed: {e}", rev - c.keep);
+            tracing::warn!("compaction through {} failed: {e}", rev - c.keep);
         }
     }
 }
@@ -340,7 +341,7 @@ async fn start_microvm(
                 kernel.display()
             ),
         })?;
-    eprintln!(
+    tracing::info!(
         "tessera: micro-VM tier: {}",
         tessera_sandbox::Tier::info(&*tier).detail
     );
@@ -496,7 +497,7 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
             .join("gpushare");
         let gpushare = tessera_node::gpushare::hook(&cfg.node.gpushare, &share_dir);
         if !local.gpus.is_empty() {
-            eprintln!("tessera: GPU shares {}", gpushare.describe());
+            tracing::info!("tessera: GPU shares {}", gpushare.describe());
         }
         let ncfg = tessera_node::NodeConfig {
             name: local.name.clone(),
@@ -517,7 +518,7 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
                 match tessera_node::faults::NvmlFaults::open(&idx) {
                     Ok(f) => Some(std::sync::Arc::new(f) as _),
                     Err(e) => {
-                        eprintln!("tessera: GPU fault events are not watched: {e}");
+                        tracing::warn!("tessera: GPU fault events are not watched: {e}");
                         None
                     }
                 }
@@ -541,7 +542,7 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
             })?
             .map_err(|e| e.to_string());
         if let Err(e) = &node {
-            eprintln!("tessera: job tasks cannot run on this node: {e}");
+            tracing::warn!("tessera: job tasks cannot run on this node: {e}");
         }
         let mig_backend = cfg.node.mig.clone().or_else(|| {
             (!local.gpus.is_empty())

@@ -110,7 +110,7 @@ impl SpanSink for Sink {
         {
             let n = self.dropped.fetch_add(1, Ordering::Relaxed);
             if n.is_power_of_two() || n == 0 {
-                eprintln!(
+                tracing::warn!(
                     "tessera: OTLP export queue full or closed: {} span(s) dropped from export so far (they stay in the store)",
                     n + 1
                 );
@@ -199,7 +199,7 @@ async fn run(exporter: opentelemetry_otlp::SpanExporter, mut rx: mpsc::Receiver<
             if let Err(e) = exporter.export(chunk.to_vec()).await {
                 failures += 1;
                 if failures.is_power_of_two() {
-                    eprintln!(
+                    tracing::warn!(
                         "tessera: OTLP export of {} span(s) failed ({failures} failure(s) so far): {e}; those spans stay in the store only",
                         chunk.len()
                     );

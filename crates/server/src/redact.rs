@@ -130,10 +130,10 @@ async fn audit_loop(
         match plane.audit(&guard, "redact", object, now_ms()) {
             Ok(op) => {
                 if let Err(err) = plane.store().commit(vec![op]).await {
-                    eprintln!("guard: writing the audit entry of a redaction failed: {err}");
+                    tracing::warn!("guard: writing the audit entry of a redaction failed: {err}");
                 }
             }
-            Err(err) => eprintln!("guard: audit entry of a redaction: {err}"),
+            Err(err) => tracing::warn!("guard: audit entry of a redaction: {err}"),
         }
     }
 }

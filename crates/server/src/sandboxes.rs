@@ -184,6 +184,22 @@ impl std::fmt::Debug for SandboxesState {
 }
 
 impl SandboxesState {
+    /// Listed sandboxes by (tenant, state, runtime class), for `/metrics`.
+    pub fn counts(&self) -> std::collections::BTreeMap<(String, String, String), u64> {
+        let mut out = std::collections::BTreeMap::new();
+        if let Some(inner) = &self.inner {
+            for e in inner.lock().values() {
+                let state = json!(e.sandbox.phase())
+                    .as_str()
+                    .unwrap_or("unknown")
+                    .to_string();
+                *out.entry((e.tenant.clone(), state, e.class.clone()))
+                    .or_default() += 1;
+            }
+        }
+        out
+    }
+
     /// Starts this module: its state and any background tasks, which end when
     /// `stop` turns true.
     pub(crate) async fn start(
@@ -326,7 +342,7 @@ async fn reap_expired(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
                     if let Err(err) = pause_entry(&i2, &e).await {
                         // Its time is up and it cannot be kept: it goes, as without
                         // auto_pause.
-                        eprintln!(
+                        tracing::warn!(
                             "sandbox {}: auto-pause at its timeout failed ({err}); killing it",
                             e.id
                         );
@@ -720,7 +736,7 @@ async fn pause_entry(inner: &Arc<Inner>, e: &Arc<Entry>) -> Result<(), ApiError>
     e.release();
     if let Err(err) = kept::write(&inner.snapshots, e) {
         // Paused all the same, until this server stops.
-        eprintln!(
+        tracing::warn!(
             "sandbox {}: paused, but its record could not be written ({err}); it will not outlive this server",
             e.id
         );

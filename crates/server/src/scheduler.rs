@@ -128,6 +128,9 @@ pub struct Round {
     pub evictions: usize,
     /// The plan was not applied because a job changed meanwhile; run again.
     pub conflict: bool,
+    /// From the plan's decision to its bindings committed to the store, for a round
+    /// that bound a task and committed.
+    pub bind_write: Option<std::time::Duration>,
 }
 
 /// Scoped names in the snapshot: `tenant/name`.
@@ -256,7 +259,7 @@ impl Cache {
         // GPU indices that do not add up (out of range, held twice) are
         // dropped so accounting stays whole; say so.
         for i in snap.repair() {
-            eprintln!("scheduler: snapshot repaired: {i}");
+            tracing::warn!("scheduler: snapshot repaired: {i}");
         }
         snap
     }
@@ -353,6 +356,7 @@ pub async fn run_once(
     let Some((considered, plan)) = plan else {
         return Ok(round);
     };
+    let decided = std::time::Instant::now();
     round.jobs_considered = considered;
     round.bindings = plan.bindings.len();
     round.evictions = plan.evictions.len();
@@ -501,7 +505,12 @@ pub async fn run_once(
         return Ok(round);
     }
     match store.commit(ops).await {
-        Ok(_) => Ok(round),
+        Ok(_) => {
+            if !bound.is_empty() {
+                round.bind_write = Some(decided.elapsed());
+            }
+            Ok(round)
+        }
         Err(StoreError::Conflict { .. } | StoreError::NotFound(_)) => {
             round.conflict = true;
             round.jobs_updated = 0;
@@ -530,7 +539,7 @@ pub async fn run_loop(
         l = store.lead(SCHEDULER_LOCK) => match l {
             Ok(l) => l,
             Err(e) => {
-                eprintln!("scheduler: cannot take the scheduler lock: {e}");
+                tracing::warn!("scheduler: cannot take the scheduler lock: {e}");
                 return;
             }
         },
@@ -543,14 +552,21 @@ pub async fn run_loop(
         if cache.is_none() {
             match Cache::load(&store).await {
                 Ok(c) => cache = Some(c),
-                Err(e) => eprintln!("scheduler: reading the store failed: {e}"),
+                Err(e) => tracing::warn!("scheduler: reading the store failed: {e}"),
             }
         }
+        let started = std::time::Instant::now();
         let result = match cache.as_mut() {
             Some(c) => run_once(&store, &schedule, c).await,
             None => Ok(Round::default()),
         };
         if let Ok(r) = &result {
+            metrics
+                .scheduler_cycle
+                .observe(started.elapsed().as_secs_f64());
+            if let Some(d) = r.bind_write {
+                metrics.scheduler_bind.observe(d.as_secs_f64());
+            }
             metrics.scheduler_rounds.fetch_add(1, Relaxed);
             if r.conflict {
                 metrics.scheduler_conflicts.fetch_add(1, Relaxed);
@@ -570,7 +586,7 @@ pub async fn run_loop(
             }
             Ok(_) => {}
             Err(e) => {
-                eprintln!("scheduler round failed: {e}");
+                tracing::warn!("scheduler round failed: {e}");
                 cache = None;
             }
         }

@@ -88,7 +88,7 @@ impl ToolsState {
                     break;
                 }
                 if let Err(e) = g.sweep().await {
-                    eprintln!("tool gateway: sweep failed: {e}");
+                    tracing::warn!("tool gateway: sweep failed: {e}");
                 }
             }
             g.flush().await;
@@ -184,7 +184,7 @@ pub(crate) async fn audit(store: &AnyStore, c: &Caller, action: &str, object: St
         .create(key, serde_json::to_value(body).unwrap_or_default())
         .await
     {
-        eprintln!("tools: writing an audit entry failed: {e}");
+        tracing::warn!("tools: writing an audit entry failed: {e}");
     }
 }
 

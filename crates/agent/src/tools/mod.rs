@@ -791,10 +791,11 @@ impl<S: Store> Gateway<S> {
             .map_err(CallError::InvalidArguments)?;
         let hash = ledger::args_hash(&req.arguments);
         let started_ms = now_ms();
-        let (session, tool_call_id, fee) = (
+        let (session, tool_call_id, fee, agent) = (
             req.session_id.clone(),
             req.tool_call_id.clone(),
             tool.spec.fee,
+            runtime.clone().unwrap_or_default(),
         );
         let call = Arc::new(Call {
             tenant: tenant.to_string(),
@@ -807,6 +808,19 @@ impl<S: Store> Gateway<S> {
         });
         let mut out = self.run(call).await?;
         out.timing.total_us = t0.elapsed().as_micros() as u64;
+        tracing::info!(
+            tenant = %tenant,
+            session_id = %session,
+            agent_id = %agent,
+            tool_call_id = %tool_call_id,
+            ledger_id = %out.ledger_id,
+            tool = %tool_name,
+            status = ?out.status,
+            replayed = out.replayed,
+            duration_ms = out.timing.total_us as f64 / 1000.0,
+            "tool call {tool_call_id} ({tool_name}): {:?}",
+            out.status
+        );
         // One `execute_tool` span per call that ended (a replay or a call still
         // waiting for its approval adds none), with its fee as its cost.
         if !out.replayed
@@ -828,7 +842,10 @@ impl<S: Store> Gateway<S> {
                 },
             );
             if let Err(e) = crate::trace::record_span(store, tenant, span).await {
-                eprintln!(
+                tracing::warn!(
+                    session_id = %session,
+                    tool_call_id = %tool_call_id,
+                    ledger_id = %out.ledger_id,
                     "tool gateway: recording the span of ledger {}: {e}",
                     out.ledger_id
                 );
@@ -1347,7 +1364,11 @@ impl<S: Store> Gateway<S> {
             if let Some(u) = usage.filter(|_| !lose) {
                 // Once per ledger entry: the meter counts a source id once.
                 if let Err(err) = crate::meter::record(&me.inner.store, u).await {
-                    eprintln!("tool gateway: metering ledger {} failed: {err}", fk.1);
+                    tracing::warn!(
+                        ledger_id = %fk.1,
+                        "tool gateway: metering ledger {} failed: {err}",
+                        fk.1
+                    );
                 }
             }
             let r = if lose {
@@ -1364,7 +1385,11 @@ impl<S: Store> Gateway<S> {
                 }
                 Err(StoreError::Closed) if lose => {}
                 Err(err) => {
-                    eprintln!("tool gateway: recording ledger {} failed: {err}", fk.1);
+                    tracing::warn!(
+                        ledger_id = %fk.1,
+                        "tool gateway: recording ledger {} failed: {err}",
+                        fk.1
+                    );
                 }
             }
             me.inner.recent.lock().unwrap().remove(&fk);
@@ -1408,7 +1433,7 @@ impl<S: Store> Gateway<S> {
         )
         .await
         {
-            eprintln!("tool gateway: publishing on {tenant}/{APPROVALS_TOPIC} failed: {e}");
+            tracing::warn!("tool gateway: publishing on {tenant}/{APPROVALS_TOPIC} failed: {e}");
         }
     }
 

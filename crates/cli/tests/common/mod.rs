@@ -27,6 +27,8 @@ pub struct Up {
     pub url: String,
     pub key: Option<String>,
     pub child: Child,
+    /// Its stdout and stderr lines after those read at start.
+    pub lines: mpsc::Receiver<String>,
 }
 
 impl Drop for Up {
@@ -90,5 +92,6 @@ pub fn up_with(extra: &[&str]) -> Up {
         url: url.unwrap(),
         key,
         child,
+        lines: rx,
     }
 }

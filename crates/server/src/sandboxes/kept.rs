@@ -88,10 +88,10 @@ pub(super) fn relist(inner: &super::Inner) {
     let vm = inner.microvm.clone().map(|v| v as Arc<dyn Tier>);
     let (paused, notes) = load(&inner.snapshots, &inner.namespace, vm.as_ref());
     for n in notes {
-        eprintln!("sandboxes: {n}");
+        tracing::warn!("sandboxes: {n}");
     }
     if !paused.is_empty() {
-        eprintln!(
+        tracing::info!(
             "sandboxes: {} paused sandbox(es) of an earlier run listed again, resumable",
             paused.len()
         );

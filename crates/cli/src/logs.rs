@@ -46,7 +46,13 @@ pub fn init(format: LogFormat, verbose: u8, quiet: tracing::Level) {
 
 fn default_filter(verbose: u8, quiet: tracing::Level) -> EnvFilter {
     use tracing::Level;
-    let levels = [Level::ERROR, Level::WARN, Level::INFO, Level::DEBUG, Level::TRACE];
+    let levels = [
+        Level::ERROR,
+        Level::WARN,
+        Level::INFO,
+        Level::DEBUG,
+        Level::TRACE,
+    ];
     let at = levels.iter().position(|l| *l == quiet).unwrap_or(1);
     let ours = levels[(at + usize::from(verbose)).min(levels.len() - 1)];
     EnvFilter::new(format!(

@@ -23,7 +23,13 @@ use clap::{Parser, Subcommand};
 struct Cli {
     /// How logs are written on stderr: `text` for people, `json` (one object a
     /// line) for log pipelines.
-    #[arg(long, global = true, value_enum, default_value_t, env = "TESSERA_LOG_FORMAT")]
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value_t,
+        env = "TESSERA_LOG_FORMAT"
+    )]
     log_format: logs::LogFormat,
     /// More logs: -v debug, -vv trace (of Tessera's own; RUST_LOG overrides).
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]

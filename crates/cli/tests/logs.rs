@@ -34,13 +34,7 @@ fn access_line(up: &common::Up, id: &str) -> Value {
 async fn the_server_logs_json_lines_with_request_ids() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
-    let up = up_with(&[
-        "--data",
-        d,
-        "--no-local-node",
-        "--log-format",
-        "json",
-    ]);
+    let up = up_with(&["--data", d, "--no-local-node", "--log-format", "json"]);
     let http = reqwest::Client::new();
 
     // The caller's id is kept, echoed and logged.

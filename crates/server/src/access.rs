@@ -50,8 +50,7 @@ pub async fn log(mut req: Request, next: Next) -> Response {
 fn sane(v: &str) -> bool {
     !v.is_empty()
         && v.len() <= 64
-        && v
-            .bytes()
+        && v.bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 

@@ -393,7 +393,10 @@ async fn healthz() -> &'static str {
     "ok"
 }
 
-async fn metrics(State(a): State<App>, headers: axum::http::HeaderMap) -> Result<Response, ApiError> {
+async fn metrics(
+    State(a): State<App>,
+    headers: axum::http::HeaderMap,
+) -> Result<Response, ApiError> {
     use crate::metrics::{gather, tenants};
     use tessera_store::Store;
     let auth = headers

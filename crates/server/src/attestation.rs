@@ -207,7 +207,8 @@ impl Attester {
         if was && !rec.attested {
             tracing::warn!(
                 "tessera: node {} lost its attestation: {}",
-                self.node, rec.reason
+                self.node,
+                rec.reason
             );
             crate::jobs::evict_on_node(
                 &self.store,

@@ -210,7 +210,8 @@ fn reconcile_mig(n: &NodeRunner, node: &Arc<NodeRuntime>) {
         match r {
             Ok(a) => tracing::info!(
                 "tessera: MIG step of {} on GPU {} finished after a restart: {a:?}",
-                intent.owner, intent.gpu
+                intent.owner,
+                intent.gpu
             ),
             Err(e) => tracing::warn!("tessera: MIG step of {} not finished: {e}", intent.owner),
         }
@@ -849,7 +850,9 @@ impl Executor {
                 Err(StoreError::Conflict { .. }) => continue,
                 Err(StoreError::NotFound(_)) => return,
                 Err(e) => {
-                    tracing::warn!("executor: recording the end of {tenant}/{job_name}/{task}: {e}");
+                    tracing::warn!(
+                        "executor: recording the end of {tenant}/{job_name}/{task}: {e}"
+                    );
                     return;
                 }
             }

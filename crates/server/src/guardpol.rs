@@ -62,7 +62,8 @@ impl ControlPlane {
                 // A stored policy this version cannot read: the floor still applies.
                 Err(e) => tracing::warn!(
                     "guard: tenant {:?}'s policy is not loaded ({}); the floor applies",
-                    o.tenant, e.detail
+                    o.tenant,
+                    e.detail
                 ),
             }
         }

@@ -9,6 +9,7 @@
 // The OpenAPI document is one `json!` literal, deeper than the default limit allows.
 #![recursion_limit = "256"]
 
+pub mod access;
 pub mod agents;
 pub mod api;
 pub mod attestation;
@@ -24,7 +25,6 @@ pub mod identity;
 pub mod jobfile;
 pub mod jobs;
 pub mod mcp;
-pub mod access;
 pub mod metrics;
 pub mod node;
 pub mod oidc;

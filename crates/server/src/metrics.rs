@@ -14,6 +14,7 @@
 //! Counters and histograms are atomics: recording one is lock-free, on the request
 //! path and in the scheduler loop alike.
 
+pub mod gather;
 pub mod histogram;
 pub mod tenants;
 
@@ -58,7 +59,11 @@ pub struct Metrics {
 
 impl Default for Metrics {
     fn default() -> Self {
-        Self::new(crate::api::ROUTE_TABLES.iter().flat_map(|t| t.iter().map(|r| r.path)))
+        Self::new(
+            crate::api::ROUTE_TABLES
+                .iter()
+                .flat_map(|t| t.iter().map(|r| r.path)),
+        )
     }
 }
 
@@ -267,8 +272,14 @@ mod tests {
             ),
             "{s}"
         );
-        assert!(s.contains("tessera_http_responses_total{class=\"4xx\"} 2"), "{s}");
-        assert!(!s.contains("family=\"sandboxes\""), "no series before a request: {s}");
+        assert!(
+            s.contains("tessera_http_responses_total{class=\"4xx\"} 2"),
+            "{s}"
+        );
+        assert!(
+            !s.contains("family=\"sandboxes\""),
+            "no series before a request: {s}"
+        );
         assert!(s.contains("tessera_store_revision 7"));
     }
 

@@ -39,7 +39,9 @@ fn sandboxes_here() -> Option<tessera_sandbox::InitProgram> {
             panic!("metrics: sandboxes need root and tessera-sandbox-init here")
         }
         _ => {
-            eprintln!("metrics: no sandboxes here (root and tessera-sandbox-init needed): their series are not checked");
+            eprintln!(
+                "metrics: no sandboxes here (root and tessera-sandbox-init needed): their series are not checked"
+            );
             None
         }
     }
@@ -88,8 +90,10 @@ async fn metrics_follow_prometheus_conventions_and_keep_tenants_apart() {
     j["tasks"][0]["gpu"] = json!(8);
     let (st, v) = beta.post("/v1/jobs", j).await;
     assert_eq!(st, StatusCode::CREATED, "{v}");
-    beta.wait_for("/v1/jobs/big", |v| v["status"]["pending_reason"].is_string())
-        .await;
+    beta.wait_for("/v1/jobs/big", |v| {
+        v["status"]["pending_reason"].is_string()
+    })
+    .await;
     for (t, q) in [(&alpha, 120.0), (&beta, 7.0)] {
         let rec = json!({"session": "s1", "runtime": "bot", "kind": "tokens_out", "quantity": q, "source_id": "m-1"});
         let (st, v) = t.post("/v1/usage", rec).await;
@@ -157,17 +161,26 @@ async fn metrics_follow_prometheus_conventions_and_keep_tenants_apart() {
     // The system's key: every tenant.
     let (_, all) = scrape(&s.base, s.admin.key.as_deref()).await;
     assert_eq!(
-        value(&all, "tessera_queue_pending{tenant=\"beta\",queue=\"q\",resource=\"gpu\"}"),
+        value(
+            &all,
+            "tessera_queue_pending{tenant=\"beta\",queue=\"q\",resource=\"gpu\"}"
+        ),
         Some(8.0),
         "{all}"
     );
     assert_eq!(
-        value(&all, "tessera_jobs{tenant=\"beta\",queue=\"q\",phase=\"pending\"}"),
+        value(
+            &all,
+            "tessera_jobs{tenant=\"beta\",queue=\"q\",phase=\"pending\"}"
+        ),
         Some(1.0),
         "{all}"
     );
     assert_eq!(
-        value(&all, "tessera_tokens_total{tenant=\"beta\",type=\"output\"}"),
+        value(
+            &all,
+            "tessera_tokens_total{tenant=\"beta\",type=\"output\"}"
+        ),
         Some(7.0),
         "{all}"
     );

@@ -48,7 +48,10 @@ impl Histogram {
                 Some(b) => format!("{b}"),
                 None => "+Inf".to_string(),
             };
-            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{le}\"}} {cumulative}");
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{{labels}{sep}le=\"{le}\"}} {cumulative}"
+            );
         }
         let sum = self.sum_nanos.load(Relaxed) as f64 / 1e9;
         let braces = |l: &str| {

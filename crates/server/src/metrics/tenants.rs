@@ -150,7 +150,11 @@ pub fn render(facts: &Facts, scope: &Scope) -> String {
         "Sandboxes of the sandbox API, by state and runtime class.",
         "gauge",
     );
-    for ((t, st, c), n) in facts.sandboxes.iter().filter(|((t, _, _), _)| scope.sees(t)) {
+    for ((t, st, c), n) in facts
+        .sandboxes
+        .iter()
+        .filter(|((t, _, _), _)| scope.sees(t))
+    {
         fam.sample(
             "tessera_sandboxes",
             &[("tenant", t), ("state", st), ("runtime_class", c)],
@@ -255,8 +259,7 @@ mod tests {
                 allocated: Amounts::default(),
                 pending: Amounts::default(),
             });
-            f.jobs
-                .insert((t.into(), "q".into(), "running".into()), 3);
+            f.jobs.insert((t.into(), "q".into(), "running".into()), 3);
             f.gpu_milli.insert((t.into(), "H100".into()), 2500);
             f.sandboxes
                 .insert((t.into(), "running".into(), "standard".into()), 1);

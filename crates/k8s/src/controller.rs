@@ -40,10 +40,11 @@ use tokio::sync::mpsc;
 
 use crate::crd;
 use crate::dra;
+use crate::gang::{self, Flavour, GangSource, QueueSource};
 use crate::leader::{self, Leadership, LeaseConfig};
 use crate::mig;
 use crate::state::{Built, PodKey, State};
-use crate::translate::{self, keys};
+use crate::translate::keys;
 
 /// How the controller runs.
 #[derive(Debug, Clone)]
@@ -127,15 +128,16 @@ type Change = Box<dyn FnOnce(&mut State) + Send>;
 
 enum Msg {
     Change(Change),
-    Synced(&'static str),
+    /// A watcher's first list is in (or its optional API is absent).
+    Synced(String),
 }
 
 /// Which optional APIs the server serves.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Served {
-    pub tessera: bool,
-    pub volcano: bool,
-    pub x_k8s: bool,
+    /// The scheduling APIs whose PodGroups are served (Tessera's Queues and
+    /// NodeShards, and Volcano's Queues, are watched with them).
+    pub scheduling: BTreeSet<Flavour>,
     pub dra: bool,
     /// `policy/v1` PodDisruptionBudgets (else `policy/v1beta1`, before 1.21).
     pub pdb_v1: bool,
@@ -144,12 +146,19 @@ pub struct Served {
 }
 
 impl Served {
+    /// Whether the PodGroups of `f` are served.
+    pub fn serves(&self, f: Flavour) -> bool {
+        self.scheduling.contains(&f)
+    }
+
     /// The optional APIs `now` serves that `self` did not.
-    pub fn appeared(&self, now: &Served) -> Vec<&'static str> {
+    pub fn appeared(&self, now: &Served) -> Vec<String> {
+        let mut new: Vec<String> = now
+            .scheduling
+            .difference(&self.scheduling)
+            .map(|f| f.podgroups().api_version)
+            .collect();
         let pairs = [
-            (self.tessera, now.tessera, "scheduling.tessera.dev/v1alpha1"),
-            (self.volcano, now.volcano, "scheduling.volcano.sh/v1beta1"),
-            (self.x_k8s, now.x_k8s, "scheduling.x-k8s.io/v1alpha1"),
             (self.dra, now.dra, "resource.k8s.io/v1"),
             (self.pdb_v1, now.pdb_v1, "policy/v1"),
             (
@@ -158,20 +167,27 @@ impl Served {
                 "topology.volcano.sh/v1alpha1",
             ),
         ];
-        pairs
-            .into_iter()
-            .filter(|(was, is, _)| !was && *is)
-            .map(|(_, _, api)| api)
-            .collect()
+        new.extend(
+            pairs
+                .into_iter()
+                .filter(|(was, is, _)| !was && *is)
+                .map(|(_, _, api)| api.to_string()),
+        );
+        new
     }
 }
 
 /// Asks the server which optional APIs it serves.
 pub async fn discover(client: &Client) -> Served {
+    let mut scheduling = BTreeSet::new();
+    for f in Flavour::ALL {
+        let r = f.podgroups();
+        if serves(client, &r.api_version, &r.kind).await {
+            scheduling.insert(f);
+        }
+    }
     Served {
-        tessera: serves(client, "scheduling.tessera.dev/v1alpha1", "PodGroup").await,
-        volcano: serves(client, "scheduling.volcano.sh/v1beta1", "PodGroup").await,
-        x_k8s: serves(client, "scheduling.x-k8s.io/v1alpha1", "PodGroup").await,
+        scheduling,
         dra: serves(client, "resource.k8s.io/v1", "ResourceSlice").await,
         pdb_v1: serves(client, "policy/v1", "PodDisruptionBudget").await,
         hypernodes: serves(client, "topology.volcano.sh/v1alpha1", "HyperNode").await,
@@ -215,7 +231,7 @@ enum Need {
 /// full list after every (re)list, so objects deleted while disconnected go.
 #[allow(clippy::too_many_arguments)]
 fn spawn_watch<K>(
-    name: &'static str,
+    name: String,
     need: Need,
     api: Api<K>,
     cfg: watcher::Config,
@@ -264,7 +280,7 @@ where
                     }
                     if !synced {
                         synced = true;
-                        if tx.send(Msg::Synced(name)).is_err() {
+                        if tx.send(Msg::Synced(name.clone())).is_err() {
                             return;
                         }
                     }
@@ -277,7 +293,7 @@ where
                         eprintln!(
                             "tessera-k8s: {name} not available ({e}); going on without them, retrying in the background"
                         );
-                        if tx.send(Msg::Synced(name)).is_err() {
+                        if tx.send(Msg::Synced(name.clone())).is_err() {
                             return;
                         }
                     } else if (need == Need::Required || listed) && errors.is_power_of_two() {
@@ -294,6 +310,11 @@ where
             }
         }
     })
+}
+
+/// An object's name (empty if it has none).
+fn name_of(m: &ObjectMeta) -> &str {
+    m.name.as_deref().unwrap_or_default()
 }
 
 fn meta_key(m: &ObjectMeta) -> (String, String) {
@@ -589,6 +610,175 @@ pub async fn bind_once(
     }
 }
 
+/// The watchers of one run, and the names of those whose first list the
+/// controller still waits for.
+struct Watchers {
+    client: Client,
+    tx: mpsc::UnboundedSender<Msg>,
+    tasks: Tasks,
+    need: BTreeSet<String>,
+}
+
+impl Watchers {
+    /// Starts one watcher (see [`spawn_watch`]).
+    #[allow(clippy::too_many_arguments)]
+    fn watch<K>(
+        &mut self,
+        name: impl Into<String>,
+        need: Need,
+        api: Api<K>,
+        cfg: watcher::Config,
+        apply: fn(&mut State, &K),
+        delete: fn(&mut State, &K),
+        reset: Option<fn(&mut State, Vec<K>)>,
+    ) where
+        K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    {
+        let name = name.into();
+        self.need.insert(name.clone());
+        let h = spawn_watch(name, need, api, cfg, self.tx.clone(), apply, delete, reset);
+        self.tasks.0.push(h);
+    }
+
+    /// An optional kind, listed whole, without a reset on a re-list.
+    fn optional<K>(
+        &mut self,
+        name: impl Into<String>,
+        apply: fn(&mut State, &K),
+        delete: fn(&mut State, &K),
+    ) where
+        K: Resource<DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + std::fmt::Debug
+            + Send
+            + Sync
+            + 'static,
+    {
+        let api = Api::<K>::all(self.client.clone());
+        let cfg = watcher::Config::default();
+        self.watch(name, Need::Optional, api, cfg, apply, delete, None);
+    }
+
+    /// The PodGroups of one flavour.
+    fn gangs<G: GangSource>(&mut self) {
+        self.optional::<G>(
+            gang::watch_name(&ApiResource::erase::<G>(&())),
+            |s, g| s.apply_gang(g),
+            |s, g| {
+                let (ns, n) = meta_key(g.meta());
+                s.delete_group(G::FLAVOUR, &ns, &n)
+            },
+        );
+    }
+
+    /// The Queues of one flavour.
+    fn queues<Q: QueueSource>(&mut self) {
+        self.optional::<Q>(
+            gang::watch_name(&ApiResource::erase::<Q>(&())),
+            |s, q| s.apply_queue(q),
+            |s, q| s.delete_queue(Q::FLAVOUR, name_of(q.meta())),
+        );
+    }
+
+    /// Every kind this controller reads that the server serves.
+    fn spawn_all(&mut self, served: &Served) {
+        let c = self.client.clone();
+        self.watch(
+            "nodes",
+            Need::Required,
+            Api::<core::Node>::all(c.clone()),
+            watcher::Config::default(),
+            |s, n| s.apply_node(n),
+            |s, n| s.delete_node(name_of(&n.metadata)),
+            Some(|s, all: Vec<core::Node>| s.reset_nodes(&all)),
+        );
+        self.watch(
+            "pods",
+            Need::Required,
+            Api::<core::Pod>::all(c.clone()),
+            watcher::Config::default().fields("status.phase!=Succeeded,status.phase!=Failed"),
+            |s, p| s.apply_pod(p),
+            |s, p| s.delete_pod(&meta_key(&p.metadata)),
+            Some(|s, all: Vec<core::Pod>| s.reset_pods(&all)),
+        );
+        self.optional::<PriorityClass>(
+            "priorityclasses",
+            |s, p| s.apply_priority_class(name_of(&p.metadata), p.value),
+            |s, p| s.delete_priority_class(name_of(&p.metadata)),
+        );
+        let pdb_ar = if served.pdb_v1 {
+            ApiResource::erase::<k8s_openapi::api::policy::v1::PodDisruptionBudget>(&())
+        } else {
+            ApiResource {
+                group: "policy".into(),
+                version: "v1beta1".into(),
+                api_version: "policy/v1beta1".into(),
+                kind: "PodDisruptionBudget".into(),
+                plural: "poddisruptionbudgets".into(),
+            }
+        };
+        self.watch(
+            "poddisruptionbudgets",
+            Need::Optional,
+            Api::<DynamicObject>::all_with(c.clone(), &pdb_ar),
+            watcher::Config::default(),
+            |s, o| {
+                if let Some(p) = to_typed(o) {
+                    s.apply_pdb(&p)
+                }
+            },
+            |s, o| {
+                let (ns, n) = meta_key(&o.metadata);
+                s.delete_pdb(&ns, &n)
+            },
+            None,
+        );
+        if served.serves(Flavour::Tessera) {
+            self.gangs::<crd::PodGroup>();
+            self.queues::<crd::Queue>();
+            self.optional::<crd::NodeShard>(
+                "nodeshards.scheduling.tessera.dev",
+                |s, n| s.apply_shard(n),
+                |s, n| s.delete_shard(name_of(&n.metadata)),
+            );
+        }
+        if served.serves(Flavour::Volcano) {
+            self.gangs::<crd::volcano::PodGroup>();
+            self.queues::<crd::volcano::Queue>();
+        }
+        if served.serves(Flavour::XK8s) {
+            self.gangs::<crd::x_k8s::PodGroup>();
+        }
+        if served.hypernodes {
+            self.watch(
+                "hypernodes.topology.volcano.sh",
+                Need::Optional,
+                Api::<crd::topology::HyperNode>::all(c),
+                watcher::Config::default(),
+                |s, h| s.apply_hypernode(h),
+                |s, h| s.delete_hypernode(name_of(&h.metadata)),
+                Some(|s, all: Vec<crd::topology::HyperNode>| s.reset_hypernodes(&all)),
+            );
+        }
+        if served.dra {
+            self.optional::<res::ResourceSlice>(
+                "resourceslices",
+                |s, r| s.apply_slice(r),
+                |s, r| s.delete_slice(name_of(&r.metadata)),
+            );
+            self.optional::<res::ResourceClaim>(
+                "resourceclaims",
+                |s, r| s.apply_claim(r),
+                |s, r| {
+                    let (ns, n) = meta_key(&r.metadata);
+                    s.delete_claim(&ns, &n)
+                },
+            );
+        }
+    }
+}
+
 /// The controller's loop state.
 struct Loop {
     cfg: RunConfig,
@@ -598,7 +788,7 @@ struct Loop {
     /// Reasons this replica wrote (so an unchanged reason is not rewritten).
     written: BTreeMap<PodKey, String>,
     /// Group statuses this replica wrote: `(phase, running)`.
-    group_written: BTreeMap<(&'static str, String, String), (String, i32)>,
+    group_written: BTreeMap<(Flavour, String, String), (String, i32)>,
     errors_logged: usize,
     /// For the binding tasks: their outcomes come back as changes.
     tx: mpsc::UnboundedSender<Msg>,
@@ -635,230 +825,18 @@ pub async fn run(
     // Aborted on every way out, an abort of this future included: a replica
     // that is killed must not go on renewing its lease.
     let renew = Tasks(renew.into_iter().collect());
-    let mut watchers = Tasks::default();
-    let mut need: BTreeSet<&'static str> = BTreeSet::new();
-    {
-        let c = client.clone();
-        let mut w = |h: tokio::task::JoinHandle<()>, n: &'static str| {
-            need.insert(n);
-            watchers.0.push(h);
-        };
-        w(
-            spawn_watch(
-                "nodes",
-                Need::Required,
-                Api::<core::Node>::all(c.clone()),
-                watcher::Config::default(),
-                tx.clone(),
-                |s, n| s.apply_node(n),
-                |s, n| s.delete_node(n.metadata.name.as_deref().unwrap_or_default()),
-                Some(|s, all: Vec<core::Node>| s.reset_nodes(&all)),
-            ),
-            "nodes",
-        );
-        w(
-            spawn_watch(
-                "pods",
-                Need::Required,
-                Api::<core::Pod>::all(c.clone()),
-                watcher::Config::default().fields("status.phase!=Succeeded,status.phase!=Failed"),
-                tx.clone(),
-                |s, p| s.apply_pod(p),
-                |s, p| s.delete_pod(&meta_key(&p.metadata)),
-                Some(|s, all: Vec<core::Pod>| s.reset_pods(&all)),
-            ),
-            "pods",
-        );
-        w(
-            spawn_watch(
-                "priorityclasses",
-                Need::Optional,
-                Api::<PriorityClass>::all(c.clone()),
-                watcher::Config::default(),
-                tx.clone(),
-                |s, p| {
-                    s.apply_priority_class(p.metadata.name.as_deref().unwrap_or_default(), p.value)
-                },
-                |s, p| s.delete_priority_class(p.metadata.name.as_deref().unwrap_or_default()),
-                None,
-            ),
-            "priorityclasses",
-        );
-        let pdb_ar = if served.pdb_v1 {
-            ApiResource::erase::<k8s_openapi::api::policy::v1::PodDisruptionBudget>(&())
-        } else {
-            ApiResource {
-                group: "policy".into(),
-                version: "v1beta1".into(),
-                api_version: "policy/v1beta1".into(),
-                kind: "PodDisruptionBudget".into(),
-                plural: "poddisruptionbudgets".into(),
-            }
-        };
-        w(
-            spawn_watch(
-                "poddisruptionbudgets",
-                Need::Optional,
-                Api::<DynamicObject>::all_with(c.clone(), &pdb_ar),
-                watcher::Config::default(),
-                tx.clone(),
-                |s, o| {
-                    if let Some(p) = to_typed(o) {
-                        s.apply_pdb(&p)
-                    }
-                },
-                |s, o| {
-                    let (ns, n) = meta_key(&o.metadata);
-                    s.delete_pdb(&ns, &n)
-                },
-                None,
-            ),
-            "poddisruptionbudgets",
-        );
-        if served.tessera {
-            w(
-                spawn_watch(
-                    "podgroups.scheduling.tessera.dev",
-                    Need::Optional,
-                    Api::<crd::PodGroup>::all(c.clone()),
-                    watcher::Config::default(),
-                    tx.clone(),
-                    |s, g| s.apply_tessera_group(g),
-                    |s, g| {
-                        let (ns, n) = meta_key(&g.metadata);
-                        s.delete_group("tessera", &ns, &n)
-                    },
-                    None,
-                ),
-                "podgroups.scheduling.tessera.dev",
-            );
-            w(
-                spawn_watch(
-                    "queues.scheduling.tessera.dev",
-                    Need::Optional,
-                    Api::<crd::Queue>::all(c.clone()),
-                    watcher::Config::default(),
-                    tx.clone(),
-                    |s, q| s.apply_queue("tessera", translate::tessera_queue(q)),
-                    |s, q| {
-                        s.delete_queue("tessera", q.metadata.name.as_deref().unwrap_or_default())
-                    },
-                    None,
-                ),
-                "queues.scheduling.tessera.dev",
-            );
-            w(
-                spawn_watch(
-                    "nodeshards.scheduling.tessera.dev",
-                    Need::Optional,
-                    Api::<crd::NodeShard>::all(c.clone()),
-                    watcher::Config::default(),
-                    tx.clone(),
-                    |s, n| s.apply_shard(n),
-                    |s, n| s.delete_shard(n.metadata.name.as_deref().unwrap_or_default()),
-                    None,
-                ),
-                "nodeshards.scheduling.tessera.dev",
-            );
-        }
-        if served.volcano {
-            w(
-                spawn_watch(
-                    "podgroups.scheduling.volcano.sh",
-                    Need::Optional,
-                    Api::<crd::volcano::PodGroup>::all(c.clone()),
-                    watcher::Config::default(),
-                    tx.clone(),
-                    |s, g| s.apply_volcano_group(g),
-                    |s, g| {
-                        let (ns, n) = meta_key(&g.metadata);
-                        s.delete_group("volcano", &ns, &n)
-                    },
-                    None,
-                ),
-                "podgroups.scheduling.volcano.sh",
-            );
-            w(
-                spawn_watch(
-                    "queues.scheduling.volcano.sh",
-                    Need::Optional,
-                    Api::<crd::volcano::Queue>::all(c.clone()),
-                    watcher::Config::default(),
-                    tx.clone(),
-                    |s, q| s.apply_queue("volcano", translate::volcano_queue(q)),
-                    |s, q| {
-                        s.delete_queue("volcano", q.metadata.name.as_deref().unwrap_or_default())
-                    },
-                    None,
-                ),
-                "queues.scheduling.volcano.sh",
-            );
-        }
-        if served.x_k8s {
-            w(
-                spawn_watch(
-                    "podgroups.scheduling.x-k8s.io",
-                    Need::Optional,
-                    Api::<crd::x_k8s::PodGroup>::all(c.clone()),
-                    watcher::Config::default(),
-                    tx.clone(),
-                    |s, g| s.apply_x_k8s_group(g),
-                    |s, g| {
-                        let (ns, n) = meta_key(&g.metadata);
-                        s.delete_group("x-k8s", &ns, &n)
-                    },
-                    None,
-                ),
-                "podgroups.scheduling.x-k8s.io",
-            );
-        }
-        if served.hypernodes {
-            w(
-                spawn_watch(
-                    "hypernodes.topology.volcano.sh",
-                    Need::Optional,
-                    Api::<crd::topology::HyperNode>::all(c.clone()),
-                    watcher::Config::default(),
-                    tx.clone(),
-                    |s, h| s.apply_hypernode(h),
-                    |s, h| s.delete_hypernode(h.metadata.name.as_deref().unwrap_or_default()),
-                    Some(|s, all: Vec<crd::topology::HyperNode>| s.reset_hypernodes(&all)),
-                ),
-                "hypernodes.topology.volcano.sh",
-            );
-        }
-        if served.dra {
-            w(
-                spawn_watch(
-                    "resourceslices",
-                    Need::Optional,
-                    Api::<res::ResourceSlice>::all(c.clone()),
-                    watcher::Config::default(),
-                    tx.clone(),
-                    |s, r| s.apply_slice(r),
-                    |s, r| s.delete_slice(r.metadata.name.as_deref().unwrap_or_default()),
-                    None,
-                ),
-                "resourceslices",
-            );
-            w(
-                spawn_watch(
-                    "resourceclaims",
-                    Need::Optional,
-                    Api::<res::ResourceClaim>::all(c.clone()),
-                    watcher::Config::default(),
-                    tx.clone(),
-                    |s, r| s.apply_claim(r),
-                    |s, r| {
-                        let (ns, n) = meta_key(&r.metadata);
-                        s.delete_claim(&ns, &n)
-                    },
-                    None,
-                ),
-                "resourceclaims",
-            );
-        }
-    }
+    let mut watchers = Watchers {
+        client: client.clone(),
+        tx: tx.clone(),
+        tasks: Tasks::default(),
+        need: BTreeSet::new(),
+    };
+    watchers.spawn_all(&served);
+    let Watchers {
+        tasks: watchers,
+        need,
+        ..
+    } = watchers;
     let mut lp = Loop {
         tx,
         permits: Arc::new(tokio::sync::Semaphore::new(cfg.concurrency.max(1))),
@@ -902,7 +880,7 @@ impl Loop {
         &mut self,
         rx: &mut mpsc::UnboundedReceiver<Msg>,
         stop: &mut tokio::sync::watch::Receiver<bool>,
-        mut need: BTreeSet<&'static str>,
+        mut need: BTreeSet<String>,
     ) -> Result<(), RunError> {
         let mut last_gen = u64::MAX;
         let mut last_cycle = Instant::now();
@@ -968,11 +946,11 @@ impl Loop {
         }
     }
 
-    fn handle(&mut self, m: Msg, need: &mut BTreeSet<&'static str>) {
+    fn handle(&mut self, m: Msg, need: &mut BTreeSet<String>) {
         match m {
             Msg::Change(f) => f(&mut self.state),
             Msg::Synced(n) => {
-                need.remove(n);
+                need.remove(&n);
             }
         }
     }
@@ -1209,16 +1187,8 @@ impl Loop {
             };
             let r = running.get(gname.as_str()).copied().unwrap_or(0);
             let enough = r as u32 >= min.get(gname.as_str()).copied().unwrap_or(1).max(1);
-            let phase = match (*api, enough, pending.get(gname.as_str())) {
-                ("x-k8s", true, _) => "Scheduled",
-                ("x-k8s", false, Some(p)) if p.admitted => "Scheduling",
-                ("x-k8s", false, _) => "Pending",
-                (_, true, _) => "Running",
-                (_, false, Some(p)) if p.admitted => "Inqueue",
-                (_, false, None) => "Inqueue",
-                (_, false, _) => "Pending",
-            };
-            let message = pending.get(gname.as_str()).map(|p| p.reason.clone());
+            let waiting = pending.get(gname.as_str());
+            let phase = api.phase(enough, waiting.map(|p| p.admitted));
             let k = (*api, meta.namespace.clone(), name.clone());
             let now = (phase.to_string(), r);
             if self.group_written.get(&k) == Some(&now) {
@@ -1234,45 +1204,19 @@ impl Loop {
                 continue;
             }
             self.group_written.insert(k.clone(), now);
-            let status = if *api == "x-k8s" {
-                json!({"status": {"phase": phase, "running": r, "scheduled": r}})
-            } else {
-                json!({"status": {"phase": phase, "running": r, "message": message}})
-            };
-            writes.push(((k.0.to_string(), k.1, k.2), status));
+            let status = api.status_patch(phase, r, waiting.map(|p| p.reason.as_str()));
+            writes.push((k, status));
         }
         let w = self.writer.clone();
         let n: usize = stream::iter(writes)
             .map(|((api, ns, name), status)| {
                 let w = w.clone();
                 async move {
-                    let pp = PatchParams::default();
-                    let p = Patch::Merge(&status);
-                    let c = w.client.clone();
-                    let r = match api.as_str() {
-                        "tessera" => w
-                            .write(
-                                Api::<crd::PodGroup>::namespaced(c, &ns)
-                                    .patch_status(&name, &pp, &p),
-                            )
-                            .await
-                            .map(|_| ()),
-                        "volcano" => w
-                            .write(
-                                Api::<crd::volcano::PodGroup>::namespaced(c, &ns)
-                                    .patch_status(&name, &pp, &p),
-                            )
-                            .await
-                            .map(|_| ()),
-                        _ => w
-                            .write(
-                                Api::<crd::x_k8s::PodGroup>::namespaced(c, &ns)
-                                    .patch_status(&name, &pp, &p),
-                            )
-                            .await
-                            .map(|_| ()),
-                    };
-                    r.is_ok() as usize
+                    let podgroups: Api<DynamicObject> =
+                        Api::namespaced_with(w.client.clone(), &ns, &api.podgroups());
+                    let (pp, patch) = (PatchParams::default(), Patch::Merge(&status));
+                    let write = podgroups.patch_status(&name, &pp, &patch);
+                    w.write(write).await.is_ok() as usize
                 }
             })
             .buffer_unordered(self.cfg.concurrency.max(1))
@@ -1285,7 +1229,7 @@ impl Loop {
     }
 
     async fn write_shard_status(&mut self) {
-        if !self.served.tessera {
+        if !self.served.serves(Flavour::Tessera) {
             return;
         }
         let mut writes = Vec::new();

@@ -4,6 +4,8 @@
 //! ([`translate`], [`state`]), decide with the batch and agent schedulers, apply
 //! through the API ([`controller`]): bindings, evictions, device assignments,
 //! pending reasons, PodGroup status. The Kubernetes API is the only store.
+//! Tessera's, Volcano's and scheduler-plugins' PodGroups (and Queues) are one
+//! trait to all three stages ([`gang`]).
 //!
 //! The only crate that knows Kubernetes types. See `docs/k8s.md`.
 
@@ -12,6 +14,7 @@ pub mod bench;
 pub mod controller;
 pub mod crd;
 pub mod dra;
+pub mod gang;
 pub mod leader;
 pub mod manifests;
 pub mod mig;

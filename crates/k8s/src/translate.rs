@@ -10,6 +10,7 @@ use std::fmt;
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::api::ApiResource;
 use serde::{Deserialize, Serialize};
 use tessera_model::{
     GpuDevice, GpuRequest, GroupKind, NetworkTier, Queue, Resources, Strength, Taint, TaintEffect,
@@ -17,6 +18,7 @@ use tessera_model::{
 };
 
 use crate::crd;
+use crate::gang::{self, Flavour, GangSource, QueueSource};
 
 /// Annotations and labels Tessera reads and writes.
 pub mod keys {
@@ -619,8 +621,8 @@ pub fn pod_finished(p: &core::Pod) -> bool {
 /// A PodGroup from any of the three APIs, in one shape.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GroupSpec {
-    /// `tessera`, `volcano` or `x-k8s`: which API the object came from.
-    pub api: &'static str,
+    /// Which API the object came from.
+    pub api: Flavour,
     pub namespace: String,
     pub name: String,
     pub min_member: u32,
@@ -722,70 +724,26 @@ fn min_res(
         .transpose()
 }
 
-/// A Tessera PodGroup.
-pub fn tessera_group(g: &crd::PodGroup) -> Result<GroupSpec, TranslateError> {
+/// A PodGroup of any flavour, in one shape.
+pub fn group<G: GangSource>(g: &G) -> Result<GroupSpec, TranslateError> {
+    let m = g.meta();
     let (ns, name) = (
-        g.metadata.namespace.clone().unwrap_or_default(),
-        g.metadata.name.clone().unwrap_or_default(),
+        m.namespace.clone().unwrap_or_default(),
+        m.name.clone().unwrap_or_default(),
     );
-    let object = format!("podgroup.scheduling.tessera.dev {ns}/{name}");
+    let object = gang::object(&ApiResource::erase::<G>(&()), Some(&ns), &name);
+    let f = g.fields();
     Ok(GroupSpec {
-        api: "tessera",
-        min_member: min_member(&object, g.spec.min_member)?,
-        min_resources: min_res(&object, g.spec.min_resources.as_ref())?,
-        queue: g.spec.queue.clone(),
-        priority_class: g.spec.priority_class_name.clone(),
-        kind: group_kind(&object, g.spec.kind.as_deref())?,
-        network_topology: network_topology(&object, g.spec.network_topology.as_ref())?,
-        created_ms: meta_ms(&g.metadata),
-        status_phase: g.status.as_ref().and_then(|s| s.phase.clone()),
-        status_running: g.status.as_ref().and_then(|s| s.running),
-        namespace: ns,
-        name,
-    })
-}
-
-/// A Volcano PodGroup.
-pub fn volcano_group(g: &crd::volcano::PodGroup) -> Result<GroupSpec, TranslateError> {
-    let (ns, name) = (
-        g.metadata.namespace.clone().unwrap_or_default(),
-        g.metadata.name.clone().unwrap_or_default(),
-    );
-    let object = format!("podgroup.scheduling.volcano.sh {ns}/{name}");
-    Ok(GroupSpec {
-        api: "volcano",
-        min_member: min_member(&object, g.spec.min_member)?,
-        min_resources: min_res(&object, g.spec.min_resources.as_ref())?,
-        queue: g.spec.queue.clone(),
-        priority_class: g.spec.priority_class_name.clone(),
-        kind: None,
-        network_topology: network_topology(&object, g.spec.network_topology.as_ref())?,
-        created_ms: meta_ms(&g.metadata),
-        status_phase: g.status.as_ref().and_then(|s| s.phase.clone()),
-        status_running: g.status.as_ref().and_then(|s| s.running),
-        namespace: ns,
-        name,
-    })
-}
-
-/// A scheduler-plugins PodGroup.
-pub fn x_k8s_group(g: &crd::x_k8s::PodGroup) -> Result<GroupSpec, TranslateError> {
-    let (ns, name) = (
-        g.metadata.namespace.clone().unwrap_or_default(),
-        g.metadata.name.clone().unwrap_or_default(),
-    );
-    let object = format!("podgroup.scheduling.x-k8s.io {ns}/{name}");
-    Ok(GroupSpec {
-        api: "x-k8s",
-        min_member: min_member(&object, g.spec.min_member)?,
-        min_resources: min_res(&object, g.spec.min_resources.as_ref())?,
-        queue: None,
-        priority_class: None,
-        kind: None,
-        network_topology: None,
-        created_ms: meta_ms(&g.metadata),
-        status_phase: g.status.as_ref().and_then(|s| s.phase.clone()),
-        status_running: g.status.as_ref().and_then(|s| s.running),
+        api: G::FLAVOUR,
+        min_member: min_member(&object, f.min_member)?,
+        min_resources: min_res(&object, f.min_resources)?,
+        queue: f.queue.map(str::to_string),
+        priority_class: f.priority_class.map(str::to_string),
+        kind: group_kind(&object, f.kind)?,
+        network_topology: network_topology(&object, f.network_topology)?,
+        created_ms: meta_ms(m),
+        status_phase: f.phase.map(str::to_string),
+        status_running: f.running,
         namespace: ns,
         name,
     })
@@ -832,29 +790,11 @@ fn queue_from(object: &str, name: String, s: &crd::QueueSpec) -> Result<Queue, T
     Ok(q)
 }
 
-/// A Tessera Queue.
-pub fn tessera_queue(q: &crd::Queue) -> Result<Queue, TranslateError> {
-    let name = q.metadata.name.clone().unwrap_or_default();
-    queue_from(
-        &format!("queue.scheduling.tessera.dev {name}"),
-        name,
-        &q.spec,
-    )
-}
-
-/// A Volcano Queue (same fields).
-pub fn volcano_queue(q: &crd::volcano::Queue) -> Result<Queue, TranslateError> {
-    let name = q.metadata.name.clone().unwrap_or_default();
-    let s = &q.spec;
-    let spec = crd::QueueSpec {
-        weight: s.weight,
-        capability: s.capability.clone(),
-        guarantee: s.guarantee.clone(),
-        deserved: s.deserved.clone(),
-        reclaimable: s.reclaimable,
-        parent: s.parent.clone(),
-    };
-    queue_from(&format!("queue.scheduling.volcano.sh {name}"), name, &spec)
+/// A Queue of either flavour.
+pub fn queue<Q: QueueSource>(q: &Q) -> Result<Queue, TranslateError> {
+    let name = q.meta().name.clone().unwrap_or_default();
+    let object = gang::object(&ApiResource::erase::<Q>(&()), None, &name);
+    queue_from(&object, name, &q.spec())
 }
 
 /// Whether `labels` match a label selector (matchLabels and matchExpressions
@@ -1127,7 +1067,7 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(
-            tessera_group(&tg).unwrap().network_topology,
+            group(&tg).unwrap().network_topology,
             Some(NetworkTier {
                 tier: 2,
                 strength: Strength::Soft
@@ -1143,7 +1083,7 @@ mod tests {
         };
         // Volcano's default mode is hard.
         assert_eq!(
-            volcano_group(&vg(serde_json::json!({"highestTierAllowed": 1})))
+            group(&vg(serde_json::json!({"highestTierAllowed": 1})))
                 .unwrap()
                 .network_topology,
             Some(NetworkTier {
@@ -1152,7 +1092,7 @@ mod tests {
             })
         );
         assert_eq!(
-            volcano_group(&vg(
+            group(&vg(
                 serde_json::json!({"mode": "hard", "highestTierAllowed": 0})
             ))
             .unwrap()
@@ -1162,7 +1102,7 @@ mod tests {
         );
         // No tier: 1, Volcano's Job API default.
         assert_eq!(
-            volcano_group(&vg(serde_json::json!({"mode": "soft"})))
+            group(&vg(serde_json::json!({"mode": "soft"})))
                 .unwrap()
                 .network_topology,
             Some(NetworkTier {
@@ -1172,7 +1112,7 @@ mod tests {
         );
         let mut none = vg(serde_json::json!({}));
         none.spec.network_topology = None;
-        assert_eq!(volcano_group(&none).unwrap().network_topology, None);
+        assert_eq!(group(&none).unwrap().network_topology, None);
         for (nt, field, value) in [
             (
                 serde_json::json!({"mode": "strict", "highestTierAllowed": 1}),
@@ -1200,7 +1140,7 @@ mod tests {
                 "rack",
             ),
         ] {
-            let e = volcano_group(&vg(nt.clone())).unwrap_err();
+            let e = group(&vg(nt.clone())).unwrap_err();
             assert_eq!(
                 (e.object.as_str(), e.field.as_str(), e.value.as_str()),
                 ("podgroup.scheduling.volcano.sh ns/job", field, value),
@@ -1218,7 +1158,7 @@ mod tests {
                 "guarantee": {"resource": {"cpu": "2"}}, "reclaimable": false, "parent": "root"}
         }))
         .unwrap();
-        let m = tessera_queue(&qu).unwrap();
+        let m = queue(&qu).unwrap();
         assert_eq!(m.weight, 3);
         let cap = m.capability.as_ref().unwrap();
         assert_eq!(cap.gpu_milli, 4000);

@@ -13,7 +13,7 @@
 //! * **apply**: evictions through the Eviction API (PDBs checked first, and the
 //!   server enforces them too), device assignments (DRA claim allocations, GPU
 //!   index and MIG instance annotations; plans that would create MIG instances
-//!   are held back, [`crate::mig::hold_reconfigurations`]), bindings through the `binding` subresource, all with
+//!   are held back, [`crate::translate::mig::hold_reconfigurations`]), bindings through the `binding` subresource, all with
 //!   bounded concurrency. Bindings are pipelined: a planned pod is assumed on
 //!   its node at once and its write goes on in the background while the next
 //!   cycle decides (a failed write forgets it). Then pending reasons (`PodScheduled=False` and an
@@ -42,9 +42,8 @@ use crate::crd;
 use crate::dra;
 use crate::gang::{self, Flavour, GangSource, QueueSource};
 use crate::leader::{self, Leadership, LeaseConfig};
-use crate::mig;
 use crate::state::{Built, PodKey, State};
-use crate::translate::keys;
+use crate::translate::{keys, mig};
 
 /// How the controller runs.
 #[derive(Debug, Clone)]
@@ -497,7 +496,7 @@ struct BindJob {
 
 /// The annotations recording what a binding gives the pod: its GPUs, or its
 /// MIG instance. Not both: a MIG pod's GPU index is Tessera's bookkeeping (see
-/// [`crate::mig`]), which a device plugin reading `gpu-indices` would take
+/// [`crate::translate::mig`]), which a device plugin reading `gpu-indices` would take
 /// for a physical GPU.
 fn bind_annotations(job: &BindJob) -> serde_json::Map<String, serde_json::Value> {
     let mut annotations = serde_json::Map::new();

@@ -17,7 +17,6 @@ pub mod dra;
 pub mod gang;
 pub mod leader;
 pub mod manifests;
-pub mod mig;
 pub mod network;
 pub mod state;
 pub mod testenv;

@@ -261,7 +261,7 @@ impl State {
                 if let Some(p) = mig_problem {
                     self.note(p);
                 }
-                let sliced = crate::mig::time_sliced_profiles(&m.labels);
+                let sliced = crate::translate::mig::time_sliced_profiles(&m.labels);
                 if sliced.is_empty() {
                     self.time_sliced_mig.remove(&name);
                 } else {

@@ -5,7 +5,6 @@
 //! out.
 
 use std::collections::BTreeMap;
-use std::fmt;
 
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -20,86 +19,14 @@ use tessera_model::{
 use crate::crd;
 use crate::gang::{self, Flavour, GangSource, QueueSource};
 
-/// Annotations and labels Tessera reads and writes.
-pub mod keys {
-    /// Volcano's pod annotation naming the pod's PodGroup.
-    pub const VOLCANO_GROUP: &str = "scheduling.k8s.io/group-name";
-    /// scheduler-plugins' pod label naming the pod's PodGroup.
-    pub const X_K8S_GROUP: &str = "scheduling.x-k8s.io/pod-group";
-    /// Tessera's pod label naming the pod's PodGroup.
-    pub const TESSERA_GROUP: &str = "scheduling.tessera.dev/pod-group";
-    /// Queue of a pod without a PodGroup (Volcano's annotation, and Tessera's).
-    pub const VOLCANO_QUEUE: &str = "scheduling.volcano.sh/queue-name";
-    pub const TESSERA_QUEUE: &str = "scheduling.tessera.dev/queue";
-    /// `training`, `inference`, `batch` or `agent` (pod annotation or label).
-    pub const KIND: &str = "scheduling.tessera.dev/kind";
-    /// A fraction of one GPU: compute share in milli-GPU (1..999) and memory.
-    pub const GPU_MILLI: &str = "scheduling.tessera.dev/gpu-milli";
-    pub const GPU_MEMORY: &str = "scheduling.tessera.dev/gpu-memory";
-    /// Allowed GPU models, comma-separated.
-    pub const GPU_MODELS: &str = "scheduling.tessera.dev/gpu-models";
-    /// Written by Tessera at binding: the GPU indices the pod holds on its node.
-    pub const GPU_INDICES: &str = "scheduling.tessera.dev/gpu-indices";
-    /// Volcano's annotation: `"false"` keeps the pod from being preempted.
-    pub const PREEMPTABLE: &str = "volcano.sh/preemptable";
-    /// The extended resource of whole NVIDIA GPUs.
-    pub const NVIDIA_GPU: &str = "nvidia.com/gpu";
-    /// GPU Feature Discovery labels.
-    pub const GFD_PRODUCT: &str = "nvidia.com/gpu.product";
-    pub const GFD_COUNT: &str = "nvidia.com/gpu.count";
-    pub const GFD_MEMORY: &str = "nvidia.com/gpu.memory";
-    pub const GFD_CLIQUE: &str = "nvidia.com/gpu.clique";
-    /// GFD's MIG labels (see [`crate::mig`]): `single` or `mixed`; `true` or
-    /// `false`; compute slices of one instance (single strategy).
-    pub const GFD_MIG_STRATEGY: &str = "nvidia.com/mig.strategy";
-    pub const GFD_MIG_CAPABLE: &str = "nvidia.com/mig.capable";
-    pub const GFD_SLICES_GI: &str = "nvidia.com/gpu.slices.gi";
-    pub const GFD_REPLICAS: &str = "nvidia.com/gpu.replicas";
-    /// NVIDIA mig-manager's progress: `pending`, `rebooting`, `success`, `failed`.
-    pub const MIG_CONFIG_STATE: &str = "nvidia.com/mig.config.state";
-    /// Written by Tessera at binding: the MIG instance the pod holds,
-    /// `gpu=2,profile=3g.40gb,start=4` (read back so occupancy survives a restart).
-    pub const MIG_INSTANCE: &str = "scheduling.tessera.dev/mig-instance";
-    /// Prefix of the synthetic node labels that carry required node affinity
-    /// into the model's node selectors (snapshot only; never written).
-    pub const AFFINITY_PREFIX: &str = "affinity.scheduling.tessera.dev/";
-}
+pub mod keys;
+pub mod mig;
 
-/// A Kubernetes object that could not be translated.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub struct TranslateError {
-    /// `pod ns/name`, `node n1`, …
-    pub object: String,
-    /// The field path, e.g. `spec.containers[0].resources.requests.cpu`.
-    pub field: String,
-    pub value: String,
-    pub problem: String,
-}
+mod error;
 
-impl fmt::Display for TranslateError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}: {} = {:?}: {}",
-            self.object, self.field, self.value, self.problem
-        )
-    }
-}
-
-/// An error naming the object, the field, its value and what is wrong.
-pub(crate) fn err(
-    object: &str,
-    field: &str,
-    value: &str,
-    problem: impl Into<String>,
-) -> TranslateError {
-    TranslateError {
-        object: object.to_string(),
-        field: field.to_string(),
-        value: value.to_string(),
-        problem: problem.into(),
-    }
-}
+pub use error::TranslateError;
+pub(crate) use error::err;
+pub use keys::gpu_model;
 
 /// Adds a resource list (`cpu`, `memory`, `pods`, extended names) into `r`.
 /// `nvidia.com/gpu` is returned separately (whole GPUs), not added.
@@ -158,28 +85,16 @@ fn taint_effect(object: &str, field: &str, e: &str) -> Result<TaintEffect, Trans
     }
 }
 
-/// The GPU model name from a GFD product label: `NVIDIA-H100-80GB-HBM3` ->
-/// `H100-80GB-HBM3`, `Tesla-T4` -> `T4`.
-pub fn gpu_model(product: &str) -> String {
-    let p = product.trim();
-    for prefix in ["NVIDIA-", "NVIDIA ", "Tesla-", "Tesla "] {
-        if let Some(rest) = p.strip_prefix(prefix) {
-            return rest.replace(' ', "-");
-        }
-    }
-    p.replace(' ', "-")
-}
-
 /// Translates a Node: allocatable (status.allocatable, else capacity), labels,
 /// taints, cordon, and its GPUs from `nvidia.com/gpu` plus GPU Feature
 /// Discovery labels (product, memory in MiB, NVLink clique), and MIG-enabled
-/// GPUs from the MIG labels and `nvidia.com/mig-<profile>` ([`crate::mig`]).
+/// GPUs from the MIG labels and `nvidia.com/mig-<profile>` ([`mig`]).
 pub fn node(n: &core::Node) -> Result<tessera_model::Node, TranslateError> {
     node_noting(n).map(|(node, _)| node)
 }
 
 /// [`node`], with the problem of MIG labels that were ignored, if any (the
-/// node is kept without its MIG instances; see [`crate::mig::apply_to_node`]).
+/// node is kept without its MIG instances; see [`mig::apply_to_node`]).
 pub fn node_noting(
     n: &core::Node,
 ) -> Result<(tessera_model::Node, Option<TranslateError>), TranslateError> {
@@ -230,7 +145,7 @@ pub fn node_noting(
         node.allocatable.gpu_milli = gpus * 1000;
         node.allocatable.gpu_memory = memory.saturating_mul(gpus);
     }
-    let mig_problem = crate::mig::apply_to_node(&object, &labels, &mut node);
+    let mig_problem = mig::apply_to_node(&object, &labels, &mut node);
     node.labels = labels;
     if let Some(spec) = &n.spec {
         node.unschedulable = spec.unschedulable.unwrap_or(false);
@@ -463,7 +378,7 @@ pub fn pod(p: &core::Pod) -> Result<PodInfo, TranslateError> {
         .and_then(|s| s.node_name.as_deref())
         .is_some_and(|n| !n.is_empty());
     let mut notes = Vec::new();
-    let (mig, note) = crate::mig::pod_request(&object, &req, &gpu, bound, &mig_models);
+    let (mig, note) = mig::pod_request(&object, &req, &gpu, bound, &mig_models);
     notes.extend(note.map(|e| e.to_string()));
     let gpu = mig.unwrap_or(gpu);
 
@@ -524,7 +439,7 @@ pub fn pod(p: &core::Pod) -> Result<PodInfo, TranslateError> {
         };
         if let GpuRequest::Mig { profile, .. } = &task.gpu {
             if let Some(v) = ann.get(keys::MIG_INSTANCE) {
-                match crate::mig::Instance::parse(&object, v) {
+                match mig::Instance::parse(&object, v) {
                     Ok(i) if &i.profile == profile => {
                         task.gpu_indices = vec![i.gpu];
                         task.mig_start = Some(i.start);

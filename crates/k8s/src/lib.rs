@@ -7,10 +7,13 @@
 //! Tessera's, Volcano's and scheduler-plugins' PodGroups (and Queues) are one
 //! trait to all three stages ([`gang`]).
 //!
-//! The only crate that knows Kubernetes types. See `docs/k8s.md`.
+//! The only crate that knows Kubernetes types, and it does not re-export
+//! `kube` or `k8s-openapi`: a caller gets a client from [`client()`] and hands
+//! it back to [`run`] without naming its type. See `docs/k8s.md`.
 
 pub mod agent;
 pub mod bench;
+mod client;
 pub mod controller;
 pub mod crd;
 pub mod dra;
@@ -22,7 +25,6 @@ pub mod state;
 pub mod testenv;
 pub mod translate;
 
+pub use client::{ClientError, client};
 pub use controller::{Metrics, RunConfig, RunError, run};
-pub use k8s_openapi;
-pub use kube;
 pub use leader::LeaseConfig;

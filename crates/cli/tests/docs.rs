@@ -153,7 +153,6 @@ fn no_source_file_over_a_thousand_lines() {
         "crates/agent/src/host.rs",
         "crates/agent/src/tools/mod.rs",
         "crates/gateway/src/http.rs",
-        "crates/k8s/src/controller.rs",
         "crates/sandbox/src/init.rs",
         "crates/sandbox/src/sandbox.rs",
         "crates/sched/src/session.rs",

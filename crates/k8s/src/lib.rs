@@ -4,23 +4,27 @@
 //! ([`translate`], [`state`]), decide with the batch and agent schedulers, apply
 //! through the API ([`controller`]): bindings, evictions, device assignments,
 //! pending reasons, PodGroup status. The Kubernetes API is the only store.
+//! Tessera's, Volcano's and scheduler-plugins' PodGroups (and Queues) are one
+//! trait to all three stages ([`gang`]).
 //!
-//! The only crate that knows Kubernetes types. See `docs/k8s.md`.
+//! The only crate that knows Kubernetes types, and it does not re-export
+//! `kube` or `k8s-openapi`: a caller gets a client from [`client()`] and hands
+//! it back to [`run`] without naming its type. See `docs/k8s.md`.
 
 pub mod agent;
 pub mod bench;
+mod client;
 pub mod controller;
 pub mod crd;
 pub mod dra;
+pub mod gang;
 pub mod leader;
 pub mod manifests;
-pub mod mig;
 pub mod network;
 pub mod state;
 pub mod testenv;
 pub mod translate;
 
+pub use client::{ClientError, client};
 pub use controller::{Metrics, RunConfig, RunError, run};
-pub use k8s_openapi;
-pub use kube;
 pub use leader::LeaseConfig;

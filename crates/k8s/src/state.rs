@@ -15,6 +15,7 @@ use tessera_model::{Queue, Resources, Snapshot};
 
 use crate::crd;
 use crate::dra::{self, ClaimInfo, SliceInfo};
+use crate::gang::{Flavour, GangSource, QueueSource};
 use crate::network::{self, Topology};
 use crate::translate::{self, GroupSpec, PodInfo};
 
@@ -106,8 +107,9 @@ pub struct State {
     pods: BTreeMap<PodKey, PodInfo>,
     /// Pods of ours that could not be translated, and why.
     bad_pods: BTreeMap<PodKey, String>,
-    groups: BTreeMap<(String, String), BTreeMap<&'static str, GroupSpec>>,
-    queues: BTreeMap<String, BTreeMap<&'static str, Queue>>,
+    /// PodGroups by namespace and name, then by API (in order of precedence).
+    groups: BTreeMap<(String, String), BTreeMap<Flavour, GroupSpec>>,
+    queues: BTreeMap<String, BTreeMap<Flavour, Queue>>,
     priority_classes: BTreeMap<String, i32>,
     pdbs: BTreeMap<(String, String), Pdb>,
     shards: BTreeMap<String, Shard>,
@@ -141,7 +143,7 @@ pub struct State {
 pub struct GroupMeta {
     pub namespace: String,
     /// `(api, name)` of the PodGroup object, when the group is one.
-    pub podgroup: Option<(&'static str, String)>,
+    pub podgroup: Option<(Flavour, String)>,
 }
 
 /// An agent pod waiting for the agent scheduler.
@@ -259,7 +261,7 @@ impl State {
                 if let Some(p) = mig_problem {
                     self.note(p);
                 }
-                let sliced = crate::mig::time_sliced_profiles(&m.labels);
+                let sliced = crate::translate::mig::time_sliced_profiles(&m.labels);
                 if sliced.is_empty() {
                     self.time_sliced_mig.remove(&name);
                 } else {
@@ -607,10 +609,10 @@ impl State {
         self.touch();
     }
 
-    pub fn delete_group(&mut self, api: &'static str, ns: &str, name: &str) {
+    pub fn delete_group(&mut self, api: Flavour, ns: &str, name: &str) {
         let k = (ns.to_string(), name.to_string());
         if let Some(m) = self.groups.get_mut(&k) {
-            m.remove(api);
+            m.remove(&api);
             if m.is_empty() {
                 self.groups.remove(&k);
             }
@@ -618,43 +620,31 @@ impl State {
         self.touch();
     }
 
-    pub fn apply_tessera_group(&mut self, g: &crd::PodGroup) {
-        match translate::tessera_group(g) {
+    /// A PodGroup of any flavour added or changed.
+    pub fn apply_gang<G: GangSource>(&mut self, g: &G) {
+        match translate::group(g) {
             Ok(g) => self.apply_group(g),
             Err(e) => self.note(e),
         }
     }
 
-    pub fn apply_volcano_group(&mut self, g: &crd::volcano::PodGroup) {
-        match translate::volcano_group(g) {
-            Ok(g) => self.apply_group(g),
-            Err(e) => self.note(e),
-        }
-    }
-
-    pub fn apply_x_k8s_group(&mut self, g: &crd::x_k8s::PodGroup) {
-        match translate::x_k8s_group(g) {
-            Ok(g) => self.apply_group(g),
-            Err(e) => self.note(e),
-        }
-    }
-
-    pub fn apply_queue(&mut self, api: &'static str, q: Result<Queue, translate::TranslateError>) {
-        match q {
+    /// A Queue of either flavour added or changed.
+    pub fn apply_queue<Q: QueueSource>(&mut self, q: &Q) {
+        match translate::queue(q) {
             Ok(q) => {
                 self.queues
                     .entry(q.name.clone())
                     .or_default()
-                    .insert(api, q);
+                    .insert(Q::FLAVOUR, q);
                 self.touch();
             }
             Err(e) => self.note(e),
         }
     }
 
-    pub fn delete_queue(&mut self, api: &'static str, name: &str) {
+    pub fn delete_queue(&mut self, api: Flavour, name: &str) {
         if let Some(m) = self.queues.get_mut(name) {
-            m.remove(api);
+            m.remove(&api);
             if m.is_empty() {
                 self.queues.remove(name);
             }
@@ -774,11 +764,10 @@ impl State {
             .collect()
     }
 
+    /// The PodGroup `ns/name`: Tessera's, else Volcano's, else scheduler-plugins'.
     fn group_spec(&self, ns: &str, name: &str) -> Option<&GroupSpec> {
         let m = self.groups.get(&(ns.to_string(), name.to_string()))?;
-        m.get("tessera")
-            .or_else(|| m.get("volcano"))
-            .or_else(|| m.get("x-k8s"))
+        m.values().next()
     }
 }
 
@@ -942,7 +931,7 @@ mod tests {
 
     fn group_g(min: u32) -> GroupSpec {
         GroupSpec {
-            api: "volcano",
+            api: Flavour::Volcano,
             namespace: "ns".into(),
             name: "g".into(),
             min_member: min,
@@ -1011,7 +1000,7 @@ mod tests {
                         if v[0] % 2 == 0 {
                             st.apply_group(group_g(v[2] as u32));
                         } else {
-                            st.delete_group("volcano", "ns", "g");
+                            st.delete_group(Flavour::Volcano, "ns", "g");
                         }
                     }
                     9 => st.apply_node(&node(on, ["8", "16"][v[2] as usize % 2])),
@@ -1130,6 +1119,34 @@ mod tests {
         assert_eq!(b.waiting[0].1, "waiting for PodGroup ns/job");
     }
 
+    /// A PodGroup of one name in two or three APIs: Tessera's wins, then
+    /// Volcano's, then scheduler-plugins'; deleting one falls back to the next.
+    #[test]
+    fn pod_group_flavours_by_precedence() {
+        let pg = |api: &str, min: u32| {
+            serde_json::json!({"apiVersion": api, "kind": "PodGroup",
+                "metadata": {"name": "job", "namespace": "ns"}, "spec": {"minMember": min}})
+        };
+        let x: crd::x_k8s::PodGroup =
+            serde_json::from_value(pg("scheduling.x-k8s.io/v1alpha1", 3)).unwrap();
+        let v: crd::volcano::PodGroup =
+            serde_json::from_value(pg("scheduling.volcano.sh/v1beta1", 2)).unwrap();
+        let t: crd::PodGroup =
+            serde_json::from_value(pg("scheduling.tessera.dev/v1alpha1", 1)).unwrap();
+        let mut s = State::new("tessera");
+        let min = |s: &State| s.group_spec("ns", "job").map(|g| (g.api, g.min_member));
+        s.apply_gang(&x);
+        assert_eq!(min(&s), Some((Flavour::XK8s, 3)));
+        s.apply_gang(&t);
+        s.apply_gang(&v);
+        assert_eq!(min(&s), Some((Flavour::Tessera, 1)));
+        s.delete_group(Flavour::Tessera, "ns", "job");
+        assert_eq!(min(&s), Some((Flavour::Volcano, 2)));
+        s.delete_group(Flavour::Volcano, "ns", "job");
+        s.delete_group(Flavour::XK8s, "ns", "job");
+        assert_eq!(min(&s), None);
+    }
+
     #[test]
     fn affinity_becomes_a_label() {
         let mut s = State::new("tessera");
@@ -1164,7 +1181,7 @@ mod tests {
             "spec": {"minMember": pods, "networkTopology": topology}
         }))
         .unwrap();
-        s.apply_volcano_group(&g);
+        s.apply_gang(&g);
         for i in 0..pods {
             let mut p = pod("ns", &format!("{name}-{i}"), "tessera", None, Some(name));
             p.spec.as_mut().unwrap().containers[0].resources =

@@ -5,11 +5,11 @@
 //! out.
 
 use std::collections::BTreeMap;
-use std::fmt;
 
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::api::ApiResource;
 use serde::{Deserialize, Serialize};
 use tessera_model::{
     GpuDevice, GpuRequest, GroupKind, NetworkTier, Queue, Resources, Strength, Taint, TaintEffect,
@@ -17,87 +17,16 @@ use tessera_model::{
 };
 
 use crate::crd;
+use crate::gang::{self, Flavour, GangSource, QueueSource};
 
-/// Annotations and labels Tessera reads and writes.
-pub mod keys {
-    /// Volcano's pod annotation naming the pod's PodGroup.
-    pub const VOLCANO_GROUP: &str = "scheduling.k8s.io/group-name";
-    /// scheduler-plugins' pod label naming the pod's PodGroup.
-    pub const X_K8S_GROUP: &str = "scheduling.x-k8s.io/pod-group";
-    /// Tessera's pod label naming the pod's PodGroup.
-    pub const TESSERA_GROUP: &str = "scheduling.tessera.dev/pod-group";
-    /// Queue of a pod without a PodGroup (Volcano's annotation, and Tessera's).
-    pub const VOLCANO_QUEUE: &str = "scheduling.volcano.sh/queue-name";
-    pub const TESSERA_QUEUE: &str = "scheduling.tessera.dev/queue";
-    /// `training`, `inference`, `batch` or `agent` (pod annotation or label).
-    pub const KIND: &str = "scheduling.tessera.dev/kind";
-    /// A fraction of one GPU: compute share in milli-GPU (1..999) and memory.
-    pub const GPU_MILLI: &str = "scheduling.tessera.dev/gpu-milli";
-    pub const GPU_MEMORY: &str = "scheduling.tessera.dev/gpu-memory";
-    /// Allowed GPU models, comma-separated.
-    pub const GPU_MODELS: &str = "scheduling.tessera.dev/gpu-models";
-    /// Written by Tessera at binding: the GPU indices the pod holds on its node.
-    pub const GPU_INDICES: &str = "scheduling.tessera.dev/gpu-indices";
-    /// Volcano's annotation: `"false"` keeps the pod from being preempted.
-    pub const PREEMPTABLE: &str = "volcano.sh/preemptable";
-    /// The extended resource of whole NVIDIA GPUs.
-    pub const NVIDIA_GPU: &str = "nvidia.com/gpu";
-    /// GPU Feature Discovery labels.
-    pub const GFD_PRODUCT: &str = "nvidia.com/gpu.product";
-    pub const GFD_COUNT: &str = "nvidia.com/gpu.count";
-    pub const GFD_MEMORY: &str = "nvidia.com/gpu.memory";
-    pub const GFD_CLIQUE: &str = "nvidia.com/gpu.clique";
-    /// GFD's MIG labels (see [`crate::mig`]): `single` or `mixed`; `true` or
-    /// `false`; compute slices of one instance (single strategy).
-    pub const GFD_MIG_STRATEGY: &str = "nvidia.com/mig.strategy";
-    pub const GFD_MIG_CAPABLE: &str = "nvidia.com/mig.capable";
-    pub const GFD_SLICES_GI: &str = "nvidia.com/gpu.slices.gi";
-    pub const GFD_REPLICAS: &str = "nvidia.com/gpu.replicas";
-    /// NVIDIA mig-manager's progress: `pending`, `rebooting`, `success`, `failed`.
-    pub const MIG_CONFIG_STATE: &str = "nvidia.com/mig.config.state";
-    /// Written by Tessera at binding: the MIG instance the pod holds,
-    /// `gpu=2,profile=3g.40gb,start=4` (read back so occupancy survives a restart).
-    pub const MIG_INSTANCE: &str = "scheduling.tessera.dev/mig-instance";
-    /// Prefix of the synthetic node labels that carry required node affinity
-    /// into the model's node selectors (snapshot only; never written).
-    pub const AFFINITY_PREFIX: &str = "affinity.scheduling.tessera.dev/";
-}
+pub mod keys;
+pub mod mig;
 
-/// A Kubernetes object that could not be translated.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub struct TranslateError {
-    /// `pod ns/name`, `node n1`, …
-    pub object: String,
-    /// The field path, e.g. `spec.containers[0].resources.requests.cpu`.
-    pub field: String,
-    pub value: String,
-    pub problem: String,
-}
+mod error;
 
-impl fmt::Display for TranslateError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}: {} = {:?}: {}",
-            self.object, self.field, self.value, self.problem
-        )
-    }
-}
-
-/// An error naming the object, the field, its value and what is wrong.
-pub(crate) fn err(
-    object: &str,
-    field: &str,
-    value: &str,
-    problem: impl Into<String>,
-) -> TranslateError {
-    TranslateError {
-        object: object.to_string(),
-        field: field.to_string(),
-        value: value.to_string(),
-        problem: problem.into(),
-    }
-}
+pub use error::TranslateError;
+pub(crate) use error::err;
+pub use keys::gpu_model;
 
 /// Adds a resource list (`cpu`, `memory`, `pods`, extended names) into `r`.
 /// `nvidia.com/gpu` is returned separately (whole GPUs), not added.
@@ -156,28 +85,16 @@ fn taint_effect(object: &str, field: &str, e: &str) -> Result<TaintEffect, Trans
     }
 }
 
-/// The GPU model name from a GFD product label: `NVIDIA-H100-80GB-HBM3` ->
-/// `H100-80GB-HBM3`, `Tesla-T4` -> `T4`.
-pub fn gpu_model(product: &str) -> String {
-    let p = product.trim();
-    for prefix in ["NVIDIA-", "NVIDIA ", "Tesla-", "Tesla "] {
-        if let Some(rest) = p.strip_prefix(prefix) {
-            return rest.replace(' ', "-");
-        }
-    }
-    p.replace(' ', "-")
-}
-
 /// Translates a Node: allocatable (status.allocatable, else capacity), labels,
 /// taints, cordon, and its GPUs from `nvidia.com/gpu` plus GPU Feature
 /// Discovery labels (product, memory in MiB, NVLink clique), and MIG-enabled
-/// GPUs from the MIG labels and `nvidia.com/mig-<profile>` ([`crate::mig`]).
+/// GPUs from the MIG labels and `nvidia.com/mig-<profile>` ([`mig`]).
 pub fn node(n: &core::Node) -> Result<tessera_model::Node, TranslateError> {
     node_noting(n).map(|(node, _)| node)
 }
 
 /// [`node`], with the problem of MIG labels that were ignored, if any (the
-/// node is kept without its MIG instances; see [`crate::mig::apply_to_node`]).
+/// node is kept without its MIG instances; see [`mig::apply_to_node`]).
 pub fn node_noting(
     n: &core::Node,
 ) -> Result<(tessera_model::Node, Option<TranslateError>), TranslateError> {
@@ -228,7 +145,7 @@ pub fn node_noting(
         node.allocatable.gpu_milli = gpus * 1000;
         node.allocatable.gpu_memory = memory.saturating_mul(gpus);
     }
-    let mig_problem = crate::mig::apply_to_node(&object, &labels, &mut node);
+    let mig_problem = mig::apply_to_node(&object, &labels, &mut node);
     node.labels = labels;
     if let Some(spec) = &n.spec {
         node.unschedulable = spec.unschedulable.unwrap_or(false);
@@ -461,7 +378,7 @@ pub fn pod(p: &core::Pod) -> Result<PodInfo, TranslateError> {
         .and_then(|s| s.node_name.as_deref())
         .is_some_and(|n| !n.is_empty());
     let mut notes = Vec::new();
-    let (mig, note) = crate::mig::pod_request(&object, &req, &gpu, bound, &mig_models);
+    let (mig, note) = mig::pod_request(&object, &req, &gpu, bound, &mig_models);
     notes.extend(note.map(|e| e.to_string()));
     let gpu = mig.unwrap_or(gpu);
 
@@ -522,7 +439,7 @@ pub fn pod(p: &core::Pod) -> Result<PodInfo, TranslateError> {
         };
         if let GpuRequest::Mig { profile, .. } = &task.gpu {
             if let Some(v) = ann.get(keys::MIG_INSTANCE) {
-                match crate::mig::Instance::parse(&object, v) {
+                match mig::Instance::parse(&object, v) {
                     Ok(i) if &i.profile == profile => {
                         task.gpu_indices = vec![i.gpu];
                         task.mig_start = Some(i.start);
@@ -619,8 +536,8 @@ pub fn pod_finished(p: &core::Pod) -> bool {
 /// A PodGroup from any of the three APIs, in one shape.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GroupSpec {
-    /// `tessera`, `volcano` or `x-k8s`: which API the object came from.
-    pub api: &'static str,
+    /// Which API the object came from.
+    pub api: Flavour,
     pub namespace: String,
     pub name: String,
     pub min_member: u32,
@@ -722,70 +639,26 @@ fn min_res(
         .transpose()
 }
 
-/// A Tessera PodGroup.
-pub fn tessera_group(g: &crd::PodGroup) -> Result<GroupSpec, TranslateError> {
+/// A PodGroup of any flavour, in one shape.
+pub fn group<G: GangSource>(g: &G) -> Result<GroupSpec, TranslateError> {
+    let m = g.meta();
     let (ns, name) = (
-        g.metadata.namespace.clone().unwrap_or_default(),
-        g.metadata.name.clone().unwrap_or_default(),
+        m.namespace.clone().unwrap_or_default(),
+        m.name.clone().unwrap_or_default(),
     );
-    let object = format!("podgroup.scheduling.tessera.dev {ns}/{name}");
+    let object = gang::object(&ApiResource::erase::<G>(&()), Some(&ns), &name);
+    let f = g.fields();
     Ok(GroupSpec {
-        api: "tessera",
-        min_member: min_member(&object, g.spec.min_member)?,
-        min_resources: min_res(&object, g.spec.min_resources.as_ref())?,
-        queue: g.spec.queue.clone(),
-        priority_class: g.spec.priority_class_name.clone(),
-        kind: group_kind(&object, g.spec.kind.as_deref())?,
-        network_topology: network_topology(&object, g.spec.network_topology.as_ref())?,
-        created_ms: meta_ms(&g.metadata),
-        status_phase: g.status.as_ref().and_then(|s| s.phase.clone()),
-        status_running: g.status.as_ref().and_then(|s| s.running),
-        namespace: ns,
-        name,
-    })
-}
-
-/// A Volcano PodGroup.
-pub fn volcano_group(g: &crd::volcano::PodGroup) -> Result<GroupSpec, TranslateError> {
-    let (ns, name) = (
-        g.metadata.namespace.clone().unwrap_or_default(),
-        g.metadata.name.clone().unwrap_or_default(),
-    );
-    let object = format!("podgroup.scheduling.volcano.sh {ns}/{name}");
-    Ok(GroupSpec {
-        api: "volcano",
-        min_member: min_member(&object, g.spec.min_member)?,
-        min_resources: min_res(&object, g.spec.min_resources.as_ref())?,
-        queue: g.spec.queue.clone(),
-        priority_class: g.spec.priority_class_name.clone(),
-        kind: None,
-        network_topology: network_topology(&object, g.spec.network_topology.as_ref())?,
-        created_ms: meta_ms(&g.metadata),
-        status_phase: g.status.as_ref().and_then(|s| s.phase.clone()),
-        status_running: g.status.as_ref().and_then(|s| s.running),
-        namespace: ns,
-        name,
-    })
-}
-
-/// A scheduler-plugins PodGroup.
-pub fn x_k8s_group(g: &crd::x_k8s::PodGroup) -> Result<GroupSpec, TranslateError> {
-    let (ns, name) = (
-        g.metadata.namespace.clone().unwrap_or_default(),
-        g.metadata.name.clone().unwrap_or_default(),
-    );
-    let object = format!("podgroup.scheduling.x-k8s.io {ns}/{name}");
-    Ok(GroupSpec {
-        api: "x-k8s",
-        min_member: min_member(&object, g.spec.min_member)?,
-        min_resources: min_res(&object, g.spec.min_resources.as_ref())?,
-        queue: None,
-        priority_class: None,
-        kind: None,
-        network_topology: None,
-        created_ms: meta_ms(&g.metadata),
-        status_phase: g.status.as_ref().and_then(|s| s.phase.clone()),
-        status_running: g.status.as_ref().and_then(|s| s.running),
+        api: G::FLAVOUR,
+        min_member: min_member(&object, f.min_member)?,
+        min_resources: min_res(&object, f.min_resources)?,
+        queue: f.queue.map(str::to_string),
+        priority_class: f.priority_class.map(str::to_string),
+        kind: group_kind(&object, f.kind)?,
+        network_topology: network_topology(&object, f.network_topology)?,
+        created_ms: meta_ms(m),
+        status_phase: f.phase.map(str::to_string),
+        status_running: f.running,
         namespace: ns,
         name,
     })
@@ -832,29 +705,11 @@ fn queue_from(object: &str, name: String, s: &crd::QueueSpec) -> Result<Queue, T
     Ok(q)
 }
 
-/// A Tessera Queue.
-pub fn tessera_queue(q: &crd::Queue) -> Result<Queue, TranslateError> {
-    let name = q.metadata.name.clone().unwrap_or_default();
-    queue_from(
-        &format!("queue.scheduling.tessera.dev {name}"),
-        name,
-        &q.spec,
-    )
-}
-
-/// A Volcano Queue (same fields).
-pub fn volcano_queue(q: &crd::volcano::Queue) -> Result<Queue, TranslateError> {
-    let name = q.metadata.name.clone().unwrap_or_default();
-    let s = &q.spec;
-    let spec = crd::QueueSpec {
-        weight: s.weight,
-        capability: s.capability.clone(),
-        guarantee: s.guarantee.clone(),
-        deserved: s.deserved.clone(),
-        reclaimable: s.reclaimable,
-        parent: s.parent.clone(),
-    };
-    queue_from(&format!("queue.scheduling.volcano.sh {name}"), name, &spec)
+/// A Queue of either flavour.
+pub fn queue<Q: QueueSource>(q: &Q) -> Result<Queue, TranslateError> {
+    let name = q.meta().name.clone().unwrap_or_default();
+    let object = gang::object(&ApiResource::erase::<Q>(&()), None, &name);
+    queue_from(&object, name, &q.spec())
 }
 
 /// Whether `labels` match a label selector (matchLabels and matchExpressions
@@ -1127,7 +982,7 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(
-            tessera_group(&tg).unwrap().network_topology,
+            group(&tg).unwrap().network_topology,
             Some(NetworkTier {
                 tier: 2,
                 strength: Strength::Soft
@@ -1143,7 +998,7 @@ mod tests {
         };
         // Volcano's default mode is hard.
         assert_eq!(
-            volcano_group(&vg(serde_json::json!({"highestTierAllowed": 1})))
+            group(&vg(serde_json::json!({"highestTierAllowed": 1})))
                 .unwrap()
                 .network_topology,
             Some(NetworkTier {
@@ -1152,7 +1007,7 @@ mod tests {
             })
         );
         assert_eq!(
-            volcano_group(&vg(
+            group(&vg(
                 serde_json::json!({"mode": "hard", "highestTierAllowed": 0})
             ))
             .unwrap()
@@ -1162,7 +1017,7 @@ mod tests {
         );
         // No tier: 1, Volcano's Job API default.
         assert_eq!(
-            volcano_group(&vg(serde_json::json!({"mode": "soft"})))
+            group(&vg(serde_json::json!({"mode": "soft"})))
                 .unwrap()
                 .network_topology,
             Some(NetworkTier {
@@ -1172,7 +1027,7 @@ mod tests {
         );
         let mut none = vg(serde_json::json!({}));
         none.spec.network_topology = None;
-        assert_eq!(volcano_group(&none).unwrap().network_topology, None);
+        assert_eq!(group(&none).unwrap().network_topology, None);
         for (nt, field, value) in [
             (
                 serde_json::json!({"mode": "strict", "highestTierAllowed": 1}),
@@ -1200,7 +1055,7 @@ mod tests {
                 "rack",
             ),
         ] {
-            let e = volcano_group(&vg(nt.clone())).unwrap_err();
+            let e = group(&vg(nt.clone())).unwrap_err();
             assert_eq!(
                 (e.object.as_str(), e.field.as_str(), e.value.as_str()),
                 ("podgroup.scheduling.volcano.sh ns/job", field, value),
@@ -1218,7 +1073,7 @@ mod tests {
                 "guarantee": {"resource": {"cpu": "2"}}, "reclaimable": false, "parent": "root"}
         }))
         .unwrap();
-        let m = tessera_queue(&qu).unwrap();
+        let m = queue(&qu).unwrap();
         assert_eq!(m.weight, 3);
         let cap = m.capability.as_ref().unwrap();
         assert_eq!(cap.gpu_milli, 4000);

@@ -14,9 +14,10 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
+use tessera_k8s::gang::Flavour;
 use tessera_k8s::testenv::{TestEnv, binaries_or_skip, fake_kubelet, fake_node, fake_pod};
 use tessera_k8s::{LeaseConfig, Metrics, RunConfig, RunError};
 
@@ -273,7 +274,11 @@ async fn against_a_real_apiserver() {
         ),
         (
             "scheduler-plugins PodGroup with node affinity",
-            Box::pin(coscheduling_affinity(client.clone())),
+            Box::pin(gang_with_affinity(client.clone(), Flavour::XK8s)),
+        ),
+        (
+            "Tessera PodGroup with node affinity",
+            Box::pin(gang_with_affinity(client.clone(), Flavour::Tessera)),
         ),
         (
             "network topology: HyperNodes, hard gang in one rack, soft gang spans",
@@ -700,7 +705,15 @@ async fn preemption(client: Client) {
     ctl.stop().await;
 }
 
-async fn coscheduling_affinity(client: Client) {
+/// A gang of four pods with required node affinity, as a PodGroup of
+/// `flavour` (Tessera's or scheduler-plugins'), each pod naming it with that
+/// flavour's label: bound in the zone, and the PodGroup's status written in
+/// that flavour's words.
+async fn gang_with_affinity(client: Client, flavour: Flavour) {
+    let (ns, group_label, phase) = match flavour {
+        Flavour::XK8s => ("s5", "scheduling.x-k8s.io/pod-group", "Scheduled"),
+        _ => ("s5t", "scheduling.tessera.dev/pod-group", "Running"),
+    };
     fresh_nodes(
         &client,
         vec![
@@ -710,29 +723,30 @@ async fn coscheduling_affinity(client: Client) {
         ],
     )
     .await;
-    let pods = namespace(&client, "s5").await;
-    let pgs: Api<tessera_k8s::crd::x_k8s::PodGroup> = Api::namespaced(client.clone(), "s5");
+    let pods = namespace(&client, ns).await;
+    let ar = flavour.podgroups();
+    let pgs: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &ar);
     apply_json(
         &pgs,
-        json!({"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup",
-               "metadata": {"name": "cg", "namespace": "s5"}, "spec": {"minMember": 4}}),
+        json!({"apiVersion": ar.api_version, "kind": ar.kind,
+               "metadata": {"name": "cg", "namespace": ns}, "spec": {"minMember": 4}}),
     )
     .await;
     let ctl = start_ready(&client, "tessera").await;
     for i in 0..4 {
         let p = pod_with(
-            "s5",
+            ns,
             &format!("cg-{i}"),
             "tessera",
             "3",
-            json!({"metadata": {"labels": {"scheduling.x-k8s.io/pod-group": "cg"}},
+            json!({"metadata": {"labels": {group_label: "cg"}},
                    "spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
                        {"nodeSelectorTerms": [{"matchExpressions": [
                            {"key": "zone", "operator": "In", "values": ["b"]}]}]}}}}}),
         );
         pods.create(&PostParams::default(), &p).await.unwrap();
     }
-    wait_bound(&pods, 4, "the coscheduling gang").await;
+    wait_bound(&pods, 4, "the gang").await;
     for p in pods_by_name(&pods).await.values() {
         let n = node_of(p).unwrap();
         assert!(
@@ -742,14 +756,13 @@ async fn coscheduling_affinity(client: Client) {
         );
     }
     wait_for(
-        "x-k8s PodGroup status Scheduled",
+        &format!("{flavour:?} PodGroup status {phase}"),
         Duration::from_secs(30),
         || async {
             pgs.get("cg")
                 .await
                 .ok()
-                .and_then(|g| g.status)
-                .filter(|s| s.phase.as_deref() == Some("Scheduled"))
+                .filter(|g| g.data["status"]["phase"] == phase)
         },
     )
     .await;

@@ -133,9 +133,12 @@ pub fn run(a: Args) -> i32 {
         let mut dir = std::env::temp_dir();
         let mut processes = Vec::new();
         let client = match &a.kubeconfig {
-            Some(p) => match crate::cmd::k8s::client(Some(p)).await {
+            Some(p) => match tessera_k8s::client(Some(p.as_path())).await {
                 Ok(c) => c,
-                Err((code, m)) => return fail(code, m),
+                Err(e) => {
+                    let (code, m) = crate::cmd::k8s::client_error(e);
+                    return fail(code, m);
+                }
             },
             None => {
                 let b = match binaries() {

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use tessera_k8s::kube;
 use tessera_k8s::manifests::{ManifestOptions, render};
 use tessera_k8s::{LeaseConfig, Metrics, RunConfig};
 
@@ -141,24 +140,17 @@ fn manifests(a: ManifestArgs) -> i32 {
     }))
 }
 
-/// A client from `--kubeconfig`, or inferred.
-pub async fn client(kubeconfig: Option<&PathBuf>) -> Result<kube::Client, (i32, String)> {
-    let cfg = match kubeconfig {
-        Some(p) => {
-            let kc = kube::config::Kubeconfig::read_from(p)
-                .map_err(|e| (EXIT_BAD_INPUT, format!("--kubeconfig {}: {e}", p.display())))?;
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-                .await
-                .map_err(|e| (EXIT_BAD_INPUT, format!("--kubeconfig {}: {e}", p.display())))?
-        }
-        None => kube::Config::infer().await.map_err(|e| {
-            (
-                EXIT_BAD_INPUT,
-                format!("no cluster found ({e}); pass --kubeconfig FILE or run in a pod"),
-            )
-        })?,
-    };
-    kube::Client::try_from(cfg).map_err(|e| (EXIT_FAILURE, format!("Kubernetes client: {e}")))
+/// What to tell the user when there is no client: the exit status and message.
+pub fn client_error(e: tessera_k8s::ClientError) -> (i32, String) {
+    use tessera_k8s::ClientError as E;
+    match e {
+        E::Kubeconfig { .. } => (EXIT_BAD_INPUT, format!("--kubeconfig {e}")),
+        E::NoCluster(_) => (
+            EXIT_BAD_INPUT,
+            format!("{e}; pass --kubeconfig FILE or run in a pod"),
+        ),
+        E::Client(_) => (EXIT_FAILURE, e.to_string()),
+    }
 }
 
 fn run_cmd(a: RunArgs) -> i32 {
@@ -174,9 +166,12 @@ fn run_cmd(a: RunArgs) -> i32 {
         Err(e) => return fail(EXIT_FAILURE, format!("cannot start the runtime: {e}")),
     };
     rt.block_on(async move {
-        let client = match client(a.kubeconfig.as_ref()).await {
+        let client = match tessera_k8s::client(a.kubeconfig.as_deref()).await {
             Ok(c) => c,
-            Err((code, msg)) => return fail(code, msg),
+            Err(e) => {
+                let (code, msg) = client_error(e);
+                return fail(code, msg);
+            }
         };
         let identity = a
             .identity

@@ -164,7 +164,7 @@ impl State {
         let mut b = Built::default();
         // Queues: Tessera's definition wins over Volcano's of the same name.
         for m in self.queues.values() {
-            if let Some(q) = m.get("tessera").or_else(|| m.get("volcano")) {
+            if let Some(q) = m.values().next() {
                 b.snapshot.queues.push(q.clone());
             }
         }

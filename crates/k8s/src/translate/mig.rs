@@ -1,7 +1,9 @@
 //! MIG on Kubernetes: the instances a node has, read from what NVIDIA's GPU
 //! Feature Discovery (GFD) and device plugin publish; the instance a pod asks
 //! for; Tessera's record of the instance it gave a pod; and what happens to a
-//! plan that would create or destroy instances. Pure, like [`crate::translate`].
+//! plan that would create or destroy instances. Pure, like the rest of
+//! [`crate::translate`]: a child of it that uses only its siblings `keys` and
+//! `error`, never the parent (which calls into this module).
 //!
 //! # What the cluster publishes
 //!
@@ -69,7 +71,8 @@ use std::sync::OnceLock;
 use tessera_model::mig::{self, MigGeometry, MigInstance, MigLayout, Occupancy};
 use tessera_model::{GpuDevice, GpuRequest, Node, Pending, Plan, Resources};
 
-use crate::translate::{TranslateError, err, gpu_model, keys};
+use super::error::{TranslateError, err};
+use super::keys::{self, gpu_model};
 
 /// Prefix of the extended resources of MIG profiles (mixed strategy).
 pub const RESOURCE_PREFIX: &str = "nvidia.com/mig-";

@@ -505,8 +505,8 @@ pub fn schemas() -> Vec<(&'static str, Value)> {
                 "name": {"type": "string", "pattern": "^[a-z0-9][a-z0-9_.-]{0,63}$"},
                 "description": {"type": "string"},
                 "target": {"oneOf": [
-                    {"type": "object", "required": ["type", "url"], "properties": {"type": {"const": "http"}, "url": {"type": "string"}, "headers": {"type": "object"}}},
-                    {"type": "object", "required": ["type", "url"], "properties": {"type": {"const": "mcp"}, "url": {"type": "string"}, "tool": {"type": "string"}, "headers": {"type": "object"}}},
+                    {"type": "object", "required": ["type", "url"], "properties": {"type": {"const": "http"}, "url": {"type": "string"}, "headers": {"$ref": "#/components/schemas/ToolHeaders"}}},
+                    {"type": "object", "required": ["type", "url"], "properties": {"type": {"const": "mcp"}, "url": {"type": "string"}, "tool": {"type": "string"}, "headers": {"$ref": "#/components/schemas/ToolHeaders"}}},
                     {"type": "object", "required": ["type", "builtin"], "properties": {"type": {"const": "builtin"}, "builtin": {"enum": ["exec", "read_file", "write_file", "list_files"]}}}
                 ]},
                 "input_schema": {"type": "object", "description": "JSON Schema of the arguments (type object)"},
@@ -516,6 +516,13 @@ pub fn schemas() -> Vec<(&'static str, Value)> {
                 "approval": {"type": "object", "required": ["ttl_seconds"], "properties": {"ttl_seconds": {"type": "integer", "minimum": 1}}},
                 "fee": {"type": "number", "minimum": 0},
                 "timeout_ms": {"type": "integer", "minimum": 1}}}),
+        ),
+        (
+            "ToolHeaders",
+            json!({"type": "object", "description": "Headers of every call. A value {\"secret\": \"…\"} is write-only: stored apart, put on the outgoing call only, shown as \"<secret>\"; sending \"<secret>\" back keeps the stored value.",
+                "additionalProperties": {"oneOf": [
+                    {"type": "string"},
+                    {"type": "object", "additionalProperties": false, "required": ["secret"], "properties": {"secret": {"type": "string", "minLength": 8, "writeOnly": true}}}]}}),
         ),
         (
             "ToolGrant",

@@ -169,6 +169,21 @@ impl Server {
         self.client(v["admin_key"].as_str().unwrap())
     }
 
+    /// Writes an active agent session of `runtime` straight into the store (tool
+    /// tests need one to call for, not a sandbox).
+    pub async fn session(&self, tenant: &str, id: &str, runtime: &str) {
+        use tessera_store::Store;
+        self.running
+            .plane
+            .store()
+            .create(
+                tessera_store::Key::new("session", tenant, id),
+                json!({"id": id, "runtime": runtime, "state": "active"}),
+            )
+            .await
+            .unwrap();
+    }
+
     /// Stops the server (open watches end) and keeps the folder for a restart.
     pub async fn stop(self) -> tempfile::TempDir {
         self.running.shutdown().await;

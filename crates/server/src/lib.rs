@@ -350,9 +350,10 @@ async fn start_microvm(
 /// Bootstraps the store (first start), registers the local node, starts the
 /// scheduler loop and the HTTP server.
 pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartError> {
+    let oidc = oidc::start(cfg.oidc.as_ref()).await?;
     let plane = ControlPlane::new(store.clone())
         .with_logs(cfg.executor_logs.clone())
-        .with_oidc(cfg.oidc.clone())
+        .with_oidc(oidc.clone())
         .with_guard(cfg.guard.clone())
         .with_classes(cfg.classes.clone())
         .with_templates(match &cfg.templates {
@@ -433,6 +434,7 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     // Every redaction anywhere (sandboxes, sessions, tools, jobs, the API) is audited.
     let mut tasks = vec![redact::start_audit(&plane, stop_rx.clone())];
+    tasks.extend(oidc.and_then(|v| v.refresher(stop_rx.clone())));
     let metrics = std::sync::Arc::new(metrics::Metrics::default());
     let cluster = cluster::ClusterState::new(plane.store().clone(), stop_rx.clone());
     if let Some(f) = cfg.scheduler.clone().map(|f| cluster.observe(f)) {

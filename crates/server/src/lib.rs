@@ -15,6 +15,7 @@ pub mod attestation;
 pub mod auth;
 pub mod classes;
 pub mod cluster;
+pub mod exchange;
 pub mod exec;
 pub mod gateway;
 pub mod gpu;
@@ -23,6 +24,7 @@ pub mod heartbeat;
 pub mod identity;
 pub mod jobfile;
 pub mod jobs;
+mod keyfile;
 pub mod mcp;
 pub mod metrics;
 pub mod node;
@@ -638,7 +640,8 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
         .get_or_insert_with(|| node_data(&cfg).join("session-snapshots"));
     let (agents, t) = agents::AgentsState::start(&plane, &agents_cfg, &stop_rx).await?;
     tasks.extend(t);
-    let (tools, t) = tools::ToolsState::start(&plane, &cfg.tools, &stop_rx).await?;
+    let (tools, t) =
+        tools::ToolsState::start(&plane, &cfg.tools, &node_data(&cfg), &stop_rx).await?;
     tasks.extend(t);
     // Tool results and errors are redacted before the ledger, the agent and the caller.
     tools.gateway.set_guard(plane.guard().clone());

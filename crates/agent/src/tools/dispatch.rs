@@ -52,11 +52,29 @@ pub trait SandboxAccess: Send + Sync + 'static {
     fn sandbox(&self, tenant: &str, session_id: &str) -> Option<Arc<tessera_sandbox::Sandbox>>;
 }
 
+/// A boxed future, for the one trait method that must be async.
+pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
+/// Mints the tokens of tools registered with `auth: exchange`. The server
+/// implements it (its token exchange, `POST /v1/token`).
+pub trait Delegation: Send + Sync + 'static {
+    /// A short-lived token acting for the user who started `session_id` of
+    /// `tenant`, with `tool` as its audience. The gateway has already checked
+    /// that the call is granted.
+    fn token<'a>(
+        &'a self,
+        tenant: &'a str,
+        session_id: &'a str,
+        tool: &'a str,
+    ) -> BoxFuture<'a, Result<String, String>>;
+}
+
 /// The senders, with their connection state (HTTP connection pool, remote MCP
 /// sessions).
 pub(crate) struct Dispatcher {
     http: reqwest::Client,
     sandboxes: std::sync::RwLock<Option<Arc<dyn SandboxAccess>>>,
+    delegation: std::sync::RwLock<Option<Arc<dyn Delegation>>>,
     /// (Remote MCP server URL, digest of the headers sent to it) -> its
     /// `Mcp-Session-Id` (when it uses sessions). The headers are part of the key:
     /// two tools (of two tenants, say) with other credentials on one server must
@@ -79,12 +97,49 @@ impl Dispatcher {
         Dispatcher {
             http,
             sandboxes: std::sync::RwLock::new(sandboxes),
+            delegation: std::sync::RwLock::new(None),
             mcp_sessions: Mutex::new(HashMap::new()),
         }
     }
 
     pub(crate) fn set_sandboxes(&self, s: Arc<dyn SandboxAccess>) {
         *self.sandboxes.write().unwrap() = Some(s);
+    }
+
+    pub(crate) fn set_delegation(&self, d: Arc<dyn Delegation>) {
+        *self.delegation.write().unwrap() = Some(d);
+    }
+
+    /// The headers of one send: the registered ones with their secrets filled
+    /// in, and for `auth: exchange` a fresh token; and what to scrub from the
+    /// reply (the secrets and that token).
+    async fn headers(
+        &self,
+        tool: &CompiledTool,
+        secrets: &ToolSecrets,
+        ids: &CallIds<'_>,
+    ) -> Result<(Vec<(String, String)>, ToolSecrets), String> {
+        let name = &tool.spec.name;
+        let (headers, auth) = match &tool.spec.target {
+            Target::Http { headers, auth, .. } | Target::Mcp { headers, auth, .. } => {
+                (headers, auth)
+            }
+            Target::Builtin { .. } => return Ok((Vec::new(), secrets.clone())),
+        };
+        let mut out = secrets.headers(name, headers)?;
+        let mut scrub = secrets.clone();
+        if auth.is_some() {
+            let d = self.delegation.read().unwrap().clone().ok_or_else(|| {
+                format!("tool {name:?} needs an exchanged token, and this server mints none")
+            })?;
+            let bearer = format!(
+                "Bearer {}",
+                d.token(ids.tenant, ids.session_id, name).await?
+            );
+            scrub = scrub.with("Authorization", &bearer);
+            out.push(("Authorization".into(), bearer));
+        }
+        Ok((out, scrub))
     }
 
     /// Sends one call with the tool's `secrets` on the request, and scrubs them
@@ -97,25 +152,21 @@ impl Dispatcher {
         args: &Value,
     ) -> Sent {
         let timeout = tool.timeout();
+        let (h, scrub) = match self.headers(tool, secrets, ids).await {
+            Ok(x) => x,
+            Err(m) => return secrets.scrub(Sent::NotSent(m)),
+        };
         let sent = match &tool.spec.target {
-            Target::Http { url, headers } => match secrets.headers(&tool.spec.name, headers) {
-                Ok(h) => self.http_call(url, &h, ids, args, timeout).await,
-                Err(m) => Sent::NotSent(m),
-            },
+            Target::Http { url, .. } => self.http_call(url, &h, ids, args, timeout).await,
             Target::Mcp {
-                url,
-                tool: remote,
-                headers,
-            } => match secrets.headers(&tool.spec.name, headers) {
-                Ok(h) => {
-                    let name = remote.as_deref().unwrap_or(&tool.spec.name);
-                    self.mcp_call(url, &h, name, ids, args, timeout).await
-                }
-                Err(m) => Sent::NotSent(m),
-            },
+                url, tool: remote, ..
+            } => {
+                let name = remote.as_deref().unwrap_or(&tool.spec.name);
+                self.mcp_call(url, &h, name, ids, args, timeout).await
+            }
             Target::Builtin { builtin } => self.builtin(*builtin, ids, args, timeout).await,
         };
-        secrets.scrub(sent)
+        scrub.scrub(sent)
     }
 
     async fn http_call(

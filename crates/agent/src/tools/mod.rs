@@ -34,12 +34,12 @@ use serde_json::{Value, json};
 use tessera_store::{Key, Object, Op, Store, StoreError};
 use tokio::sync::{Notify, watch};
 
-pub use dispatch::{SandboxAccess, Sent};
+pub use dispatch::{BoxFuture, Delegation, SandboxAccess, Sent};
 pub use ledger::{Approval, Decision, Entry, State};
 pub use secrets::ToolSecrets;
 pub use spec::{
     ApprovalPolicy, Builtin, CompiledTool, Grant, Grants, HeaderValue, SECRET_MARK,
-    SchemaViolation, Secret, SpecError, Target, ToolSpec,
+    SchemaViolation, Secret, SpecError, Target, ToolAuth, ToolSpec,
 };
 
 /// Store kinds of the gateway.
@@ -406,6 +406,12 @@ impl<S: Store> Gateway<S> {
     /// host is up).
     pub fn set_sandboxes(&self, s: Arc<dyn SandboxAccess>) {
         self.inner.dispatcher.set_sandboxes(s);
+    }
+
+    /// Lets tools registered with `auth: exchange` be called: `d` mints their
+    /// tokens (set once the server's token issuer is up).
+    pub fn set_delegation(&self, d: Arc<dyn Delegation>) {
+        self.inner.dispatcher.set_delegation(d);
     }
 
     /// The guard whose scanner redacts every tool result and error before it reaches

@@ -112,6 +112,12 @@ impl ToolSecrets {
             .collect()
     }
 
+    /// These secrets and one more header value (a token minted for one send).
+    pub fn with(mut self, header: &str, value: &str) -> Self {
+        self.headers.insert(header.into(), value.into());
+        self
+    }
+
     /// The strings scrubbed from replies: each value, its JSON-escaped form, and
     /// the credential after an authentication scheme (`Bearer abc…` → `abc…`).
     fn needles(&self) -> Vec<String> {

@@ -57,6 +57,8 @@ pub enum Target {
         url: String,
         #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
         headers: BTreeMap<String, HeaderValue>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        auth: Option<ToolAuth>,
     },
     /// A tool of a remote MCP server (Streamable HTTP), called by its remote name.
     Mcp {
@@ -66,9 +68,22 @@ pub enum Target {
         tool: Option<String>,
         #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
         headers: BTreeMap<String, HeaderValue>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        auth: Option<ToolAuth>,
     },
     /// A tool built into Tessera that acts on the calling session's sandbox.
     Builtin { builtin: Builtin },
+}
+
+/// How a tool's calls prove who they act for, besides its headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolAuth {
+    /// Each call carries `Authorization: Bearer <token>`: a short-lived token the
+    /// server mints (RFC 8693 token exchange) for the user who started the
+    /// calling session, with this tool as its audience and the session as its
+    /// actor (see [`super::Delegation`]).
+    Exchange,
 }
 
 /// How a stored header value says "the secret kept apart" (and how every
@@ -306,7 +321,20 @@ impl CompiledTool {
     pub fn compile(spec: ToolSpec, version: u64) -> Result<CompiledTool, SpecError> {
         check_tool_name(&spec.name)?;
         match &spec.target {
-            Target::Http { url, headers } | Target::Mcp { url, headers, .. } => {
+            Target::Http { url, headers, auth }
+            | Target::Mcp {
+                url, headers, auth, ..
+            } => {
+                if auth.is_some()
+                    && headers
+                        .keys()
+                        .any(|k| k.eq_ignore_ascii_case("authorization"))
+                {
+                    return Err(bad(
+                        "target/auth",
+                        "auth: exchange sets the Authorization header: drop it from headers",
+                    ));
+                }
                 if !(url.starts_with("http://") || url.starts_with("https://")) {
                     return Err(bad(
                         "target/url",

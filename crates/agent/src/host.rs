@@ -166,6 +166,20 @@ struct PoolEntry {
     last_used: Instant,
 }
 
+/// One invocation, as [`Host::invoke_with`] takes it.
+#[derive(Debug, Clone, Copy)]
+pub struct Invoke<'a> {
+    pub tenant: &'a str,
+    pub runtime: &'a str,
+    /// The runtime's endpoint (`DEFAULT` when `None`).
+    pub endpoint: Option<&'a str>,
+    pub session_id: &'a str,
+    pub payload: &'a [u8],
+    pub content_type: &'a str,
+    /// The subject that starts the session, when this call creates it.
+    pub started_by: Option<&'a str>,
+}
+
 /// What an invocation returns.
 #[derive(Debug, Clone)]
 pub struct Invocation {
@@ -535,13 +549,41 @@ impl Host {
         payload: &[u8],
         content_type: &str,
     ) -> Result<Invocation, AgentError> {
+        self.invoke_with(Invoke {
+            tenant,
+            runtime,
+            endpoint,
+            session_id,
+            payload,
+            content_type,
+            started_by: None,
+        })
+        .await
+    }
+
+    /// [`Host::invoke`], saying who starts the session if this call creates it
+    /// (kept as its `started_by`: whom its exchanged tokens act for).
+    pub async fn invoke_with(&self, call: Invoke<'_>) -> Result<Invocation, AgentError> {
+        let Invoke {
+            tenant,
+            runtime,
+            endpoint,
+            session_id,
+            payload,
+            content_type,
+            started_by,
+        } = call;
         let store = &self.inner.store;
         sessions::check_id(session_id)?;
         let (mut s, created) = match sessions::get(store, tenant, session_id).await? {
             Some(s) => (s, false),
             None => {
                 let rv = runtimes::resolve(store, tenant, runtime, endpoint).await?;
-                sessions::get_or_create(store, tenant, session_id, &rv, now_ms()).await?
+                let new = sessions::NewSession {
+                    id: session_id,
+                    started_by,
+                };
+                sessions::get_or_create(store, tenant, new, &rv, now_ms()).await?
             }
         };
         if s.runtime != runtime {

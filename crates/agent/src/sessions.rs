@@ -130,6 +130,26 @@ pub struct Session {
     pub owner: Option<String>,
     #[serde(default)]
     pub lease_until_ms: u64,
+    /// The subject (a user, a service account) whose call created it: whom
+    /// the tokens it exchanges act for (`sub`, with the session as `act`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_by: Option<String>,
+}
+
+/// A session to create: its id and who starts it (a bare id: nobody recorded).
+#[derive(Debug, Clone, Copy)]
+pub struct NewSession<'a> {
+    pub id: &'a str,
+    pub started_by: Option<&'a str>,
+}
+
+impl<'a> From<&'a str> for NewSession<'a> {
+    fn from(id: &'a str) -> Self {
+        NewSession {
+            id,
+            started_by: None,
+        }
+    }
 }
 
 fn to_json<T: Serialize>(v: &T) -> Result<Value, AgentError> {
@@ -170,10 +190,11 @@ pub async fn get<S: Store>(
 pub async fn get_or_create<S: Store>(
     store: &S,
     tenant: &str,
-    id: &str,
+    new: impl Into<NewSession<'_>>,
     rv: &RuntimeVersion,
     now_ms: u64,
 ) -> Result<(Session, bool), AgentError> {
+    let NewSession { id, started_by } = new.into();
     check_id(id)?;
     loop {
         if let Some(s) = get(store, tenant, id).await? {
@@ -209,6 +230,7 @@ pub async fn get_or_create<S: Store>(
             invocations: 0,
             owner: None,
             lease_until_ms: 0,
+            started_by: started_by.map(str::to_string),
         };
         let ops = vec![
             Op::Create {

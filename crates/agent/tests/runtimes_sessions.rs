@@ -279,7 +279,7 @@ async fn session_listing_reads_the_state_index() {
         .unwrap();
     let rv = runtimes::resolve(&s, "t", "bot", None).await.unwrap();
     for i in 0..5 {
-        sessions::get_or_create(&s, "t", &format!("s{i}"), &rv, 1)
+        sessions::get_or_create(&s, "t", format!("s{i}").as_str(), &rv, 1)
             .await
             .unwrap();
     }
@@ -315,4 +315,31 @@ async fn session_listing_reads_the_state_index() {
             .unwrap()
             .is_empty()
     );
+}
+
+#[tokio::test]
+async fn a_session_keeps_who_started_it_and_a_later_call_does_not_change_it() {
+    let (_d, s) = store();
+    runtimes::create(&s, "t", "bot", spec("x"), Quotas::default(), 1)
+        .await
+        .unwrap();
+    let rv = runtimes::resolve(&s, "t", "bot", None).await.unwrap();
+    let by = |who| sessions::NewSession {
+        id: "s1",
+        started_by: Some(who),
+    };
+    let (x, created) = sessions::get_or_create(&s, "t", by("alice"), &rv, 1)
+        .await
+        .unwrap();
+    assert!(created);
+    assert_eq!(x.started_by.as_deref(), Some("alice"));
+    let (x, created) = sessions::get_or_create(&s, "t", by("mallory"), &rv, 2)
+        .await
+        .unwrap();
+    assert!(!created);
+    assert_eq!(x.started_by.as_deref(), Some("alice"));
+    let (x, _) = sessions::get_or_create(&s, "t", "s2", &rv, 1)
+        .await
+        .unwrap();
+    assert_eq!(x.started_by, None);
 }

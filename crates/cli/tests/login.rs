@@ -5,35 +5,19 @@
 
 mod common;
 
-use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
-use common::{BIN, up};
+use common::{BIN, run, up};
 
 /// Runs `tessera` with only the config file (no TESSERA_URL/TESSERA_API_KEY).
 fn tessera(config: &Path, stdin: Option<&str>, args: &[&str]) -> (i32, String, String) {
-    let mut child = Command::new(BIN)
-        .args(args)
+    let mut c = Command::new(BIN);
+    c.args(args)
         .env_remove("TESSERA_URL")
         .env_remove("TESSERA_API_KEY")
-        .env("TESSERA_CONFIG", config)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut input = child.stdin.take().unwrap();
-    if let Some(s) = stdin {
-        input.write_all(s.as_bytes()).unwrap();
-    }
-    drop(input);
-    let o = child.wait_with_output().unwrap();
-    (
-        o.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
+        .env("TESSERA_CONFIG", config);
+    run(c, stdin)
 }
 
 #[test]

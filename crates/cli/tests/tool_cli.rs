@@ -131,3 +131,52 @@ fn tool_commands_share_the_clients_output_errors_and_exit_codes() {
         "{err}"
     );
 }
+
+#[test]
+fn secret_headers_show_as_the_mark_in_every_output() {
+    const SECRET: &str = "sk-cli-SECRET-0123456789";
+    let dir = tempfile::tempdir().unwrap();
+    let server = up(&dir.path().join("data"));
+    let key = server.key.clone().unwrap();
+    let url = server.url.clone();
+    let t = |args: &[&str]| tessera(&url, &key, args);
+    let file = dir.path().join("pay.yaml");
+    let spec = |key: &str, description: &str| {
+        format!(
+            "name: pay\ndescription: {description}\ntarget:\n  type: http\n  url: \"http://127.0.0.1:9/\"\n  headers:\n    X-Api-Key: {key}\n    X-Plain: visible\n"
+        )
+    };
+    std::fs::write(&file, spec(&format!("{{secret: \"{SECRET}\"}}"), "pays")).unwrap();
+    let f = file.to_str().unwrap();
+    let r = t(&["tool", "register", "-f", f]);
+    assert_eq!(r.0, 0, "{}", r.2);
+    for args in [
+        &["tool", "get", "pay", "-o", "json"][..],
+        &["tool", "get", "pay", "-o", "yaml"],
+        &["tool", "get", "pay"],
+        &["tool", "list", "-o", "json"],
+        &["tool", "list", "-o", "yaml"],
+        &["tool", "list"],
+    ] {
+        let r = t(args);
+        assert_eq!(r.0, 0, "{args:?}: {}", r.2);
+        assert!(
+            !r.1.contains("SECRET") && !r.2.contains("SECRET"),
+            "{args:?} shows the secret: {r:?}"
+        );
+    }
+    let r = t(&["tool", "get", "pay", "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&r.1).unwrap();
+    assert_eq!(v["target"]["headers"]["X-Api-Key"], "<secret>", "{v}");
+    assert_eq!(v["target"]["headers"]["X-Plain"], "visible", "{v}");
+    // Replaced with the mark sent back: accepted, the stored value kept.
+    std::fs::write(&file, spec("\"<secret>\"", "pays, again")).unwrap();
+    let r = t(&["tool", "register", "--replace", "-f", f, "-o", "json"]);
+    assert_eq!(r.0, 0, "{}", r.2);
+    assert!(!r.1.contains("SECRET"), "{}", r.1);
+    // A secret too short to be scrubbed: bad input (2), naming the field.
+    std::fs::write(&file, spec("{secret: \"abc\"}", "pays")).unwrap();
+    let r = t(&["tool", "register", "--replace", "-f", f]);
+    assert_eq!(r.0, 2, "{r:?}");
+    assert!(r.2.contains("target.headers.X-Api-Key.secret"), "{}", r.2);
+}

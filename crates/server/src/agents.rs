@@ -343,7 +343,15 @@ async fn invoke(
     let inv = a
         .agents
         .host()?
-        .invoke(&c.tenant, &n, q.endpoint.as_deref(), &sid, &body, &ct)
+        .invoke_with(tessera_agent::host::Invoke {
+            tenant: &c.tenant,
+            runtime: &n,
+            endpoint: q.endpoint.as_deref(),
+            session_id: &sid,
+            payload: &body,
+            content_type: &ct,
+            started_by: Some(&c.subject),
+        })
         .await?;
     let status = StatusCode::from_u16(inv.reply.status).unwrap_or(StatusCode::BAD_GATEWAY);
     let mut r = (status, inv.reply.body.clone()).into_response();

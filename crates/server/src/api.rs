@@ -528,6 +528,7 @@ pub fn router(app: App) -> Router {
         .merge(crate::queuecaps::routes())
         .merge(crate::cluster::routes())
         .merge(crate::weights::routes())
+        .merge(crate::exchange::routes())
         .merge(crate::ui::routes())
         .route("/v1/openapi.json", get(openapi))
         .route("/healthz", get(healthz))

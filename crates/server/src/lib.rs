@@ -16,6 +16,7 @@ pub mod attestation;
 pub mod auth;
 pub mod classes;
 pub mod cluster;
+pub mod exchange;
 pub mod exec;
 pub mod gateway;
 pub mod gpu;
@@ -24,6 +25,7 @@ pub mod heartbeat;
 pub mod identity;
 pub mod jobfile;
 pub mod jobs;
+mod keyfile;
 pub mod mcp;
 pub mod metrics;
 pub mod node;
@@ -351,9 +353,10 @@ async fn start_microvm(
 /// Bootstraps the store (first start), registers the local node, starts the
 /// scheduler loop and the HTTP server.
 pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartError> {
+    let oidc = oidc::start(cfg.oidc.as_ref()).await?;
     let plane = ControlPlane::new(store.clone())
         .with_logs(cfg.executor_logs.clone())
-        .with_oidc(cfg.oidc.clone())
+        .with_oidc(oidc.clone())
         .with_guard(cfg.guard.clone())
         .with_classes(cfg.classes.clone())
         .with_templates(match &cfg.templates {
@@ -434,6 +437,7 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
     let (stop, stop_rx) = tokio::sync::watch::channel(false);
     // Every redaction anywhere (sandboxes, sessions, tools, jobs, the API) is audited.
     let mut tasks = vec![redact::start_audit(&plane, stop_rx.clone())];
+    tasks.extend(oidc.and_then(|v| v.refresher(stop_rx.clone())));
     let metrics = std::sync::Arc::new(metrics::Metrics::default());
     let cluster = cluster::ClusterState::new(plane.store().clone(), stop_rx.clone());
     if let Some(f) = cfg.scheduler.clone().map(|f| cluster.observe(f)) {
@@ -637,7 +641,8 @@ pub async fn start(store: AnyStore, cfg: ServerConfig) -> Result<Running, StartE
         .get_or_insert_with(|| node_data(&cfg).join("session-snapshots"));
     let (agents, t) = agents::AgentsState::start(&plane, &agents_cfg, &stop_rx).await?;
     tasks.extend(t);
-    let (tools, t) = tools::ToolsState::start(&plane, &cfg.tools, &stop_rx).await?;
+    let (tools, t) =
+        tools::ToolsState::start(&plane, &cfg.tools, &node_data(&cfg), &stop_rx).await?;
     tasks.extend(t);
     // Tool results and errors are redacted before the ledger, the agent and the caller.
     tools.gateway.set_guard(plane.guard().clone());

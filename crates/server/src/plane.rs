@@ -212,7 +212,7 @@ pub struct ControlPlane {
     store: AnyStore,
     auth_cache: std::sync::Arc<AuthCache>,
     logs: Option<std::path::PathBuf>,
-    oidc: Option<std::sync::Arc<crate::oidc::OidcConfig>>,
+    oidc: Option<std::sync::Arc<crate::oidc::Verifier>>,
     guard: std::sync::Arc<tessera_sandbox::PolicyGuard>,
     templates: Option<tessera_sandbox::TemplateRegistry>,
     classes: std::sync::Arc<crate::classes::ClassPolicy>,
@@ -303,8 +303,8 @@ impl ControlPlane {
     }
 
     /// Accept OIDC bearer tokens validated against this configuration.
-    pub fn with_oidc(mut self, oidc: Option<crate::oidc::OidcConfig>) -> Self {
-        self.oidc = oidc.map(std::sync::Arc::new);
+    pub fn with_oidc(mut self, oidc: Option<std::sync::Arc<crate::oidc::Verifier>>) -> Self {
+        self.oidc = oidc;
         self
     }
 
@@ -476,7 +476,7 @@ impl ControlPlane {
     async fn authenticate_token(&self, token: &str) -> Result<Caller, ApiError> {
         let denied = || ApiError::unauthenticated("a valid API key or bearer token is required");
         let oidc = self.oidc.as_ref().ok_or_else(denied)?;
-        let (tenant, subject) = oidc.verify(token).ok_or_else(denied)?;
+        let (tenant, subject) = oidc.verify(token).await.ok_or_else(denied)?;
         if self
             .store
             .get(&Key::new(kind::TENANT, "", &tenant))

@@ -42,14 +42,17 @@ pub struct ToolsConfig {
 pub struct ToolsState {
     pub gateway: Gateway<AnyStore>,
     pub(crate) mcp: crate::mcp::McpService,
+    /// Mints the tokens of `POST /v1/token` and of tools with `auth: exchange`.
+    pub tokens: std::sync::Arc<crate::exchange::TokenIssuer>,
 }
 
 impl ToolsState {
     /// Starts this module: its state and any background tasks, which end when
-    /// `stop` turns true.
+    /// `stop` turns true. The token signing key is kept under `data`.
     pub(crate) async fn start(
         plane: &ControlPlane,
         cfg: &ToolsConfig,
+        data: &std::path::Path,
         stop: &watch::Receiver<bool>,
     ) -> Result<(Self, Vec<JoinHandle<()>>), StartError> {
         let store = plane.store().clone();
@@ -94,7 +97,23 @@ impl ToolsState {
             g.flush().await;
         });
         let mcp = crate::mcp::service(gateway.clone());
-        Ok((ToolsState { gateway, mcp }, vec![sweeper]))
+        let tokens = crate::exchange::TokenIssuer::open(data, plane.clone(), gateway.clone())
+            .map_err(|message| StartError::Component {
+                what: "token exchange",
+                message,
+            })?;
+        let tokens = std::sync::Arc::new(tokens);
+        gateway.set_delegation(std::sync::Arc::new(crate::exchange::GatewayDelegation(
+            tokens.clone(),
+        )));
+        Ok((
+            ToolsState {
+                gateway,
+                mcp,
+                tokens,
+            },
+            vec![sweeper],
+        ))
     }
 }
 
@@ -505,8 +524,8 @@ pub fn schemas() -> Vec<(&'static str, Value)> {
                 "name": {"type": "string", "pattern": "^[a-z0-9][a-z0-9_.-]{0,63}$"},
                 "description": {"type": "string"},
                 "target": {"oneOf": [
-                    {"type": "object", "required": ["type", "url"], "properties": {"type": {"const": "http"}, "url": {"type": "string"}, "headers": {"type": "object"}}},
-                    {"type": "object", "required": ["type", "url"], "properties": {"type": {"const": "mcp"}, "url": {"type": "string"}, "tool": {"type": "string"}, "headers": {"type": "object"}}},
+                    {"type": "object", "required": ["type", "url"], "properties": {"type": {"const": "http"}, "url": {"type": "string"}, "headers": {"$ref": "#/components/schemas/ToolHeaders"}, "auth": {"$ref": "#/components/schemas/ToolAuth"}}},
+                    {"type": "object", "required": ["type", "url"], "properties": {"type": {"const": "mcp"}, "url": {"type": "string"}, "tool": {"type": "string"}, "headers": {"$ref": "#/components/schemas/ToolHeaders"}, "auth": {"$ref": "#/components/schemas/ToolAuth"}}},
                     {"type": "object", "required": ["type", "builtin"], "properties": {"type": {"const": "builtin"}, "builtin": {"enum": ["exec", "read_file", "write_file", "list_files"]}}}
                 ]},
                 "input_schema": {"type": "object", "description": "JSON Schema of the arguments (type object)"},
@@ -516,6 +535,17 @@ pub fn schemas() -> Vec<(&'static str, Value)> {
                 "approval": {"type": "object", "required": ["ttl_seconds"], "properties": {"ttl_seconds": {"type": "integer", "minimum": 1}}},
                 "fee": {"type": "number", "minimum": 0},
                 "timeout_ms": {"type": "integer", "minimum": 1}}}),
+        ),
+        (
+            "ToolHeaders",
+            json!({"type": "object", "description": "Headers of every call. A value {\"secret\": \"…\"} is write-only: stored apart, put on the outgoing call only, shown as \"<secret>\"; sending \"<secret>\" back keeps the stored value.",
+                "additionalProperties": {"oneOf": [
+                    {"type": "string"},
+                    {"type": "object", "additionalProperties": false, "required": ["secret"], "properties": {"secret": {"type": "string", "minLength": 8, "writeOnly": true}}}]}}),
+        ),
+        (
+            "ToolAuth",
+            json!({"enum": ["exchange"], "description": "exchange: each call carries Authorization: Bearer <a token minted for the calling session's user, audience this tool> (RFC 8693; POST /v1/token)"}),
         ),
         (
             "ToolGrant",

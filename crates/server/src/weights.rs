@@ -130,41 +130,11 @@ pub fn resolve_ref<'a>(tenant: &'a str, r: &'a str) -> (&'a str, &'a str) {
 }
 
 fn kek_file(dir: &Path) -> Result<(DataKey, String), String> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let keys = dir.join("keys");
-    let path = keys.join("weights.kek");
-    std::fs::create_dir_all(&keys).map_err(|e| format!("{}: {e}", keys.display()))?;
-    let bytes = match std::fs::read(&path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let k = DataKey::generate();
-            let tmp = keys.join(format!(".weights.kek.{}", std::process::id()));
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&tmp)
-                .map_err(|e| format!("{}: {e}", tmp.display()))?;
-            f.write_all(k.as_bytes())
-                .and_then(|()| f.sync_all())
-                .map_err(|e| format!("{}: {e}", tmp.display()))?;
-            // Another start may have made one meanwhile: the first one stays.
-            if std::fs::hard_link(&tmp, &path).is_err() && !path.exists() {
-                return Err(format!("{}: cannot be created", path.display()));
-            }
-            let _ = std::fs::remove_file(&tmp);
-            std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?
-        }
-        Err(e) => return Err(format!("{}: {e}", path.display())),
-    };
-    let k: [u8; 32] = bytes.as_slice().try_into().map_err(|_| {
-        format!(
-            "{} holds {} bytes, not a 32-byte key: restore it from a backup (the weights sealed under it cannot be opened without it)",
-            path.display(),
-            bytes.len()
-        )
-    })?;
+    let k = crate::keyfile::seed(
+        dir,
+        "weights.kek",
+        "the weights sealed under it cannot be opened without it",
+    )?;
     let id = tessera_node::attest::Measurement::of("kek", &k).digest[7..23].to_string();
     Ok((DataKey::from_bytes(k), id))
 }

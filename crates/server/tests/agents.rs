@@ -256,6 +256,9 @@ async fn invocations_run_in_sessions_on_sandboxes() {
     assert_eq!(v["items"][0]["id"], "abc", "{v}");
     let (_, v) = t.get("/v1/sessions/abc").await;
     assert_eq!(v["invocations"], 3, "{v}");
+    // Who started it (whom its exchanged tokens act for) is the first caller.
+    let (_, me) = t.get("/v1/whoami").await;
+    assert_eq!(v["started_by"], me["subject"], "{v}");
     assert_eq!(v["usage"]["quantities"]["tokens_in"], 30.0, "{v}");
     let (_, v) = t.get("/v1/sessions/abc/trace").await;
     assert_eq!(v["spans"].as_array().unwrap().len(), 3, "{v}");

@@ -9,19 +9,6 @@ use common::{Server, code};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use tessera_agent::tools::testing::{CountingConfig, CountingService};
-use tessera_store::{Key, Store};
-
-async fn session(s: &Server, tenant: &str, id: &str, runtime: &str) {
-    s.running
-        .plane
-        .store()
-        .create(
-            Key::new("session", tenant, id),
-            json!({"id": id, "runtime": runtime, "state": "active"}),
-        )
-        .await
-        .unwrap();
-}
 
 #[tokio::test]
 async fn tools_over_rest_with_grants_schemas_audit_and_ledger() {
@@ -61,7 +48,7 @@ async fn tools_over_rest_with_grants_schemas_audit_and_ledger() {
         )
         .await;
     assert_eq!(st, StatusCode::CREATED, "{v}");
-    session(&s, "acme", "s1", "shop").await;
+    s.session("acme", "s1", "shop").await;
     let agent = acme.with_role("session:s1", "developer").await;
     let call = json!({"session_id": "s1", "tool_call_id": "c1", "arguments": {"amount": 3}});
     // Not granted: 403 and an audit entry.
@@ -143,7 +130,7 @@ async fn approvals_and_in_doubt_resolution_over_rest() {
     assert_eq!(st, StatusCode::CREATED, "{v}");
     acme.post("/v1/tools/wire/grants", json!({"runtime": "bank"}))
         .await;
-    session(&s, "acme", "s1", "bank").await;
+    s.session("acme", "s1", "bank").await;
     let agent = acme.with_role("session:s1", "developer").await;
     let call = json!({"session_id": "s1", "tool_call_id": "w1", "arguments": {}});
     let (_, v) = agent.post("/v1/tools/wire/call", call.clone()).await;
@@ -236,7 +223,7 @@ async fn the_mcp_endpoint_lists_granted_tools_and_calls_through_the_ledger() {
             .await;
         }
     }
-    session(&s, "acme", "s1", "shop").await;
+    s.session("acme", "s1", "shop").await;
     let agent = acme.with_role("session:s1", "developer").await;
     let (st, sid, v) = mcp(
         &agent,
@@ -405,17 +392,19 @@ async fn the_mcp_endpoint_lists_granted_tools_and_calls_through_the_ledger() {
     remote
         .post("/v1/tools/charge/grants", json!({"runtime": "backend"}))
         .await;
-    session(&s, "remote", "r1", "backend").await;
+    s.session("remote", "r1", "backend").await;
     let remote_key = remote.key_for("session:r1", "developer").await;
-    session(&s, "acme", "s2", "proxy").await;
+    s.session("acme", "s2", "proxy").await;
     let (st, v) = acme
         .post(
             "/v1/tools",
             json!({"name": "remote-charge", "target": {"type": "mcp", "url": format!("{}/v1/mcp", s.base),
-                   "tool": "charge", "headers": {"Authorization": format!("Bearer {remote_key}")}}}),
+                   "tool": "charge", "headers": {"Authorization": {"secret": format!("Bearer {remote_key}")}}}}),
         )
         .await;
     assert_eq!(st, StatusCode::CREATED, "{v}");
+    // The key is a secret: used for the proxy's calls, shown to nobody.
+    assert_eq!(v["target"]["headers"]["Authorization"], "<secret>", "{v}");
     acme.post(
         "/v1/tools/remote-charge/grants",
         json!({"runtime": "proxy"}),
@@ -486,8 +475,8 @@ async fn mcp_2026_clients_get_input_required_while_an_approval_is_open() {
     assert_eq!(st, StatusCode::CREATED, "{v}");
     acme.post("/v1/tools/wire/grants", json!({"runtime": "bank"}))
         .await;
-    session(&s, "acme", "s1", "bank").await;
-    session(&s, "acme", "s2", "bank").await;
+    s.session("acme", "s1", "bank").await;
+    s.session("acme", "s2", "bank").await;
     let agent = acme.with_role("session:s1", "developer").await;
     let v = mcp_2026(&agent, 1, "wire", json!({"amount": 5}), None).await;
     assert_eq!(v["result"]["resultType"], "input_required", "{v}");

@@ -12,7 +12,15 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use super::secrets::ToolSecrets;
 use super::spec::{Builtin, CompiledTool, Target};
+
+/// A request's headers from the tool's registration, secrets filled in.
+type Headers = [(String, String)];
+
+/// A remote MCP server as the proxy knows it: its URL and a digest of the
+/// headers (credentials) it is called with.
+type McpServer = (String, [u8; 32]);
 
 /// How one send ended.
 #[derive(Debug, Clone, PartialEq)]
@@ -44,13 +52,34 @@ pub trait SandboxAccess: Send + Sync + 'static {
     fn sandbox(&self, tenant: &str, session_id: &str) -> Option<Arc<tessera_sandbox::Sandbox>>;
 }
 
+/// A boxed future, for the one trait method that must be async.
+pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
+/// Mints the tokens of tools registered with `auth: exchange`. The server
+/// implements it (its token exchange, `POST /v1/token`).
+pub trait Delegation: Send + Sync + 'static {
+    /// A short-lived token acting for the user who started `session_id` of
+    /// `tenant`, with `tool` as its audience. The gateway has already checked
+    /// that the call is granted.
+    fn token<'a>(
+        &'a self,
+        tenant: &'a str,
+        session_id: &'a str,
+        tool: &'a str,
+    ) -> BoxFuture<'a, Result<String, String>>;
+}
+
 /// The senders, with their connection state (HTTP connection pool, remote MCP
 /// sessions).
 pub(crate) struct Dispatcher {
     http: reqwest::Client,
     sandboxes: std::sync::RwLock<Option<Arc<dyn SandboxAccess>>>,
-    /// Remote MCP server URL -> its `Mcp-Session-Id` (when it uses sessions).
-    mcp_sessions: Mutex<HashMap<String, Option<String>>>,
+    delegation: std::sync::RwLock<Option<Arc<dyn Delegation>>>,
+    /// (Remote MCP server URL, digest of the headers sent to it) -> its
+    /// `Mcp-Session-Id` (when it uses sessions). The headers are part of the key:
+    /// two tools (of two tenants, say) with other credentials on one server must
+    /// not share a session that one of them opened.
+    mcp_sessions: Mutex<HashMap<McpServer, Option<String>>>,
 }
 
 /// The MCP revision the proxy speaks to remote servers (widest support: the
@@ -62,11 +91,13 @@ impl Dispatcher {
         let http = reqwest::Client::builder()
             .pool_max_idle_per_host(64)
             .tcp_nodelay(true)
+            .redirect(reqwest::redirect::Policy::custom(same_origin_redirects))
             .build()
             .unwrap_or_default();
         Dispatcher {
             http,
             sandboxes: std::sync::RwLock::new(sandboxes),
+            delegation: std::sync::RwLock::new(None),
             mcp_sessions: Mutex::new(HashMap::new()),
         }
     }
@@ -75,26 +106,73 @@ impl Dispatcher {
         *self.sandboxes.write().unwrap() = Some(s);
     }
 
-    pub(crate) async fn send(&self, tool: &CompiledTool, ids: &CallIds<'_>, args: &Value) -> Sent {
+    pub(crate) fn set_delegation(&self, d: Arc<dyn Delegation>) {
+        *self.delegation.write().unwrap() = Some(d);
+    }
+
+    /// The headers of one send: the registered ones with their secrets filled
+    /// in, and for `auth: exchange` a fresh token; and what to scrub from the
+    /// reply (the secrets and that token).
+    async fn headers(
+        &self,
+        tool: &CompiledTool,
+        secrets: &ToolSecrets,
+        ids: &CallIds<'_>,
+    ) -> Result<(Vec<(String, String)>, ToolSecrets), String> {
+        let name = &tool.spec.name;
+        let (headers, auth) = match &tool.spec.target {
+            Target::Http { headers, auth, .. } | Target::Mcp { headers, auth, .. } => {
+                (headers, auth)
+            }
+            Target::Builtin { .. } => return Ok((Vec::new(), secrets.clone())),
+        };
+        let mut out = secrets.headers(name, headers)?;
+        let mut scrub = secrets.clone();
+        if auth.is_some() {
+            let d = self.delegation.read().unwrap().clone().ok_or_else(|| {
+                format!("tool {name:?} needs an exchanged token, and this server mints none")
+            })?;
+            let bearer = format!(
+                "Bearer {}",
+                d.token(ids.tenant, ids.session_id, name).await?
+            );
+            scrub = scrub.with("Authorization", &bearer);
+            out.push(("Authorization".into(), bearer));
+        }
+        Ok((out, scrub))
+    }
+
+    /// Sends one call with the tool's `secrets` on the request, and scrubs them
+    /// from whatever comes back.
+    pub(crate) async fn send(
+        &self,
+        tool: &CompiledTool,
+        secrets: &ToolSecrets,
+        ids: &CallIds<'_>,
+        args: &Value,
+    ) -> Sent {
         let timeout = tool.timeout();
-        match &tool.spec.target {
-            Target::Http { url, headers } => self.http_call(url, headers, ids, args, timeout).await,
+        let (h, scrub) = match self.headers(tool, secrets, ids).await {
+            Ok(x) => x,
+            Err(m) => return secrets.scrub(Sent::NotSent(m)),
+        };
+        let sent = match &tool.spec.target {
+            Target::Http { url, .. } => self.http_call(url, &h, ids, args, timeout).await,
             Target::Mcp {
-                url,
-                tool: remote,
-                headers,
+                url, tool: remote, ..
             } => {
                 let name = remote.as_deref().unwrap_or(&tool.spec.name);
-                self.mcp_call(url, headers, name, ids, args, timeout).await
+                self.mcp_call(url, &h, name, ids, args, timeout).await
             }
             Target::Builtin { builtin } => self.builtin(*builtin, ids, args, timeout).await,
-        }
+        };
+        scrub.scrub(sent)
     }
 
     async fn http_call(
         &self,
         url: &str,
-        headers: &std::collections::BTreeMap<String, String>,
+        headers: &Headers,
         ids: &CallIds<'_>,
         args: &Value,
         timeout: Duration,
@@ -132,6 +210,8 @@ impl Dispatcher {
                 Ok(v) => Sent::Ok(v),
                 Err(_) => Sent::Ok(json!({"text": String::from_utf8_lossy(&body)})),
             }
+        } else if status.is_redirection() {
+            Sent::Unknown(redirect_refused(url, status))
         } else if status.is_client_error() {
             Sent::Failed(format!("{url} answered {status}: {}", text()))
         } else {
@@ -142,7 +222,7 @@ impl Dispatcher {
     async fn mcp_post(
         &self,
         url: &str,
-        headers: &std::collections::BTreeMap<String, String>,
+        headers: &Headers,
         session: Option<&str>,
         body: &Value,
         timeout: Duration,
@@ -209,12 +289,13 @@ impl Dispatcher {
     async fn mcp_session(
         &self,
         url: &str,
-        headers: &std::collections::BTreeMap<String, String>,
+        headers: &Headers,
         timeout: Duration,
         fresh: bool,
     ) -> Result<Option<String>, Sent> {
+        let key = (url.to_string(), headers_digest(headers));
         if !fresh {
-            if let Some(s) = self.mcp_sessions.lock().unwrap().get(url) {
+            if let Some(s) = self.mcp_sessions.lock().unwrap().get(&key) {
                 return Ok(s.clone());
             }
         }
@@ -237,17 +318,14 @@ impl Dispatcher {
         let _ = self
             .mcp_post(url, headers, sid.as_deref(), &note, timeout, &[])
             .await;
-        self.mcp_sessions
-            .lock()
-            .unwrap()
-            .insert(url.to_string(), sid.clone());
+        self.mcp_sessions.lock().unwrap().insert(key, sid.clone());
         Ok(sid)
     }
 
     async fn mcp_call(
         &self,
         url: &str,
-        headers: &std::collections::BTreeMap<String, String>,
+        headers: &Headers,
         name: &str,
         ids: &CallIds<'_>,
         args: &Value,
@@ -282,7 +360,9 @@ impl Dispatcher {
                 continue;
             }
             let Some(msg) = msg else {
-                return if status.is_client_error() {
+                return if status.is_redirection() {
+                    Sent::Unknown(redirect_refused(url, status))
+                } else if status.is_client_error() {
                     Sent::Failed(format!("MCP server {url} answered {status}"))
                 } else {
                     Sent::Unknown(format!(
@@ -331,6 +411,39 @@ impl Dispatcher {
             Err(e) => Sent::Unknown(format!("the built-in {b:?} stopped: {e}")),
         }
     }
+}
+
+/// Follows a redirect only within the tool's own origin (scheme, host and
+/// port), at most 10: elsewhere the request would carry the tool's headers —
+/// its credentials — to a server nobody registered.
+fn same_origin_redirects(attempt: reqwest::redirect::Attempt<'_>) -> reqwest::redirect::Action {
+    let first = attempt.previous().first();
+    let same = first.is_some_and(|f| f.origin() == attempt.url().origin());
+    if same && attempt.previous().len() <= 10 {
+        attempt.follow()
+    } else {
+        attempt.stop()
+    }
+}
+
+fn redirect_refused(url: &str, status: reqwest::StatusCode) -> String {
+    format!(
+        "{url} answered {status}, a redirect to another origin (or more than 10): not followed, since it would carry the tool's headers elsewhere; register the final URL"
+    )
+}
+
+/// A digest of the headers a request carries (secrets included), to key state
+/// by the identity it was made with.
+fn headers_digest(headers: &Headers) -> [u8; 32] {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    for (k, v) in headers {
+        h.update(k.as_bytes());
+        h.update([0]);
+        h.update(v.as_bytes());
+        h.update([0]);
+    }
+    h.finalize().into()
 }
 
 fn content_text(result: &Value) -> String {

@@ -6,7 +6,8 @@
 //! [`dispatch`] sends a call; [`spec`] says what a tool and a grant are.
 //!
 //! Store kinds owned here: `tool` (a [`ToolSpec`]), `tool_grant` (the [`Grants`]
-//! of one tool, named after it) and `ledger` (an [`Entry`] per idempotency key).
+//! of one tool, named after it), `tool_secret` (the [`ToolSecrets`] of one tool:
+//! never rendered by any route) and `ledger` (an [`Entry`] per idempotency key).
 //! The gateway reads `session` objects (owned by the session manager) to learn a
 //! call's runtime.
 //!
@@ -19,6 +20,7 @@
 pub mod bench;
 pub mod dispatch;
 pub mod ledger;
+pub mod secrets;
 pub mod spec;
 pub mod testing;
 
@@ -32,17 +34,20 @@ use serde_json::{Value, json};
 use tessera_store::{Key, Object, Op, Store, StoreError};
 use tokio::sync::{Notify, watch};
 
-pub use dispatch::{SandboxAccess, Sent};
+pub use dispatch::{BoxFuture, Delegation, SandboxAccess, Sent};
 pub use ledger::{Approval, Decision, Entry, State};
+pub use secrets::ToolSecrets;
 pub use spec::{
-    ApprovalPolicy, Builtin, CompiledTool, Grant, Grants, SchemaViolation, SpecError, Target,
-    ToolSpec,
+    ApprovalPolicy, Builtin, CompiledTool, Grant, Grants, HeaderValue, SECRET_MARK,
+    SchemaViolation, Secret, SpecError, Target, ToolAuth, ToolSpec,
 };
 
 /// Store kinds of the gateway.
 pub mod kind {
     pub const TOOL: &str = "tool";
     pub const GRANT: &str = "tool_grant";
+    /// The secret header values of one tool, named after it: read only to send.
+    pub const SECRET: &str = "tool_secret";
     pub const LEDGER: &str = "ledger";
     /// One object per *open* ledger entry (`intended` or `dispatched`), written
     /// in the same commit as the entry's transition: what the sweep reads.
@@ -261,7 +266,8 @@ fn random_hex(n: usize) -> String {
 }
 
 type FlightKey = (String, String);
-type ToolAndGrants = (Option<Object>, Option<Object>);
+/// A tool, its grants and its secrets, as stored.
+type ToolAndGrants = (Option<Object>, Option<Object>, Option<Object>);
 /// Values read from the store at an instant, by (tenant, name).
 type TtlCache<V> = Mutex<HashMap<(String, String), (Instant, V)>>;
 
@@ -402,6 +408,12 @@ impl<S: Store> Gateway<S> {
         self.inner.dispatcher.set_sandboxes(s);
     }
 
+    /// Lets tools registered with `auth: exchange` be called: `d` mints their
+    /// tokens (set once the server's token issuer is up).
+    pub fn set_delegation(&self, d: Arc<dyn Delegation>) {
+        self.inner.dispatcher.set_delegation(d);
+    }
+
     /// The guard whose scanner redacts every tool result and error before it reaches
     /// the ledger, the agent and the caller (default: the shipped policy).
     pub fn set_guard(&self, g: Arc<dyn tessera_sandbox::CommandCheck>) {
@@ -419,10 +431,10 @@ impl<S: Store> Gateway<S> {
         if let Some(v) = e.result.as_mut() {
             tessera_sandbox::redact_json(&*g, Some(tenant), &at, v);
         }
-        if let Some(m) = e.error.as_mut()
-            && let Some(b) = g.redact(Some(tenant), &at, m.as_bytes())
-        {
-            *m = String::from_utf8_lossy(&b).into_owned();
+        for m in [e.error.as_mut(), e.note.as_mut()].into_iter().flatten() {
+            if let Some(b) = g.redact(Some(tenant), &at, m.as_bytes()) {
+                *m = String::from_utf8_lossy(&b).into_owned();
+            }
         }
     }
 
@@ -459,22 +471,14 @@ impl<S: Store> Gateway<S> {
         self.inner.tool_cache.lock().unwrap().clear();
     }
 
-    /// Checks and registers a new tool.
+    /// Checks and registers a new tool. Secret header values are stored apart
+    /// from it (see [`secrets`]).
     pub async fn register(&self, tenant: &str, spec: ToolSpec) -> Result<Object, AdminError> {
-        let c = CompiledTool::compile(spec, 0)?;
-        let key = Key::new(kind::TOOL, tenant, &c.spec.name);
-        self.forget_tools();
-        match self.inner.store.create(key, to_value(&*c.spec)).await {
-            Ok(o) => Ok(o),
-            Err(StoreError::AlreadyExists(_)) => Err(AdminError::Conflict(format!(
-                "tool {:?} already exists: PUT /v1/tools/{} replaces it",
-                c.spec.name, c.spec.name
-            ))),
-            Err(e) => Err(e.into()),
-        }
+        self.write_tool(tenant, spec, secrets::Write::Create).await
     }
 
     /// Replaces (or creates) a tool; with `expected`, only if still at that version.
+    /// A header sent back as [`SECRET_MARK`] keeps its stored secret.
     pub async fn put(
         &self,
         tenant: &str,
@@ -489,25 +493,8 @@ impl<S: Store> Gateway<S> {
             }
             .into());
         }
-        let c = CompiledTool::compile(spec, 0)?;
-        let key = Key::new(kind::TOOL, tenant, name);
-        self.forget_tools();
-        let exists = self.inner.store.get(&key).await?.is_some();
-        let r = if exists || expected.is_some() {
-            self.inner
-                .store
-                .update(key, expected, to_value(&*c.spec))
-                .await
-        } else {
-            self.inner.store.create(key, to_value(&*c.spec)).await
-        };
-        r.map_err(|e| match e {
-            StoreError::Conflict { .. } | StoreError::AlreadyExists(_) => {
-                AdminError::Conflict(format!("{e}: read it again and retry"))
-            }
-            StoreError::NotFound(k) => AdminError::NotFound(k.to_string()),
-            e => e.into(),
-        })
+        self.write_tool(tenant, spec, secrets::Write::Replace(expected))
+            .await
     }
 
     pub async fn get_tool(&self, tenant: &str, name: &str) -> Result<Option<Object>, StoreError> {
@@ -526,19 +513,21 @@ impl<S: Store> Gateway<S> {
             .objects)
     }
 
-    /// Deletes a tool and its grants.
+    /// Deletes a tool with its grants and secrets.
     pub async fn delete_tool(&self, tenant: &str, name: &str) -> Result<Object, AdminError> {
         let key = Key::new(kind::TOOL, tenant, name);
-        let gkey = Key::new(kind::GRANT, tenant, name);
         let mut ops = vec![Op::Delete {
             key: key.clone(),
             expected: None,
         }];
-        if self.inner.store.get(&gkey).await?.is_some() {
-            ops.push(Op::Delete {
-                key: gkey,
-                expected: None,
-            });
+        for k in [kind::GRANT, kind::SECRET] {
+            let k = Key::new(k, tenant, name);
+            if self.inner.store.get(&k).await?.is_some() {
+                ops.push(Op::Delete {
+                    key: k,
+                    expected: None,
+                });
+            }
         }
         let r = self.inner.store.commit(ops).await;
         self.forget_tools();
@@ -738,6 +727,7 @@ impl<S: Store> Gateway<S> {
         let store = &self.inner.store;
         let tkey = Key::new(kind::TOOL, tenant, tool_name);
         let gkey = Key::new(kind::GRANT, tenant, tool_name);
+        let skey = Key::new(kind::SECRET, tenant, tool_name);
         let tck = (tenant.to_string(), tool_name.to_string());
         let sck = (tenant.to_string(), req.session_id.clone());
         let cached_tool = fresh(&self.inner.tool_cache, &tck);
@@ -747,8 +737,9 @@ impl<S: Store> Gateway<S> {
                 match cached_tool {
                     Some(tg) => Ok::<_, StoreError>(tg),
                     None => {
-                        let (t, g) = tokio::join!(store.get(&tkey), store.get(&gkey));
-                        let tg = (t?, g?);
+                        let (t, g, s) =
+                            tokio::join!(store.get(&tkey), store.get(&gkey), store.get(&skey));
+                        let tg = (t?, g?, s?);
                         self.inner
                             .tool_cache
                             .lock()
@@ -773,7 +764,7 @@ impl<S: Store> Gateway<S> {
                 }
             }
         );
-        let (tool, grants) = tool_grants?;
+        let (tool, grants, secrets) = tool_grants?;
         let tool = tool.ok_or_else(|| CallError::ToolNotFound(tool_name.into()))?;
         let runtime = runtime?;
         let grants: Grants = grants
@@ -789,6 +780,11 @@ impl<S: Store> Gateway<S> {
         let tool = self.compiled(tenant, &tool)?;
         tool.check_arguments(&req.arguments)
             .map_err(CallError::InvalidArguments)?;
+        let secrets = secrets
+            .as_ref()
+            .map(secrets::secrets_of)
+            .transpose()?
+            .unwrap_or_default();
         let hash = ledger::args_hash(&req.arguments);
         let started_ms = now_ms();
         let (session, tool_call_id, fee, agent) = (
@@ -805,6 +801,7 @@ impl<S: Store> Gateway<S> {
             runtime,
             req,
             tool,
+            secrets,
         });
         let mut out = self.run(call).await?;
         out.timing.total_us = t0.elapsed().as_micros() as u64;
@@ -1216,7 +1213,7 @@ impl<S: Store> Gateway<S> {
             let s = self
                 .inner
                 .dispatcher
-                .send(&call.tool, &ids, &call.req.arguments)
+                .send(&call.tool, &call.secrets, &ids, &call.req.arguments)
                 .await;
             tool_us += t.elapsed().as_micros() as u64;
             match s {
@@ -1250,13 +1247,11 @@ impl<S: Store> Gateway<S> {
                     }
                 }
                 e.result = Some(v);
-                self.redact_outcome(&call.tenant, &mut e);
                 true
             }
             Sent::Failed(msg) => {
                 e.state = State::Failed;
                 e.error = Some(msg);
-                self.redact_outcome(&call.tenant, &mut e);
                 true
             }
             Sent::Unknown(msg) if !call.tool.resend_safe() => {
@@ -1274,6 +1269,8 @@ impl<S: Store> Gateway<S> {
                 false
             }
         };
+        // Whatever the tool said, in a result, an error or an in-doubt note.
+        self.redact_outcome(&call.tenant, &mut e);
         let out = {
             let mut o = outcome_of(&e, recorded);
             o.replayed = false;
@@ -1806,6 +1803,8 @@ struct Call {
     runtime: Option<String>,
     req: CallRequest,
     tool: CompiledTool,
+    /// Its secret header values: put on the outgoing request only.
+    secrets: ToolSecrets,
 }
 
 fn crashed() -> CallError {

@@ -56,7 +56,9 @@ pub enum Target {
     Http {
         url: String,
         #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-        headers: BTreeMap<String, String>,
+        headers: BTreeMap<String, HeaderValue>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        auth: Option<ToolAuth>,
     },
     /// A tool of a remote MCP server (Streamable HTTP), called by its remote name.
     Mcp {
@@ -65,10 +67,100 @@ pub enum Target {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         tool: Option<String>,
         #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-        headers: BTreeMap<String, String>,
+        headers: BTreeMap<String, HeaderValue>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        auth: Option<ToolAuth>,
     },
     /// A tool built into Tessera that acts on the calling session's sandbox.
     Builtin { builtin: Builtin },
+}
+
+/// How a tool's calls prove who they act for, besides its headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolAuth {
+    /// Each call carries `Authorization: Bearer <token>`: a short-lived token the
+    /// server mints (RFC 8693 token exchange) for the user who started the
+    /// calling session, with this tool as its audience and the session as its
+    /// actor (see [`super::Delegation`]).
+    Exchange,
+}
+
+/// How a stored header value says "the secret kept apart" (and how every
+/// route shows a secret header).
+pub const SECRET_MARK: &str = "<secret>";
+
+/// A header value as registered: text anyone who reads the tool sees, or a
+/// secret (`{"secret": "…"}`), which is write-only. A stored tool holds only
+/// text: secrets are split off before it is written (see
+/// [`super::secrets::ToolSecrets::split`]) and replaced by [`SECRET_MARK`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum HeaderValue {
+    Text(String),
+    Secret(Secret),
+}
+
+impl HeaderValue {
+    fn as_str(&self) -> &str {
+        match self {
+            HeaderValue::Text(t) => t,
+            HeaderValue::Secret(s) => s.expose(),
+        }
+    }
+}
+
+impl Serialize for HeaderValue {
+    /// A secret is never written out: it serializes as [`SECRET_MARK`].
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            HeaderValue::Text(t) => s.serialize_str(t),
+            HeaderValue::Secret(_) => s.serialize_str(SECRET_MARK),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for HeaderValue {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct SecretForm {
+            secret: String,
+        }
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Form {
+            Text(String),
+            Secret(SecretForm),
+        }
+        match Form::deserialize(d) {
+            Ok(Form::Text(t)) => Ok(HeaderValue::Text(t)),
+            Ok(Form::Secret(s)) => Ok(HeaderValue::Secret(Secret(s.secret))),
+            Err(_) => Err(serde::de::Error::custom(
+                "a header value is a string, or {\"secret\": \"…\"} for a credential (write-only)",
+            )),
+        }
+    }
+}
+
+/// A write-only value: its `Debug` and serialized forms are [`SECRET_MARK`].
+#[derive(Clone, PartialEq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Secret(value.into())
+    }
+
+    /// The value, for the one place that sends it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(SECRET_MARK)
+    }
 }
 
 /// The built-in sandbox tools.
@@ -229,25 +321,58 @@ impl CompiledTool {
     pub fn compile(spec: ToolSpec, version: u64) -> Result<CompiledTool, SpecError> {
         check_tool_name(&spec.name)?;
         match &spec.target {
-            Target::Http { url, headers } | Target::Mcp { url, headers, .. } => {
+            Target::Http { url, headers, auth }
+            | Target::Mcp {
+                url, headers, auth, ..
+            } => {
+                if auth.is_some()
+                    && headers
+                        .keys()
+                        .any(|k| k.eq_ignore_ascii_case("authorization"))
+                {
+                    return Err(bad(
+                        "target/auth",
+                        "auth: exchange sets the Authorization header: drop it from headers",
+                    ));
+                }
                 if !(url.starts_with("http://") || url.starts_with("https://")) {
                     return Err(bad(
                         "target/url",
                         format!("{url:?} is not an http:// or https:// URL"),
                     ));
                 }
-                if url.parse::<reqwest::Url>().is_err() {
+                let Ok(parsed) = url.parse::<reqwest::Url>() else {
                     return Err(bad("target/url", format!("{url:?} is not a valid URL")));
+                };
+                if !parsed.username().is_empty() || parsed.password().is_some() {
+                    return Err(bad(
+                        "target/url",
+                        "a URL with a user or password would show the credential to every viewer: give it as a secret header instead, e.g. {\"Authorization\": {\"secret\": \"Basic …\"}}",
+                    ));
                 }
                 for (k, v) in headers {
                     let lower = k.to_ascii_lowercase();
                     if reqwest::header::HeaderName::from_bytes(k.as_bytes()).is_err()
-                        || reqwest::header::HeaderValue::from_str(v).is_err()
+                        || reqwest::header::HeaderValue::from_str(v.as_str()).is_err()
                     {
+                        // The value is not quoted: it may be a secret.
                         return Err(bad(
                             format!("target/headers/{k}"),
                             "not a valid HTTP header name and value",
                         ));
+                    }
+                    if let HeaderValue::Secret(s) = v {
+                        if s.expose().len() < super::secrets::MIN_SECRET_LEN
+                            || s.expose() == SECRET_MARK
+                        {
+                            return Err(bad(
+                                format!("target/headers/{k}/secret"),
+                                format!(
+                                    "a secret has at least {} characters (a shorter one could not be told apart in the tool's replies to scrub it)",
+                                    super::secrets::MIN_SECRET_LEN
+                                ),
+                            ));
+                        }
                     }
                     if ["idempotency-key", "content-type", "content-length", "host"]
                         .contains(&lower.as_str())

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::Args;
-use tessera_server::oidc::OidcConfig;
+use tessera_server::oidc::{OidcConfig, Refresh};
 use tessera_server::{AnyStore, PgStore, ServerConfig, SqliteStore};
 
 use crate::output::{EXIT_BAD_INPUT, EXIT_FAILURE, fail};
@@ -49,15 +49,9 @@ pub struct UpArgs {
         requires = "cluster"
     )]
     pub speedup: f64,
-    /// Also accept OIDC bearer tokens from this issuer (the `iss` claim).
-    #[arg(long, value_name = "URL", requires_all = ["oidc_audience", "oidc_jwks"])]
-    pub oidc_issuer: Option<String>,
-    /// The audience (`aud`) OIDC tokens must carry.
-    #[arg(long, value_name = "AUD", requires = "oidc_issuer")]
-    pub oidc_audience: Option<String>,
-    /// The issuer's JSON Web Key Set, saved from its `jwks_uri`.
-    #[arg(long, value_name = "FILE", requires = "oidc_issuer")]
-    pub oidc_jwks: Option<PathBuf>,
+    /// OIDC bearer tokens (boxed: it keeps the `up` variant of the command small).
+    #[command(flatten)]
+    pub oidc: Box<OidcArgs>,
     /// Agent platform: settings of runtimes, sessions and their sandboxes.
     #[command(flatten)]
     pub agents: crate::cmd::agents::AgentUpArgs,
@@ -140,6 +134,57 @@ pub struct UpArgs {
     pub min_runtime_class: Vec<String>,
 }
 
+/// The OIDC flags of `tessera up`.
+#[derive(Debug, Args)]
+pub struct OidcArgs {
+    /// Also accept OIDC bearer tokens from this issuer (the `iss` claim). Its keys
+    /// are discovered at start (URL/.well-known/openid-configuration, then its
+    /// jwks_uri) and refreshed, unless --oidc-jwks gives them.
+    #[arg(long, value_name = "URL", requires = "oidc_audience")]
+    pub oidc_issuer: Option<String>,
+    /// The audience (`aud`) OIDC tokens must carry.
+    #[arg(long, value_name = "AUD", requires = "oidc_issuer")]
+    pub oidc_audience: Option<String>,
+    /// The issuer's JSON Web Key Set, saved from its `jwks_uri`: used instead of
+    /// discovery, never refreshed (a rotated key needs a new file and a restart).
+    #[arg(long, value_name = "FILE", requires = "oidc_issuer")]
+    pub oidc_jwks: Option<PathBuf>,
+    /// With discovery: fetch the issuer's key set again this often, in seconds (a
+    /// token with an unknown key id also fetches it, at most once per 30 s).
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 600,
+        requires = "oidc_issuer",
+        conflicts_with = "oidc_jwks"
+    )]
+    pub oidc_refresh: u64,
+}
+
+impl OidcArgs {
+    /// The server's OIDC settings (none without --oidc-issuer).
+    fn resolve(&self) -> Result<Option<OidcConfig>, String> {
+        if self.oidc_refresh == 0 {
+            return Err("--oidc-refresh 0: give a period of at least 1 second, e.g. 600".into());
+        }
+        Ok(
+            match (&self.oidc_issuer, &self.oidc_audience, &self.oidc_jwks) {
+                (Some(iss), Some(aud), Some(jwks)) => Some(
+                    OidcConfig::from_jwks_file(iss, aud, jwks)
+                        .map_err(|e| format!("--oidc-jwks: {e}"))?,
+                ),
+                (Some(iss), Some(aud), None) => {
+                    Some(OidcConfig::discover(iss, aud).refreshed(Refresh {
+                        every: std::time::Duration::from_secs(self.oidc_refresh),
+                        ..Refresh::default()
+                    }))
+                }
+                _ => None,
+            },
+        )
+    }
+}
+
 /// The class table of `--runtime-class` and `--min-runtime-class`.
 fn class_policy(a: &UpArgs) -> Result<tessera_server::classes::ClassPolicy, String> {
     let mut p = tessera_server::classes::ClassPolicy::default();
@@ -208,12 +253,9 @@ async fn serve(a: UpArgs, listen: SocketAddr) -> i32 {
             format!("--speedup {}: give a positive factor, e.g. 60", a.speedup),
         );
     }
-    let oidc = match (&a.oidc_issuer, &a.oidc_audience, &a.oidc_jwks) {
-        (Some(iss), Some(aud), Some(jwks)) => match OidcConfig::from_jwks_file(iss, aud, jwks) {
-            Ok(c) => Some(c),
-            Err(e) => return fail(EXIT_BAD_INPUT, format!("--oidc-jwks: {e}")),
-        },
-        _ => None,
+    let oidc = match a.oidc.resolve() {
+        Ok(o) => o,
+        Err(e) => return fail(EXIT_BAD_INPUT, e),
     };
     let guard = match &a.guard_policy {
         None => std::sync::Arc::new(tessera_sandbox::PolicyGuard::default()),

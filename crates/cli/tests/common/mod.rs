@@ -38,6 +38,28 @@ impl Drop for Up {
     }
 }
 
+/// Runs `cmd` with `stdin` (none: an empty one): (exit code, stdout, stderr).
+pub fn run(mut cmd: Command, stdin: Option<&str>) -> (i32, String, String) {
+    use std::io::Write;
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    if let Some(s) = stdin {
+        input.write_all(s.as_bytes()).unwrap();
+    }
+    drop(input);
+    let o = child.wait_with_output().unwrap();
+    (
+        o.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
 pub fn up(data: &Path) -> Up {
     let d = data.to_str().unwrap();
     up_with(&["--data", d])

@@ -169,6 +169,34 @@ impl Server {
         self.client(v["admin_key"].as_str().unwrap())
     }
 
+    /// Writes an active agent session of `runtime` straight into the store (tool
+    /// tests need one to call for, not a sandbox).
+    pub async fn session(&self, tenant: &str, id: &str, runtime: &str) {
+        self.session_started_by(tenant, id, runtime, None).await
+    }
+
+    /// [`Server::session`], recording the subject that started it (whom its
+    /// exchanged tokens act for).
+    pub async fn session_started_by(
+        &self,
+        tenant: &str,
+        id: &str,
+        runtime: &str,
+        by: Option<&str>,
+    ) {
+        use tessera_store::Store;
+        let mut body = json!({"id": id, "runtime": runtime, "state": "active"});
+        if let Some(by) = by {
+            body["started_by"] = json!(by);
+        }
+        self.running
+            .plane
+            .store()
+            .create(tessera_store::Key::new("session", tenant, id), body)
+            .await
+            .unwrap();
+    }
+
     /// Stops the server (open watches end) and keeps the folder for a restart.
     pub async fn stop(self) -> tempfile::TempDir {
         self.running.shutdown().await;

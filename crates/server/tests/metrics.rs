@@ -8,8 +8,6 @@
 mod common;
 
 use common::{Server, StatusCode, job, json};
-use tessera_model::{Node, Resources};
-use tessera_server::Simulated;
 
 async fn scrape(base: &str, key: Option<&str>) -> (StatusCode, String) {
     let mut r = reqwest::Client::new().get(format!("{base}/metrics"));
@@ -49,21 +47,9 @@ fn sandboxes_here() -> Option<tessera_sandbox::InitProgram> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_follow_prometheus_conventions_and_keep_tenants_apart() {
-    let mut n = Node::new("gpu-0", Resources::new(64_000, 1 << 40));
-    n.gpus = (0..4)
-        .map(|i| tessera_model::GpuDevice::new(i, "H100-80GB", 80 << 30))
-        .collect();
-    n.allocatable.gpu_milli = 4000;
-    n.allocatable.gpu_memory = 4 * (80 << 30);
-    n.allocatable.pods = 110;
     let init = sandboxes_here();
     let s = Server::start_with(|c| {
-        c.register_local_node = false;
-        c.scheduler = Some(tessera_server::scheduler::batch_scheduler());
-        c.simulated = Some(Simulated {
-            nodes: vec![n],
-            speedup: 1.0,
-        });
+        common::simulated_cluster(c, vec![common::h100_node("gpu-0")]);
         if let Some(init) = init.clone() {
             c.sandboxes = tessera_server::sandboxes::SandboxesConfig {
                 enabled: true,

@@ -74,22 +74,8 @@ async fn tasks_on_simulated_nodes_run_in_simulated_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_node_list_says_how_many_gpus_are_free_and_allocated() {
-    let mut n = Node::new("gpu-0", Resources::new(64_000, 1 << 40));
-    n.gpus = (0..4)
-        .map(|i| tessera_model::GpuDevice::new(i, "H100-80GB", 80 << 30))
-        .collect();
-    n.allocatable.gpu_milli = 4000;
-    n.allocatable.gpu_memory = 4 * (80 << 30);
-    n.allocatable.pods = 110;
-    let s = Server::start_with(|c| {
-        c.register_local_node = false;
-        c.scheduler = Some(tessera_server::scheduler::batch_scheduler());
-        c.simulated = Some(Simulated {
-            nodes: vec![n],
-            speedup: 1.0,
-        });
-    })
-    .await;
+    let s = Server::start_with(|c| common::simulated_cluster(c, vec![common::h100_node("gpu-0")]))
+        .await;
     let a = s.tenant("alpha").await;
     a.post("/v1/queues", json!({"name": "q"})).await;
     let mut j = job("two", 1);

@@ -351,6 +351,29 @@ pub fn code(v: &Value) -> &str {
     v["code"].as_str().unwrap_or("")
 }
 
+/// A simulated node `name` with four H100-80GB GPUs (64 cores, 1 TiB).
+pub fn h100_node(name: &str) -> tessera_model::Node {
+    let mut n = tessera_model::Node::new(name, tessera_model::Resources::new(64_000, 1 << 40));
+    n.gpus = (0..4)
+        .map(|i| tessera_model::GpuDevice::new(i, "H100-80GB", 80 << 30))
+        .collect();
+    n.allocatable.gpu_milli = 4000;
+    n.allocatable.gpu_memory = 4 * (80 << 30);
+    n.allocatable.pods = 110;
+    n
+}
+
+/// Configures `c` for simulated `nodes` (real time) under the batch scheduler, with
+/// no local node.
+pub fn simulated_cluster(c: &mut ServerConfig, nodes: Vec<tessera_model::Node>) {
+    c.register_local_node = false;
+    c.scheduler = Some(tessera_server::scheduler::batch_scheduler());
+    c.simulated = Some(tessera_server::Simulated {
+        nodes,
+        speedup: 1.0,
+    });
+}
+
 /// A job of `tasks` small tasks in queue `q`.
 pub fn job(name: &str, tasks: usize) -> Value {
     let tasks: Vec<Value> = (0..tasks)

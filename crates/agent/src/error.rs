@@ -67,10 +67,5 @@ pub fn check_token(field: &str, s: &str, max: usize) -> Result<(), AgentError> {
     }
 }
 
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+/// Milliseconds since the Unix epoch (the one clock helper, `tessera-sandbox`'s).
+pub use tessera_sandbox::now_ms;

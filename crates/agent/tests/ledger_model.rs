@@ -1,7 +1,7 @@
 //! A model of the ledger's protocol, checked with loom over every
 //! interleaving of two gateway replicas racing on one idempotency key.
 //!
-//! The replicas run the gateway's steps (`Gateway::run` and `lead`: read the
+//! The replicas run the gateway's steps (`ToolGateway::run` and `lead`: read the
 //! entry, [`ledger::decide`], write `dispatched` with compare-and-swap, send,
 //! record the outcome) against a model store that has the real store's
 //! semantics for one key (create fails if it exists; update and delete
@@ -125,7 +125,7 @@ fn new_entry(owner: &str) -> Entry {
     }
 }
 
-/// One replica's call, following `Gateway::run` / `lead`.
+/// One replica's call, following `ToolGateway::run` / `lead`.
 fn replica(
     w: &World,
     me: &str,

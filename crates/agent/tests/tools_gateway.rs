@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use serde_json::{Value, json};
 use tessera_agent::tools::testing::{CountingConfig, CountingService};
 use tessera_agent::tools::{
-    CallError, CallRequest, Caller, Completion, Decision, Fault, Gateway, GatewayConfig, Grant,
+    CallError, CallRequest, ToolCaller, Completion, Decision, Fault, ToolGateway, ToolGatewayConfig, Grant,
     Resolution, ResolvedAs, State, Status, ToolSpec,
 };
 use tessera_store::{Key, SqliteStore, Store};
@@ -49,15 +49,15 @@ async fn env() -> Env {
     }
 }
 
-fn gateway(e: &Env) -> Gateway<SqliteStore> {
-    Gateway::new(e.store.clone(), GatewayConfig::default())
+fn gateway(e: &Env) -> ToolGateway<SqliteStore> {
+    ToolGateway::new(e.store.clone(), ToolGatewayConfig::default())
 }
 
 fn spec(v: Value) -> ToolSpec {
     serde_json::from_value(v).unwrap()
 }
 
-async fn setup(e: &Env, gw: &Gateway<SqliteStore>) {
+async fn setup(e: &Env, gw: &ToolGateway<SqliteStore>) {
     let schema = json!({"type": "object", "properties": {"amount": {"type": "integer", "minimum": 1}}, "required": ["amount"]});
     gw.register(
         T,
@@ -98,8 +98,8 @@ async fn setup(e: &Env, gw: &Gateway<SqliteStore>) {
     }
 }
 
-fn agent() -> Caller {
-    Caller {
+fn agent() -> ToolCaller {
+    ToolCaller {
         tenant: T.into(),
         subject: "session:s1".into(),
         role: "developer".into(),
@@ -170,7 +170,7 @@ async fn grants_schemas_and_sessions_are_enforced() {
         .await
         .unwrap_err();
     assert!(matches!(err, CallError::NotYourSession { .. }), "{err}");
-    let human = Caller {
+    let human = ToolCaller {
         tenant: T.into(),
         subject: "alice".into(),
         role: "operator".into(),
@@ -346,9 +346,9 @@ async fn concurrent_calls_with_one_key_execute_once() {
     setup(&e, &gateway(&e)).await;
     // Two replicas on one store (not exclusive: leases decide) and many callers.
     let replica = || {
-        Gateway::new(
+        ToolGateway::new(
             e.store.clone(),
-            GatewayConfig {
+            ToolGatewayConfig {
                 exclusive: false,
                 ..Default::default()
             },
@@ -372,9 +372,9 @@ async fn concurrent_calls_with_one_key_execute_once() {
 #[tokio::test]
 async fn outcomes_written_before_the_reply_when_asked() {
     let e = env().await;
-    let gw = Gateway::new(
+    let gw = ToolGateway::new(
         e.store.clone(),
-        GatewayConfig {
+        ToolGatewayConfig {
             completion: Completion::BeforeReply,
             ..Default::default()
         },

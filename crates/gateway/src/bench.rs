@@ -1,7 +1,7 @@
 //! `tessera bench gateway`: the gateway's own time per request, engine time
 //! excluded, on loopback.
 //!
-//! An in-process gateway (this crate's [`Gateway`] behind a minimal axum front,
+//! An in-process gateway (this crate's [`InferenceGateway`] behind a minimal axum front,
 //! no authentication and an in-memory usage sink) in front of two in-process
 //! test engines ([`crate::mock`]) that answer at once with one token. For each
 //! request the gateway measures, inside itself, request in to first byte
@@ -19,7 +19,7 @@ use axum::routing::post;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::http::{Caller, EndpointSpec, Gateway, GatewayConfig, MemorySink, PoolSpec, Usage};
+use crate::http::{InferenceCaller, EndpointSpec, Gateway, InferenceGatewayConfig, MemorySink, PoolSpec, Usage};
 use crate::mock;
 
 /// What to run.
@@ -77,7 +77,7 @@ pub async fn run(cfg: &BenchConfig) -> Result<Vec<ModeSamples>, String> {
             .store(1, std::sync::atomic::Ordering::Relaxed);
     }
     let sink = Arc::new(MemorySink::default());
-    let gw = Gateway::new(sink.clone(), GatewayConfig::default());
+    let gw = Gateway::new(sink.clone(), InferenceGatewayConfig::default());
     gw.upsert_pool(PoolSpec {
         name: "bench".into(),
         model: "bench-model".into(),
@@ -154,10 +154,10 @@ async fn serve(gw: Gateway) -> std::io::Result<String> {
             let g = g.clone();
             async move {
                 let hv = |n: &str| h.get(n).and_then(|v| v.to_str().ok()).map(str::to_string);
-                let who = Caller {
+                let who = InferenceCaller {
                     tenant: hv("x-tenant").unwrap_or_else(|| "bench".into()),
                     session: hv("x-session-id"),
-                    ..Caller::default()
+                    ..InferenceCaller::default()
                 };
                 g.forward(who, path, body).await
             }

@@ -11,7 +11,7 @@ use axum::body::Bytes;
 use axum::http::HeaderMap;
 use axum::routing::post;
 use serde_json::{Value, json};
-use tessera_gateway::http::{Caller, EndpointSpec, Gateway, GatewayConfig, MemorySink, PoolSpec};
+use tessera_gateway::http::{InferenceCaller, EndpointSpec, Gateway, InferenceGatewayConfig, MemorySink, PoolSpec};
 use tessera_gateway::mock;
 
 struct Harness {
@@ -24,9 +24,9 @@ async fn harness(engines: &[&mock::MockEngine], max_in_flight: u32, max_queue: u
     let sink = Arc::new(MemorySink::default());
     let gw = Gateway::new(
         sink.clone(),
-        GatewayConfig {
+        InferenceGatewayConfig {
             down_for: Duration::from_secs(60),
-            ..GatewayConfig::default()
+            ..InferenceGatewayConfig::default()
         },
     );
     gw.upsert_pool(PoolSpec {
@@ -51,14 +51,14 @@ async fn harness(engines: &[&mock::MockEngine], max_in_flight: u32, max_queue: u
         post(move |h: HeaderMap, body: Bytes| {
             let g = g2.clone();
             async move {
-                let who = Caller {
+                let who = InferenceCaller {
                     tenant: h
                         .get("x-tenant")
                         .and_then(|v| v.to_str().ok())
                         .unwrap_or("t1")
                         .into(),
                     session: Some("s1".into()),
-                    ..Caller::default()
+                    ..InferenceCaller::default()
                 };
                 g.forward(who, "/v1/chat/completions", body).await
             }
@@ -410,7 +410,7 @@ async fn engines_without_vllm_metrics_are_served_on_health_and_down_ones_say_why
     let gone_url = format!("http://{}", gone.local_addr().unwrap());
     drop(gone);
     let sink = Arc::new(MemorySink::default());
-    let gw = Gateway::new(sink, GatewayConfig::default());
+    let gw = Gateway::new(sink, InferenceGatewayConfig::default());
     let urls = [
         vllm.url.clone(),
         plain.url.clone(),
@@ -445,10 +445,10 @@ async fn engines_without_vllm_metrics_are_served_on_health_and_down_ones_say_why
     gw.upsert_pool(small_pool("plain", "m2", std::slice::from_ref(&plain.url)))
         .unwrap();
     gw.scrape_once().await;
-    let who = Caller {
+    let who = InferenceCaller {
         tenant: "t1".into(),
         session: Some("s1".into()),
-        ..Caller::default()
+        ..InferenceCaller::default()
     };
     let body = Bytes::from(
         json!({"model": "m2", "messages": [{"role": "user", "content": "hi"}]}).to_string(),

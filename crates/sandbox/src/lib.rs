@@ -63,3 +63,14 @@ pub use tier::{
     AnySandbox, Isolated, NamespaceTier, OnTimeout, PauseOptions, Phase, Stats, Tier, TierInfo,
     TierKind,
 };
+
+/// Milliseconds since the Unix epoch: the clock helper of the crates that may read
+/// the clock (`tessera-agent` and `tessera-server` re-export it; the pure crates take
+/// time as an input, and `tessera-gateway`, which sits beside this crate rather
+/// than above it, keeps its own private copy).
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}

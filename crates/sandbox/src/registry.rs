@@ -25,6 +25,7 @@
 //! dropped, symlinks kept as links (they are resolved inside the sandbox, after
 //! `pivot_root`).
 
+use crate::now_ms;
 use std::fs;
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
@@ -176,13 +177,6 @@ fn mkdir_private(p: &Path) -> Result<(), RegistryError> {
         .create(p)
         .map_err(io_err("mkdir", p))?;
     fs::set_permissions(p, fs::Permissions::from_mode(0o700)).map_err(io_err("chmod", p))
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 impl TemplateRegistry {

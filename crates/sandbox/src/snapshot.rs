@@ -12,6 +12,7 @@
 //! left (`DIR` missing, `DIR.old-*` present: the old one is put back) and removes
 //! unfinished `DIR.tmp-*` folders.
 
+use crate::now_ms;
 use crate::error::LifecycleError;
 use crate::spec::SandboxSpec;
 use crate::tier::{Isolated, TierKind};
@@ -64,13 +65,6 @@ impl SnapshotMeta {
 pub struct Snapshot {
     pub dir: PathBuf,
     pub meta: SnapshotMeta,
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 /// Writes `data` to `path` (0600, new) and fsyncs it.

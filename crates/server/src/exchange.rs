@@ -46,7 +46,7 @@ pub struct TokenIssuer {
     /// The public key, base64url (the JWK's `x`).
     x: String,
     plane: ControlPlane,
-    gateway: gw::Gateway<AnyStore>,
+    gateway: gw::ToolGateway<AnyStore>,
 }
 
 impl std::fmt::Debug for TokenIssuer {
@@ -139,7 +139,7 @@ impl TokenIssuer {
     pub fn open(
         data: &Path,
         plane: ControlPlane,
-        gateway: gw::Gateway<AnyStore>,
+        gateway: gw::ToolGateway<AnyStore>,
     ) -> Result<TokenIssuer, String> {
         let seed = crate::keyfile::seed(
             data,

@@ -22,7 +22,7 @@ use futures_util::future::BoxFuture;
 use serde_json::{Value, json};
 use tessera_agent::meter::{self, UsageKind, UsageRecord};
 use tessera_agent::trace;
-use tessera_gateway::http::{self as gw, Gateway, PoolSpec, Refusal, Usage, UsageSink};
+use tessera_gateway::http::{self as gw, InferenceGateway, PoolSpec, Refusal, Usage, UsageSink};
 use tessera_store::{AnyStore, Key, Store};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -39,13 +39,13 @@ const KIND_POOL: &str = "pool";
 #[derive(Clone, Debug, Default)]
 pub struct GatewayConfig {
     /// Gateway tuning (scrape period, retry count, timeouts).
-    pub gateway: gw::GatewayConfig,
+    pub gateway: gw::InferenceGatewayConfig,
 }
 
 /// What the handlers of this module share.
 #[derive(Clone, Debug)]
 pub struct GatewayState {
-    pub gateway: Gateway,
+    pub gateway: InferenceGateway,
 }
 
 /// The agent platform's meter as the gateway's usage sink.
@@ -54,7 +54,7 @@ struct Meter {
 }
 
 impl UsageSink for Meter {
-    fn check<'a>(&'a self, who: &'a gw::Caller) -> BoxFuture<'a, Result<(), Refusal>> {
+    fn check<'a>(&'a self, who: &'a gw::InferenceCaller) -> BoxFuture<'a, Result<(), Refusal>> {
         Box::pin(async move {
             let session = who.session.as_deref().unwrap_or("");
             match meter::check_budget(&self.store, &who.tenant, session).await {
@@ -66,7 +66,7 @@ impl UsageSink for Meter {
         })
     }
 
-    fn record<'a>(&'a self, who: &'a gw::Caller, u: Usage) -> BoxFuture<'a, ()> {
+    fn record<'a>(&'a self, who: &'a gw::InferenceCaller, u: Usage) -> BoxFuture<'a, ()> {
         Box::pin(async move {
             let session = who.session.clone().unwrap_or_else(|| "none".into());
             tracing::info!(
@@ -159,7 +159,7 @@ fn meter_runtime(model: &str) -> String {
 /// stored in the session's trace beside its invocations and tool calls (the
 /// trace tree puts it under the invocation running when it started). The
 /// caller's W3C `traceparent`, when sent, is kept in the attributes.
-fn chat_span(who: &gw::Caller, u: &Usage, cost: f64) -> trace::Span {
+fn chat_span(who: &gw::InferenceCaller, u: &Usage, cost: f64) -> trace::Span {
     let session = who.session.clone().unwrap_or_default();
     let mut attrs = json!({
         "gen_ai.operation.name": "chat",
@@ -206,7 +206,7 @@ impl GatewayState {
         stop: &watch::Receiver<bool>,
     ) -> Result<(Self, Vec<JoinHandle<()>>), StartError> {
         let store = plane.store().clone();
-        let gateway = Gateway::new(
+        let gateway = InferenceGateway::new(
             Arc::new(Meter {
                 store: store.clone(),
             }),
@@ -225,7 +225,7 @@ impl GatewayState {
     }
 }
 
-fn who(c: &Caller, h: &HeaderMap) -> gw::Caller {
+fn who(c: &Caller, h: &HeaderMap) -> gw::InferenceCaller {
     let header = |n: &str| {
         h.get(n)
             .and_then(|v| v.to_str().ok())
@@ -237,7 +237,7 @@ fn who(c: &Caller, h: &HeaderMap) -> gw::Caller {
         Some(own) => Some(own.to_string()),
         None => header("x-session-id"),
     };
-    gw::Caller {
+    gw::InferenceCaller {
         tenant: c.tenant.clone(),
         subject: c.subject.clone(),
         session,
@@ -251,7 +251,7 @@ fn who(c: &Caller, h: &HeaderMap) -> gw::Caller {
 
 /// The caller, or why `X-Session-Id` is not a session id the meter and
 /// traces take.
-fn checked_who(c: &Caller, h: &HeaderMap) -> Result<gw::Caller, String> {
+fn checked_who(c: &Caller, h: &HeaderMap) -> Result<gw::InferenceCaller, String> {
     let w = who(c, h);
     if let Some(s) = &w.session {
         if tessera_agent::sessions::check_id(s).is_err() {
@@ -592,7 +592,7 @@ pub const WATCH_KIND: &str = "pool";
 pub const POOL_SAMPLE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Each pool as `GET /v1/pools` shows it, by name.
-fn pool_figures(g: &Gateway) -> std::collections::BTreeMap<String, Value> {
+fn pool_figures(g: &InferenceGateway) -> std::collections::BTreeMap<String, Value> {
     g.pools()
         .into_iter()
         .map(|p| (p.spec.name.clone(), json!(p)))

@@ -34,7 +34,7 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{RoleServer, ServerHandler};
 use serde_json::{Value, json};
-use tessera_agent::tools::{self as gw, CallError, CallRequest, Gateway, Status};
+use tessera_agent::tools::{self as gw, CallError, CallRequest, ToolGateway, Status};
 use tessera_store::AnyStore;
 
 use crate::api::App;
@@ -51,7 +51,7 @@ impl std::fmt::Debug for McpService {
     }
 }
 
-pub(crate) fn service(gateway: Gateway<AnyStore>) -> McpService {
+pub(crate) fn service(gateway: ToolGateway<AnyStore>) -> McpService {
     let cfg = StreamableHttpServerConfig::default()
         .with_json_response(true)
         // Every request is authenticated by an API key before it reaches rmcp,
@@ -93,7 +93,7 @@ pub(crate) async fn handle(a: &App, c: Caller, mut req: Request) -> Response {
 
 #[derive(Clone)]
 pub(crate) struct McpTools {
-    gateway: Gateway<AnyStore>,
+    gateway: ToolGateway<AnyStore>,
 }
 
 fn parts(ctx: &RequestContext<RoleServer>) -> Result<&axum::http::request::Parts, ErrorData> {

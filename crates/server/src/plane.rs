@@ -104,13 +104,8 @@ impl Caller {
     }
 }
 
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+/// Milliseconds since the Unix epoch (the one clock helper, `tessera-sandbox`'s).
+pub use tessera_agent::error::now_ms;
 
 /// Checks a DNS-label-like name: 1..=63 of `a-z0-9-`, starting and ending alphanumeric.
 pub fn check_name(field: &str, s: &str) -> Result<(), ApiError> {

@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tessera_agent::tools::{
-    self as gw, AdminError, CallError, CallRequest, Decision, Gateway, GatewayConfig, Grant,
+    self as gw, AdminError, CallError, CallRequest, Decision, ToolGateway, ToolGatewayConfig, Grant,
     Resolution, ToolSpec,
 };
 use tessera_store::{AnyStore, Key, Object, Store};
@@ -40,7 +40,7 @@ pub struct ToolsConfig {
 /// What the handlers of this module share.
 #[derive(Clone, Debug)]
 pub struct ToolsState {
-    pub gateway: Gateway<AnyStore>,
+    pub gateway: ToolGateway<AnyStore>,
     pub(crate) mcp: crate::mcp::McpService,
     /// Mints the tokens of `POST /v1/token` and of tools with `auth: exchange`.
     pub tokens: std::sync::Arc<crate::exchange::TokenIssuer>,
@@ -56,9 +56,9 @@ impl ToolsState {
         stop: &watch::Receiver<bool>,
     ) -> Result<(Self, Vec<JoinHandle<()>>), StartError> {
         let store = plane.store().clone();
-        let gateway = Gateway::new(
+        let gateway = ToolGateway::new(
             store.clone(),
-            GatewayConfig {
+            ToolGatewayConfig {
                 // The embedded store has one writer process: whatever another
                 // owner left `dispatched` was orphaned by a restart.
                 exclusive: store.backend() == "sqlite",
@@ -67,7 +67,7 @@ impl ToolsState {
                 } else {
                     gw::Completion::Background
                 },
-                ..GatewayConfig::default()
+                ..ToolGatewayConfig::default()
             },
         );
         // Recovery first: orphaned sends are settled before any call is taken.
@@ -139,8 +139,8 @@ crate::api::routes! {
 }
 
 /// The gateway's caller for an authenticated API caller.
-pub(crate) fn gw_caller(c: &Caller) -> gw::Caller {
-    gw::Caller {
+pub(crate) fn gw_caller(c: &Caller) -> gw::ToolCaller {
+    gw::ToolCaller {
         tenant: c.tenant.clone(),
         subject: c.subject.clone(),
         role: c.role.as_str().to_string(),

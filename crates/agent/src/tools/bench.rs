@@ -11,7 +11,7 @@ use serde_json::json;
 use tessera_store::{Key, SqliteStore, Store};
 
 use super::testing::{CountingConfig, CountingService};
-use super::{CallRequest, Caller, Completion, Gateway, GatewayConfig, Grant, Status, ToolSpec};
+use super::{CallRequest, ToolCaller, Completion, ToolGateway, ToolGatewayConfig, Grant, Status, ToolSpec};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -84,11 +84,11 @@ pub async fn bench(cfg: BenchConfig) -> Result<BenchReport, String> {
 
 async fn run(cfg: &BenchConfig, dir: &std::path::Path) -> Result<BenchReport, String> {
     let store = SqliteStore::open(dir).map_err(|e| e.to_string())?;
-    let gw = Gateway::new(
+    let gw = ToolGateway::new(
         store.clone(),
-        GatewayConfig {
+        ToolGatewayConfig {
             completion: cfg.completion,
-            ..GatewayConfig::default()
+            ..ToolGatewayConfig::default()
         },
     );
     let plain = CountingService::start(CountingConfig::default())
@@ -142,7 +142,7 @@ async fn run(cfg: &BenchConfig, dir: &std::path::Path) -> Result<BenchReport, St
         )
         .await
         .map_err(|e| e.to_string())?;
-    let caller = Caller {
+    let caller = ToolCaller {
         tenant: tenant.into(),
         subject: "session:s1".into(),
         role: "developer".into(),

@@ -2,7 +2,7 @@
 //! tools), per-tenant grants to runtimes and roles, and the ledger that makes
 //! every logical call happen at most once per idempotency key.
 //!
-//! Start at [`Gateway::call`]. The ledger's rule is the pure [`ledger::decide`];
+//! Start at [`ToolGateway::call`]. The ledger's rule is the pure [`ledger::decide`];
 //! [`dispatch`] sends a call; [`spec`] says what a tool and a grant are.
 //!
 //! Store kinds owned here: `tool` (a [`ToolSpec`]), `tool_grant` (the [`Grants`]
@@ -63,7 +63,7 @@ pub const APPROVALS_TOPIC: &str = "approvals";
 
 /// Who is calling, after authentication.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Caller {
+pub struct ToolCaller {
     pub tenant: String,
     /// `session:<id>` for a session-scoped key.
     pub subject: String,
@@ -71,7 +71,7 @@ pub struct Caller {
     pub role: String,
 }
 
-impl Caller {
+impl ToolCaller {
     /// The session this caller is confined to, if it is a session-scoped key.
     pub fn own_session(&self) -> Option<&str> {
         self.subject.strip_prefix("session:")
@@ -196,7 +196,7 @@ pub enum Completion {
 
 /// Settings of a gateway.
 #[derive(Debug, Clone)]
-pub struct GatewayConfig {
+pub struct ToolGatewayConfig {
     /// This process is the ledger's only writer (embedded store): entries another
     /// process dispatched are orphaned as soon as they are seen.
     pub exclusive: bool,
@@ -207,9 +207,9 @@ pub struct GatewayConfig {
     pub max_attempts: u32,
 }
 
-impl Default for GatewayConfig {
+impl Default for ToolGatewayConfig {
     fn default() -> Self {
-        GatewayConfig {
+        ToolGatewayConfig {
             exclusive: true,
             lease_margin: Duration::from_secs(5),
             completion: Completion::Background,
@@ -252,12 +252,7 @@ fn tool_span(
     }
 }
 
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+pub use crate::error::now_ms;
 
 fn random_hex(n: usize) -> String {
     let mut b = vec![0u8; n];
@@ -290,17 +285,17 @@ fn fresh<V: Clone>(m: &TtlCache<V>, k: &(String, String)) -> Option<V> {
 
 /// The tool gateway over a store. Cheap to clone.
 #[derive(Clone)]
-pub struct Gateway<S: Store> {
+pub struct ToolGateway<S: Store> {
     inner: Arc<Inner<S>>,
 }
 
 struct Inner<S: Store> {
     store: S,
-    cfg: GatewayConfig,
+    cfg: ToolGatewayConfig,
     /// This process's identity in `owner` fields.
     owner: String,
     dispatcher: dispatch::Dispatcher,
-    /// Redacts results and errors (see [`Gateway::set_guard`]).
+    /// Redacts results and errors (see [`ToolGateway::set_guard`]).
     guard: std::sync::RwLock<Arc<dyn tessera_sandbox::CommandCheck>>,
     /// Calls this process is sending now; followers wait for the outcome.
     inflight: Mutex<HashMap<FlightKey, watch::Receiver<Option<CallOutcome>>>>,
@@ -331,9 +326,9 @@ pub enum Fault {
     LoseOutcome = 3,
 }
 
-impl<S: Store> std::fmt::Debug for Gateway<S> {
+impl<S: Store> std::fmt::Debug for ToolGateway<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Gateway")
+        f.debug_struct("ToolGateway")
             .field("owner", &self.inner.owner)
             .field("cfg", &self.inner.cfg)
             .finish()
@@ -375,14 +370,14 @@ fn entry_of(o: &Object) -> Result<Entry, StoreError> {
         .map_err(|e| StoreError::Backend(format!("stored {} is unreadable: {e}", o.key())))
 }
 
-impl<S: Store> Gateway<S> {
-    pub fn new(store: S, cfg: GatewayConfig) -> Self {
+impl<S: Store> ToolGateway<S> {
+    pub fn new(store: S, cfg: ToolGatewayConfig) -> Self {
         Self::with(store, cfg, None)
     }
 
     /// A gateway whose built-in tools reach sessions' sandboxes through `sandboxes`.
-    pub fn with(store: S, cfg: GatewayConfig, sandboxes: Option<Arc<dyn SandboxAccess>>) -> Self {
-        Gateway {
+    pub fn with(store: S, cfg: ToolGatewayConfig, sandboxes: Option<Arc<dyn SandboxAccess>>) -> Self {
+        ToolGateway {
             inner: Arc::new(Inner {
                 store,
                 cfg,
@@ -640,7 +635,7 @@ impl<S: Store> Gateway<S> {
     /// The tools `caller` may call for `session_id`, sorted by name.
     pub async fn granted_tools(
         &self,
-        caller: &Caller,
+        caller: &ToolCaller,
         session_id: &str,
     ) -> Result<Vec<CompiledTool>, CallError> {
         check_session_caller(caller, session_id)?;
@@ -654,8 +649,8 @@ impl<S: Store> Gateway<S> {
     /// The tools a key without a session may browse (an IDE-style MCP client): every
     /// tool of its tenant one of whose grants admits the key's role, whatever runtime
     /// the grant names, sorted by name. Calling one still needs a session it is
-    /// granted to. Session keys get [`Gateway::granted_tools`] instead.
-    pub async fn browsable_tools(&self, caller: &Caller) -> Result<Vec<CompiledTool>, CallError> {
+    /// granted to. Session keys get [`ToolGateway::granted_tools`] instead.
+    pub async fn browsable_tools(&self, caller: &ToolCaller) -> Result<Vec<CompiledTool>, CallError> {
         self.tools_where(&caller.tenant, |g| {
             g.grants.iter().any(|one| {
                 let mut any_runtime = one.clone();
@@ -695,7 +690,7 @@ impl<S: Store> Gateway<S> {
     /// Calls a tool through the ledger.
     pub async fn call(
         &self,
-        caller: &Caller,
+        caller: &ToolCaller,
         tool_name: &str,
         req: CallRequest,
     ) -> Result<CallOutcome, CallError> {
@@ -1627,7 +1622,7 @@ impl<S: Store> Gateway<S> {
 
     /// Puts entries written before the open index existed into it (once per
     /// store: a marker records that it was done). Run at start, before
-    /// [`Gateway::sweep`].
+    /// [`ToolGateway::sweep`].
     pub async fn reindex(&self) -> Result<usize, StoreError> {
         let marker = Key::new(kind::LEDGER_META, "", "indexed");
         if self.inner.store.get(&marker).await?.is_some() {
@@ -1811,7 +1806,7 @@ fn crashed() -> CallError {
     CallError::Store(StoreError::Backend("injected crash".into()))
 }
 
-fn check_session_caller(caller: &Caller, session_id: &str) -> Result<(), CallError> {
+fn check_session_caller(caller: &ToolCaller, session_id: &str) -> Result<(), CallError> {
     match caller.own_session() {
         Some(s) if s != session_id => Err(CallError::NotYourSession {
             subject: caller.subject.clone(),

@@ -8,7 +8,7 @@
 //! values on the outgoing request only; what comes back is scrubbed of them
 //! ([`ToolSecrets::scrub`]) before it reaches the ledger, the agent or a log.
 //! A tool and its secrets are written together, in one commit
-//! (`Gateway::write_tool`, behind `register` and `put`).
+//! (`ToolGateway::write_tool`, behind `register` and `put`).
 
 use std::collections::BTreeMap;
 
@@ -19,7 +19,7 @@ use tessera_store::{Key, Object, Op, Store, StoreError};
 
 use super::dispatch::Sent;
 use super::spec::{CompiledTool, HeaderValue, SECRET_MARK, SpecError, Target, ToolSpec};
-use super::{AdminError, Gateway, kind, to_value};
+use super::{AdminError, ToolGateway, kind, to_value};
 
 /// What a scrubbed secret is replaced with in results and errors.
 pub const SCRUBBED: &str = "[REDACTED:tool-secret]";
@@ -185,7 +185,7 @@ fn scrub_value(needles: &[String], v: &mut Value) {
     }
 }
 
-impl<S: Store> Gateway<S> {
+impl<S: Store> ToolGateway<S> {
     /// Writes a tool and its secrets in one commit, each compared-and-swapped
     /// against what was read (so that a concurrent write cannot pair one
     /// request's tool with another's secrets).
@@ -271,7 +271,7 @@ impl<S: Store> Gateway<S> {
     }
 }
 
-/// How [`Gateway::write_tool`] writes.
+/// How [`ToolGateway::write_tool`] writes.
 pub(super) enum Write {
     /// Only a tool that does not exist yet.
     Create,

@@ -14,7 +14,7 @@ use crate::route::{EndpointLoad, RouteRequest, text_blocks};
 
 use super::metrics::observe;
 use super::pool::{InFlight, Pool};
-use super::{Caller, Gateway, Refusal, Usage, now_ms, openai_error, too_many};
+use super::{InferenceCaller, Gateway, Refusal, Usage, now_ms, openai_error, too_many};
 
 /// The block hashes the gateway's prefix index uses for a request body (chat
 /// messages or a completion prompt): what a KV-event adapter publishes.
@@ -25,7 +25,7 @@ pub fn request_blocks(body: &Value) -> Vec<u64> {
 /// A request accepted for forwarding: who sent it, the pool that serves its
 /// model, what it asks, and when it came in.
 struct Call {
-    who: Caller,
+    who: InferenceCaller,
     path: &'static str,
     model: String,
     pool: Arc<Pool>,
@@ -73,7 +73,7 @@ impl Gateway {
     /// `POST /v1/chat/completions` (`path` = `/v1/chat/completions`) and
     /// `POST /v1/completions`. The steps: `accept`, `admit` (see `queue`), then
     /// `send_with_retries` (`route`, `send`, and `reply_whole` or a `Relay`).
-    pub async fn forward(&self, who: Caller, path: &'static str, body: Bytes) -> Response {
+    pub async fn forward(&self, who: InferenceCaller, path: &'static str, body: Bytes) -> Response {
         let call = match self.accept(who, path, &body).await {
             Ok(call) => call,
             Err(r) => return r,
@@ -95,7 +95,7 @@ impl Gateway {
     /// chunk, which is what is metered.
     async fn accept(
         &self,
-        who: Caller,
+        who: InferenceCaller,
         path: &'static str,
         body: &Bytes,
     ) -> Result<Call, Response> {
@@ -381,7 +381,7 @@ fn parse_request(body: &Bytes) -> Result<Value, String> {
 struct Relay {
     gw: Gateway,
     pool: Arc<Pool>,
-    who: Caller,
+    who: InferenceCaller,
     slot: usize,
     url: String,
     /// The request's place in the pool, given back when the relay ends.

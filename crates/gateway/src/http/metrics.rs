@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::pool::{Pool, PoolStatus};
-use super::{Gateway, Usage};
+use super::{InferenceGateway, Usage};
 
 /// Percentiles of a window of samples (nearest rank), and how many there were.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]

@@ -4,7 +4,7 @@
 //! pass-through, usage metering and engine health.
 //!
 //! The server authenticates the caller and hands the request here with a
-//! [`Caller`]; replies and errors use OpenAI's shapes so OpenAI clients read them.
+//! [`InferenceCaller`]; replies and errors use OpenAI's shapes so OpenAI clients read them.
 //!
 //! The parts, each a child module: `pool` (pools and their endpoints, the
 //! in-flight guard, KV events), `queue` (the per-tenant fair queue and
@@ -38,7 +38,7 @@ use pool::Pool;
 
 /// Who is calling (authenticated by the server) and what travels with the call.
 #[derive(Debug, Clone, Default)]
-pub struct Caller {
+pub struct InferenceCaller {
     pub tenant: String,
     pub subject: String,
     /// `X-Session-Id`.
@@ -88,8 +88,8 @@ pub enum Refusal {
 /// Where usage goes (the platform's meter) and who says whether a caller may
 /// spend. The server implements it over the agent platform's meter.
 pub trait UsageSink: Send + Sync + 'static {
-    fn check<'a>(&'a self, who: &'a Caller) -> BoxFuture<'a, Result<(), Refusal>>;
-    fn record<'a>(&'a self, who: &'a Caller, usage: Usage) -> BoxFuture<'a, ()>;
+    fn check<'a>(&'a self, who: &'a InferenceCaller) -> BoxFuture<'a, Result<(), Refusal>>;
+    fn record<'a>(&'a self, who: &'a InferenceCaller, usage: Usage) -> BoxFuture<'a, ()>;
 }
 
 /// Keeps usage in memory (tests, and when no meter is wired).
@@ -101,14 +101,14 @@ pub struct MemorySink {
 }
 
 impl UsageSink for MemorySink {
-    fn check<'a>(&'a self, who: &'a Caller) -> BoxFuture<'a, Result<(), Refusal>> {
+    fn check<'a>(&'a self, who: &'a InferenceCaller) -> BoxFuture<'a, Result<(), Refusal>> {
         let r = match self.over_budget.lock() {
             Ok(m) => m.get(&who.tenant).cloned(),
             Err(_) => None,
         };
         Box::pin(async move { r.map_or(Ok(()), |why| Err(Refusal::Budget(why))) })
     }
-    fn record<'a>(&'a self, who: &'a Caller, usage: Usage) -> BoxFuture<'a, ()> {
+    fn record<'a>(&'a self, who: &'a InferenceCaller, usage: Usage) -> BoxFuture<'a, ()> {
         if let Ok(mut v) = self.records.lock() {
             v.push((who.tenant.clone(), who.session.clone(), usage));
         }
@@ -118,7 +118,7 @@ impl UsageSink for MemorySink {
 
 /// Gateway settings.
 #[derive(Debug, Clone)]
-pub struct GatewayConfig {
+pub struct InferenceGatewayConfig {
     /// How often engines' `/metrics` are read.
     pub scrape_period: Duration,
     /// How long a failed endpoint stays out of rotation before it is tried again.
@@ -129,9 +129,9 @@ pub struct GatewayConfig {
     pub engine_timeout: Duration,
 }
 
-impl Default for GatewayConfig {
+impl Default for InferenceGatewayConfig {
     fn default() -> Self {
-        GatewayConfig {
+        InferenceGatewayConfig {
             scrape_period: Duration::from_millis(500),
             down_for: Duration::from_secs(10),
             retries: 2,
@@ -146,7 +146,7 @@ pub struct Gateway {
     pools: Arc<RwLock<BTreeMap<String, Arc<Pool>>>>,
     sink: Arc<dyn UsageSink>,
     client: reqwest::Client,
-    cfg: GatewayConfig,
+    cfg: InferenceGatewayConfig,
     ids: Arc<AtomicU64>,
     /// When this gateway started (ms): request ids are unique across restarts,
     /// so metering (idempotent by request id) never drops a new call as a
@@ -156,12 +156,12 @@ pub struct Gateway {
 
 impl std::fmt::Debug for Gateway {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Gateway").finish_non_exhaustive()
+        f.debug_struct("InferenceGateway").finish_non_exhaustive()
     }
 }
 
 impl Gateway {
-    pub fn new(sink: Arc<dyn UsageSink>, cfg: GatewayConfig) -> Self {
+    pub fn new(sink: Arc<dyn UsageSink>, cfg: InferenceGatewayConfig) -> Self {
         let client = reqwest::Client::builder()
             .connect_timeout(cfg.engine_timeout)
             .pool_max_idle_per_host(256)

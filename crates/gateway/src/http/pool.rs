@@ -12,7 +12,7 @@ use crate::route::{
     EndpointLoad, MAX_ENDPOINTS, Policy, Router, ScaleAdvice, ScaleInput, recommend_replicas,
 };
 
-use super::Gateway;
+use super::InferenceGateway;
 use super::metrics::{Percentiles, Window};
 use super::queue::FairQueue;
 

@@ -10,7 +10,7 @@ use axum::response::Response;
 use tokio::sync::oneshot;
 
 use super::pool::Pool;
-use super::{Caller, Gateway, openai_error, too_many};
+use super::{InferenceCaller, Gateway, openai_error, too_many};
 
 #[derive(Debug)]
 pub(super) struct Ticket {
@@ -91,7 +91,7 @@ impl Gateway {
     /// and there is room), or waits in the fair queue for a grant, up to the
     /// pool's queue timeout. 503 when the pool has no healthy endpoint; 429 when
     /// the queue is full or the wait runs out.
-    pub(super) async fn admit(&self, pool: &Pool, who: &Caller) -> Result<(), Response> {
+    pub(super) async fn admit(&self, pool: &Pool, who: &InferenceCaller) -> Result<(), Response> {
         let queued_ticket = {
             let Ok(mut g) = pool.inner.lock() else {
                 return Err(openai_error(

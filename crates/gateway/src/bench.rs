@@ -19,7 +19,7 @@ use axum::routing::post;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::http::{InferenceCaller, EndpointSpec, Gateway, InferenceGatewayConfig, MemorySink, PoolSpec, Usage};
+use crate::http::{InferenceCaller, EndpointSpec, InferenceGateway, InferenceGatewayConfig, MemorySink, PoolSpec, Usage};
 use crate::mock;
 
 /// What to run.
@@ -77,7 +77,7 @@ pub async fn run(cfg: &BenchConfig) -> Result<Vec<ModeSamples>, String> {
             .store(1, std::sync::atomic::Ordering::Relaxed);
     }
     let sink = Arc::new(MemorySink::default());
-    let gw = Gateway::new(sink.clone(), InferenceGatewayConfig::default());
+    let gw = InferenceGateway::new(sink.clone(), InferenceGatewayConfig::default());
     gw.upsert_pool(PoolSpec {
         name: "bench".into(),
         model: "bench-model".into(),
@@ -147,7 +147,7 @@ fn take(sink: &MemorySink) -> Vec<Usage> {
 }
 
 /// The gateway behind a minimal front: `X-Session-Id` and `X-Tenant` headers.
-async fn serve(gw: Gateway) -> std::io::Result<String> {
+async fn serve(gw: InferenceGateway) -> std::io::Result<String> {
     let front = |path: &'static str| {
         let g = gw.clone();
         post(move |h: HeaderMap, body: Bytes| {

@@ -11,18 +11,18 @@ use axum::body::Bytes;
 use axum::http::HeaderMap;
 use axum::routing::post;
 use serde_json::{Value, json};
-use tessera_gateway::http::{InferenceCaller, EndpointSpec, Gateway, InferenceGatewayConfig, MemorySink, PoolSpec};
+use tessera_gateway::http::{InferenceCaller, EndpointSpec, InferenceGateway, InferenceGatewayConfig, MemorySink, PoolSpec};
 use tessera_gateway::mock;
 
 struct Harness {
     url: String,
-    gw: Gateway,
+    gw: InferenceGateway,
     sink: Arc<MemorySink>,
 }
 
 async fn harness(engines: &[&mock::MockEngine], max_in_flight: u32, max_queue: usize) -> Harness {
     let sink = Arc::new(MemorySink::default());
-    let gw = Gateway::new(
+    let gw = InferenceGateway::new(
         sink.clone(),
         InferenceGatewayConfig {
             down_for: Duration::from_secs(60),
@@ -410,7 +410,7 @@ async fn engines_without_vllm_metrics_are_served_on_health_and_down_ones_say_why
     let gone_url = format!("http://{}", gone.local_addr().unwrap());
     drop(gone);
     let sink = Arc::new(MemorySink::default());
-    let gw = Gateway::new(sink, InferenceGatewayConfig::default());
+    let gw = InferenceGateway::new(sink, InferenceGatewayConfig::default());
     let urls = [
         vllm.url.clone(),
         plain.url.clone(),

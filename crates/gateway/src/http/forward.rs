@@ -14,7 +14,7 @@ use crate::route::{EndpointLoad, RouteRequest, text_blocks};
 
 use super::metrics::observe;
 use super::pool::{InFlight, Pool};
-use super::{InferenceCaller, Gateway, Refusal, Usage, now_ms, openai_error, too_many};
+use super::{InferenceCaller, InferenceGateway, Refusal, Usage, now_ms, openai_error, too_many};
 
 /// The block hashes the gateway's prefix index uses for a request body (chat
 /// messages or a completion prompt): what a KV-event adapter publishes.
@@ -69,7 +69,7 @@ struct Routed {
     pool_name: String,
 }
 
-impl Gateway {
+impl InferenceGateway {
     /// `POST /v1/chat/completions` (`path` = `/v1/chat/completions`) and
     /// `POST /v1/completions`. The steps: `accept`, `admit` (see `queue`), then
     /// `send_with_retries` (`route`, `send`, and `reply_whole` or a `Relay`).
@@ -379,7 +379,7 @@ fn parse_request(body: &Bytes) -> Result<Value, String> {
 /// come; usage is metered from the usage chunk; an engine that dies
 /// mid-stream ends the stream with an error event and leaves rotation.
 struct Relay {
-    gw: Gateway,
+    gw: InferenceGateway,
     pool: Arc<Pool>,
     who: InferenceCaller,
     slot: usize,

@@ -107,7 +107,7 @@ pub fn parse_vllm_metrics(text: &str) -> (Option<u32>, Option<u32>, Option<f64>)
     (w, r, kv)
 }
 
-impl Gateway {
+impl InferenceGateway {
     /// The pools' gauges in Prometheus text format (appended to the server's
     /// `/metrics`): the scaling signal, queue, in-flight requests, engines in
     /// rotation, and per engine its load and KV-cache use.

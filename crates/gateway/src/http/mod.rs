@@ -116,7 +116,7 @@ impl UsageSink for MemorySink {
     }
 }
 
-/// Gateway settings.
+/// The inference gateway's settings.
 #[derive(Debug, Clone)]
 pub struct InferenceGatewayConfig {
     /// How often engines' `/metrics` are read.
@@ -142,7 +142,7 @@ impl Default for InferenceGatewayConfig {
 
 /// The gateway: pools, the engine client and the usage sink. Cheap to clone.
 #[derive(Clone)]
-pub struct Gateway {
+pub struct InferenceGateway {
     pools: Arc<RwLock<BTreeMap<String, Arc<Pool>>>>,
     sink: Arc<dyn UsageSink>,
     client: reqwest::Client,
@@ -154,13 +154,13 @@ pub struct Gateway {
     boot: u64,
 }
 
-impl std::fmt::Debug for Gateway {
+impl std::fmt::Debug for InferenceGateway {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("InferenceGateway").finish_non_exhaustive()
     }
 }
 
-impl Gateway {
+impl InferenceGateway {
     pub fn new(sink: Arc<dyn UsageSink>, cfg: InferenceGatewayConfig) -> Self {
         let client = reqwest::Client::builder()
             .connect_timeout(cfg.engine_timeout)
@@ -168,7 +168,7 @@ impl Gateway {
             .tcp_nodelay(true)
             .build()
             .unwrap_or_default();
-        Gateway {
+        InferenceGateway {
             pools: Arc::default(),
             sink,
             client,

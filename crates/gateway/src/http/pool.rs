@@ -352,7 +352,7 @@ impl Drop for InFlight {
     }
 }
 
-impl Gateway {
+impl InferenceGateway {
     /// Registers a pool, or updates one in place (endpoints keep their state).
     pub fn upsert_pool(&self, spec: PoolSpec) -> Result<bool, String> {
         spec.validate()?;

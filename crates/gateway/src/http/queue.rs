@@ -10,7 +10,7 @@ use axum::response::Response;
 use tokio::sync::oneshot;
 
 use super::pool::Pool;
-use super::{InferenceCaller, Gateway, openai_error, too_many};
+use super::{InferenceCaller, InferenceGateway, openai_error, too_many};
 
 #[derive(Debug)]
 pub(super) struct Ticket {
@@ -86,7 +86,7 @@ impl FairQueue {
     }
 }
 
-impl Gateway {
+impl InferenceGateway {
     /// Admission: the request is granted room in `pool` now (when nobody waits
     /// and there is room), or waits in the fair queue for a grant, up to the
     /// pool's queue timeout. 503 when the pool has no healthy endpoint; 429 when

@@ -27,7 +27,7 @@ pub mod testing;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -218,7 +218,6 @@ impl Default for ToolGatewayConfig {
     }
 }
 
-/// Milliseconds since the Unix epoch.
 /// The OpenTelemetry GenAI `execute_tool` span of one ended call.
 fn tool_span(
     tool: &str,
@@ -376,7 +375,11 @@ impl<S: Store> ToolGateway<S> {
     }
 
     /// A gateway whose built-in tools reach sessions' sandboxes through `sandboxes`.
-    pub fn with(store: S, cfg: ToolGatewayConfig, sandboxes: Option<Arc<dyn SandboxAccess>>) -> Self {
+    pub fn with(
+        store: S,
+        cfg: ToolGatewayConfig,
+        sandboxes: Option<Arc<dyn SandboxAccess>>,
+    ) -> Self {
         ToolGateway {
             inner: Arc::new(Inner {
                 store,
@@ -650,7 +653,10 @@ impl<S: Store> ToolGateway<S> {
     /// tool of its tenant one of whose grants admits the key's role, whatever runtime
     /// the grant names, sorted by name. Calling one still needs a session it is
     /// granted to. Session keys get [`ToolGateway::granted_tools`] instead.
-    pub async fn browsable_tools(&self, caller: &ToolCaller) -> Result<Vec<CompiledTool>, CallError> {
+    pub async fn browsable_tools(
+        &self,
+        caller: &ToolCaller,
+    ) -> Result<Vec<CompiledTool>, CallError> {
         self.tools_where(&caller.tenant, |g| {
             g.grants.iter().any(|one| {
                 let mut any_runtime = one.clone();

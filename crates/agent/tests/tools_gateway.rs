@@ -8,8 +8,8 @@ use proptest::prelude::*;
 use serde_json::{Value, json};
 use tessera_agent::tools::testing::{CountingConfig, CountingService};
 use tessera_agent::tools::{
-    CallError, CallRequest, ToolCaller, Completion, Decision, Fault, ToolGateway, ToolGatewayConfig, Grant,
-    Resolution, ResolvedAs, State, Status, ToolSpec,
+    CallError, CallRequest, Completion, Decision, Fault, Grant, Resolution, ResolvedAs, State,
+    Status, ToolCaller, ToolGateway, ToolGatewayConfig, ToolSpec,
 };
 use tessera_store::{Key, SqliteStore, Store};
 

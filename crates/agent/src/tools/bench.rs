@@ -11,7 +11,9 @@ use serde_json::json;
 use tessera_store::{Key, SqliteStore, Store};
 
 use super::testing::{CountingConfig, CountingService};
-use super::{CallRequest, ToolCaller, Completion, ToolGateway, ToolGatewayConfig, Grant, Status, ToolSpec};
+use super::{
+    CallRequest, Completion, Grant, Status, ToolCaller, ToolGateway, ToolGatewayConfig, ToolSpec,
+};
 
 /// What to run.
 #[derive(Debug, Clone)]

@@ -19,7 +19,10 @@ use axum::routing::post;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::http::{InferenceCaller, EndpointSpec, InferenceGateway, InferenceGatewayConfig, MemorySink, PoolSpec, Usage};
+use crate::http::{
+    EndpointSpec, InferenceCaller, InferenceGateway, InferenceGatewayConfig, MemorySink, PoolSpec,
+    Usage,
+};
 use crate::mock;
 
 /// What to run.

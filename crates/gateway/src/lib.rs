@@ -13,6 +13,9 @@ pub mod http;
 pub mod route;
 
 #[cfg(feature = "http")]
-pub use http::{InferenceCaller, InferenceGateway, InferenceGatewayConfig, PoolSpec, PoolStatus, Refusal, Usage, UsageSink};
+pub use http::{
+    InferenceCaller, InferenceGateway, InferenceGatewayConfig, PoolSpec, PoolStatus, Refusal,
+    Usage, UsageSink,
+};
 #[cfg(feature = "http")]
 pub mod mock;

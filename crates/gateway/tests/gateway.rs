@@ -11,7 +11,9 @@ use axum::body::Bytes;
 use axum::http::HeaderMap;
 use axum::routing::post;
 use serde_json::{Value, json};
-use tessera_gateway::http::{InferenceCaller, EndpointSpec, InferenceGateway, InferenceGatewayConfig, MemorySink, PoolSpec};
+use tessera_gateway::http::{
+    EndpointSpec, InferenceCaller, InferenceGateway, InferenceGatewayConfig, MemorySink, PoolSpec,
+};
 use tessera_gateway::mock;
 
 struct Harness {

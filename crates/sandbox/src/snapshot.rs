@@ -12,8 +12,8 @@
 //! left (`DIR` missing, `DIR.old-*` present: the old one is put back) and removes
 //! unfinished `DIR.tmp-*` folders.
 
-use crate::now_ms;
 use crate::error::LifecycleError;
+use crate::now_ms;
 use crate::spec::SandboxSpec;
 use crate::tier::{Isolated, TierKind};
 use serde::{Deserialize, Serialize};

@@ -34,7 +34,7 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{RoleServer, ServerHandler};
 use serde_json::{Value, json};
-use tessera_agent::tools::{self as gw, CallError, CallRequest, ToolGateway, Status};
+use tessera_agent::tools::{self as gw, CallError, CallRequest, Status, ToolGateway};
 use tessera_store::AnyStore;
 
 use crate::api::App;

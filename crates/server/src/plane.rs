@@ -2,8 +2,6 @@
 //! jobs, events and audit, over a [`Store`]. HTTP handlers call these methods and
 //! only translate; everything here is independent of HTTP.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 use tessera_model::{Node, Queue};

@@ -15,8 +15,8 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tessera_agent::tools::{
-    self as gw, AdminError, CallError, CallRequest, Decision, ToolGateway, ToolGatewayConfig, Grant,
-    Resolution, ToolSpec,
+    self as gw, AdminError, CallError, CallRequest, Decision, Grant, Resolution, ToolGateway,
+    ToolGatewayConfig, ToolSpec,
 };
 use tessera_store::{AnyStore, Key, Object, Store};
 use tokio::sync::watch;

@@ -323,7 +323,7 @@ impl Verifier {
                     _ = tokio::time::sleep(every) => {}
                 }
                 if let Err(e) = me.refresh().await {
-                    eprintln!("tessera: OIDC: {e}; the keys held are kept");
+                    tracing::warn!("OIDC: {e}; the keys held are kept");
                 }
             }
         }))
@@ -357,7 +357,7 @@ impl Verifier {
         *last = Instant::now();
         match r.fetch().await {
             Ok(keys) => *self.keys.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(keys),
-            Err(e) => eprintln!("tessera: OIDC: {e}; the keys held are kept"),
+            Err(e) => tracing::warn!("OIDC: {e}; the keys held are kept"),
         }
     }
 

@@ -107,7 +107,7 @@ pub fn run(a: Args) -> i32 {
 }
 
 fn bench(a: &Args) -> Result<Report, String> {
-    let rt = crate::cmd::sandbox::runtime(false)?;
+    let rt = crate::cmd::sandbox::sandbox_runtime(false)?;
     let init = crate::cmd::sandbox::init_program()
         .map(|p| {
             format!("{} {}", p.path.display(), p.args.join(" "))

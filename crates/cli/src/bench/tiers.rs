@@ -279,7 +279,7 @@ fn bare_boot(bin: &Path, vmlinuz: &Path, accel: Accel) -> Result<f64, String> {
 pub fn bench(kernel: &Path, n: usize) -> Result<TierReport, String> {
     let scratch = tempfile_dir()?;
     let t = Instant::now();
-    let rt = crate::cmd::sandbox::runtime(true)?;
+    let rt = crate::cmd::sandbox::sandbox_runtime(true)?;
     let ns: Arc<dyn Tier> = Arc::new(NamespaceTier::new(rt));
     let ns_start = ms(t);
     eprintln!("namespace tier");

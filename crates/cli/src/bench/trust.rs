@@ -170,7 +170,7 @@ fn throughput(mib: usize, root: bool, notes: &mut Vec<String>) -> Result<Vec<Thr
         notes.push("delivery into a sandbox left out: needs root".into());
         return Ok(out);
     }
-    let rt = crate::cmd::sandbox::runtime(true)?;
+    let rt = crate::cmd::sandbox::sandbox_runtime(true)?;
     let spec = tessera_sandbox::SandboxSpec {
         sealed: vec!["/weights/bench".into()],
         limits: tessera_sandbox::Limits {

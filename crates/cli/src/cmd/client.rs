@@ -312,7 +312,7 @@ fn failure(status: reqwest::StatusCode, v: &Value) -> Failure {
     Failure(status_code, format!("{msg} ({} {code})", status.as_u16()))
 }
 
-pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
+pub(crate) fn tokio_runtime() -> Result<tokio::runtime::Runtime, Failure> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -775,7 +775,7 @@ async fn follow_logs(client: &Client, name: &str, only: Option<&str>) -> Result<
 pub fn queue(c: QueueCommand) -> i32 {
     finish((|| {
         let client = Client::from_env()?;
-        runtime()?.block_on(async move {
+        tokio_runtime()?.block_on(async move {
             match c {
                 QueueCommand::Create {
                     name,
@@ -822,7 +822,7 @@ pub fn queue(c: QueueCommand) -> i32 {
 pub fn job(c: JobCommand) -> i32 {
     finish((|| {
         let client = Client::from_env()?;
-        runtime()?.block_on(async move {
+        tokio_runtime()?.block_on(async move {
             match c {
                 JobCommand::Submit { file, out } => {
                     let (name, bytes) = if file.as_os_str() == "-" {
@@ -898,7 +898,7 @@ pub fn job(c: JobCommand) -> i32 {
 pub fn node(c: NodeCommand) -> i32 {
     finish((|| {
         let client = Client::from_env()?;
-        runtime()?.block_on(async move {
+        tokio_runtime()?.block_on(async move {
             match c {
                 NodeCommand::List { out } => {
                     let v = client.call(reqwest::Method::GET, "/v1/nodes", None).await?;
@@ -947,7 +947,7 @@ pub struct WatchArgs {
 pub fn watch(a: WatchArgs) -> i32 {
     finish((|| {
         let client = Client::from_env()?;
-        runtime()?.block_on(async move {
+        tokio_runtime()?.block_on(async move {
             let mut path = format!("/v1/watch?kind={}", a.kind);
             if let Some(after) = a.after {
                 path.push_str(&format!("&after={after}"));

@@ -6,7 +6,9 @@ use clap::Subcommand;
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use super::client::{Client, Failure, Out, cell, finish, items, json_body, runtime, show, table};
+use super::client::{
+    Client, Failure, Out, cell, finish, items, json_body, show, table, tokio_runtime,
+};
 
 #[derive(Debug, Subcommand)]
 pub enum TenantCommand {
@@ -187,7 +189,7 @@ fn tenant_table(v: &Value) -> String {
 fn run(f: impl AsyncFnOnce(Client) -> Result<i32, Failure>) -> i32 {
     finish((|| {
         let client = Client::from_env()?;
-        runtime()?.block_on(f(client))
+        tokio_runtime()?.block_on(f(client))
     })())
 }
 

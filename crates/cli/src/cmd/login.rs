@@ -5,7 +5,7 @@
 use clap::Args;
 use serde_json::Value;
 
-use super::client::{Client, Failure, finish, runtime};
+use super::client::{Client, Failure, finish, tokio_runtime};
 use super::config::{self, FileConfig, ProcessEnv};
 use crate::output::{EXIT_BAD_INPUT, EXIT_FAILURE};
 
@@ -55,7 +55,7 @@ pub fn login(a: LoginArgs) -> i32 {
         }
         let client = Client::new(&url, &key);
         let me: Value =
-            runtime()?.block_on(client.call(reqwest::Method::GET, "/v1/whoami", None))?;
+            tokio_runtime()?.block_on(client.call(reqwest::Method::GET, "/v1/whoami", None))?;
         config::write(
             &path,
             &FileConfig {

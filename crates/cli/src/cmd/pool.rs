@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
-use super::client::{Client, Failure, Out, cell, finish, items, runtime, show, table};
+use super::client::{Client, Failure, Out, cell, finish, items, show, table, tokio_runtime};
 use crate::output::EXIT_BAD_INPUT;
 
 #[derive(Debug, Args)]
@@ -216,7 +216,7 @@ pub fn run(c: PoolCommand) -> i32 {
     use reqwest::Method as M;
     finish((|| {
         let client = Client::from_env()?;
-        runtime()?.block_on(async move {
+        tokio_runtime()?.block_on(async move {
             match c {
                 PoolCommand::Create {
                     name,

@@ -8,7 +8,7 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use super::client::{
-    Client, Failure, Out, cell, escape, finish, items, json_body, runtime, show, table,
+    Client, Failure, Out, cell, escape, finish, items, json_body, show, table, tokio_runtime,
 };
 use crate::output::{EXIT_BAD_INPUT, EXIT_FAILURE};
 
@@ -188,7 +188,7 @@ fn path(id: &str, what: &str) -> String {
 pub fn remote(c: RemoteCommand) -> i32 {
     finish((|| {
         let client = Client::from_env()?;
-        runtime()?.block_on(run(client, c))
+        tokio_runtime()?.block_on(run(client, c))
     })())
 }
 

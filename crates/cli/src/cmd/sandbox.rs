@@ -368,7 +368,7 @@ pub fn embedded_init_len() -> usize {
     EMBEDDED_INIT.len()
 }
 
-pub fn runtime(guard: bool) -> Result<Arc<Runtime>, String> {
+pub fn sandbox_runtime(guard: bool) -> Result<Arc<Runtime>, String> {
     Runtime::new(RuntimeConfig {
         init: init_program(),
         cgroups: true,
@@ -477,7 +477,7 @@ fn run_one(a: RunArgs) -> i32 {
         Ok(t) => t,
         Err(e) => return fail(EXIT_BAD_INPUT, e),
     };
-    let rt = match runtime(!a.no_guard) {
+    let rt = match sandbox_runtime(!a.no_guard) {
         Ok(r) => r,
         Err(e) => return fail(EXIT_FAILURE, e),
     };
@@ -782,7 +782,7 @@ mod long {
             Ok(s) => s,
             Err(e) => return fail(EXIT_BAD_INPUT, e),
         };
-        let rt = match runtime(!a.no_guard) {
+        let rt = match sandbox_runtime(!a.no_guard) {
             Ok(r) => r,
             Err(e) => return fail(EXIT_FAILURE, e),
         };

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use clap::{Subcommand, ValueEnum};
 use serde_json::{Value, json};
 
-use super::client::{Client, Failure, Out, finish, runtime, show};
+use super::client::{Client, Failure, Out, finish, show, tokio_runtime};
 use crate::output::EXIT_BAD_INPUT;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -432,5 +432,5 @@ async fn run_async(c: ToolCommand) -> Result<(), Failure> {
 }
 
 pub fn run(c: ToolCommand) -> i32 {
-    finish(runtime().and_then(|rt| rt.block_on(run_async(c)).map(|()| 0)))
+    finish(tokio_runtime().and_then(|rt| rt.block_on(run_async(c)).map(|()| 0)))
 }

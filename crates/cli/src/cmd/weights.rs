@@ -4,7 +4,9 @@
 use clap::Subcommand;
 use serde_json::{Value, json};
 
-use super::client::{Client, Failure, Out, cell, escape, finish, items, runtime, show, table};
+use super::client::{
+    Client, Failure, Out, cell, escape, finish, items, show, table, tokio_runtime,
+};
 use crate::output::EXIT_BAD_INPUT;
 
 #[derive(Debug, Subcommand)]
@@ -98,7 +100,7 @@ fn human(b: u64) -> String {
 pub fn run(c: WeightsCommand) -> i32 {
     finish((|| {
         let client = Client::from_env()?;
-        runtime()?.block_on(async move {
+        tokio_runtime()?.block_on(async move {
             match c {
                 WeightsCommand::Put {
                     name,

@@ -24,14 +24,15 @@ pub async fn log(mut req: Request, next: Next) -> Response {
         .filter(|v| sane(v))
         .map(str::to_string)
         .unwrap_or_else(|| crate::auth::random_hex(8));
-    if let Ok(v) = HeaderValue::from_str(&id) {
-        req.headers_mut().insert(REQUEST_ID, v);
+    let header = HeaderValue::from_str(&id).ok();
+    if let Some(v) = &header {
+        req.headers_mut().insert(REQUEST_ID, v.clone());
     }
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let span = tracing::info_span!("request", request_id = %id);
     let mut r = next.run(req).instrument(span).await;
-    if let Ok(v) = HeaderValue::from_str(&id) {
+    if let Some(v) = header {
         r.headers_mut().insert(REQUEST_ID, v);
     }
     tracing::info!(

@@ -445,6 +445,20 @@ impl ClusterState {
 
     /// The queue tree of `tenant` (deserved shares divided among all tenants' queues).
     pub async fn queues(&self, tenant: &str) -> Result<Vec<view::QueueRow>, ApiError> {
+        Ok(self
+            .queues_of(|t| t == tenant)
+            .await?
+            .into_iter()
+            .map(|(_, row)| row)
+            .collect())
+    }
+
+    /// The queue trees of every tenant `keep` admits, with their tenants, the shares
+    /// divided once ([`view::queue_rows`]).
+    async fn queues_of(
+        &self,
+        keep: impl Fn(&str) -> bool,
+    ) -> Result<Vec<(String, view::QueueRow)>, ApiError> {
         self.ensure().await?;
         let v = self.inner.view.read().map_err(poisoned)?;
         let mut total = Resources::default();
@@ -460,7 +474,10 @@ impl ClusterState {
             .jobs
             .iter()
             .map(|((t, n), (_, j))| (t.as_str(), n.as_str(), j));
-        Ok(view::queue_tree(&queues, jobs, &total, tenant))
+        Ok(view::queue_rows(&queues, jobs, &total, keep)
+            .into_iter()
+            .map(|(t, row)| (t.to_string(), row))
+            .collect())
     }
 
     /// The queues, jobs by phase and GPUs held of the tenants `scope` sees, for
@@ -471,7 +488,7 @@ impl ClusterState {
         facts: &mut crate::metrics::tenants::Facts,
     ) -> Result<(), ApiError> {
         use crate::metrics::tenants::{Amounts, QueueFacts};
-        let tenants: BTreeSet<String> = {
+        {
             self.ensure().await?;
             let v = self.inner.view.read().map_err(poisoned)?;
             for ((t, _), (_, j)) in v.jobs.iter().filter(|((t, _), _)| scope.sees(t)) {
@@ -496,27 +513,20 @@ impl ClusterState {
                     }
                 }
             }
-            v.queues
-                .keys()
-                .filter(|(t, _)| scope.sees(t))
-                .map(|(t, _)| t.clone())
-                .collect()
-        };
+        }
         let amounts = |s: &view::Shown| Amounts {
             cpu: s.cpu_milli as f64 / 1000.0,
             memory_bytes: s.memory as f64,
             gpu: s.gpu_milli as f64 / 1000.0,
         };
-        for t in tenants {
-            for row in self.queues(&t).await? {
-                facts.queues.push(QueueFacts {
-                    tenant: t.clone(),
-                    queue: row.name,
-                    deserved: amounts(&row.deserved),
-                    allocated: amounts(&row.allocated),
-                    pending: amounts(&row.pending),
-                });
-            }
+        for (tenant, row) in self.queues_of(|t| scope.sees(t)).await? {
+            facts.queues.push(QueueFacts {
+                tenant,
+                queue: row.name,
+                deserved: amounts(&row.deserved),
+                allocated: amounts(&row.allocated),
+                pending: amounts(&row.pending),
+            });
         }
         Ok(())
     }

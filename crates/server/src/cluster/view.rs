@@ -700,6 +700,20 @@ pub fn queue_tree<'a>(
     total: &Resources,
     tenant: &str,
 ) -> Vec<QueueRow> {
+    queue_rows(queues, jobs, total, |t| t == tenant)
+        .into_iter()
+        .map(|(_, row)| row)
+        .collect()
+}
+
+/// The queue trees of every tenant `keep` admits, in one pass (the shares are
+/// divided once for all), each row with its tenant; see [`queue_tree`].
+pub fn queue_rows<'a>(
+    queues: &[(&'a str, &'a Queue)],
+    jobs: impl IntoIterator<Item = JobRef<'a>>,
+    total: &Resources,
+    keep: impl Fn(&str) -> bool,
+) -> Vec<(&'a str, QueueRow)> {
     // Index queues by (tenant, name).
     let key = |t: &str, n: &str| format!("{t}/{n}");
     let mut idx: BTreeMap<String, usize> = BTreeMap::new();
@@ -730,7 +744,7 @@ pub fn queue_tree<'a>(
             own_alloc_jobs[qi] += 1;
         } else {
             own_pend_jobs[qi] += 1;
-            if queues[qi].0 == tenant {
+            if keep(queues[qi].0) {
                 waiting[qi].push(PendingJob {
                     name: name.to_string(),
                     priority: j.spec.priority,
@@ -828,9 +842,9 @@ pub fn queue_tree<'a>(
     }
     order
         .into_iter()
-        .filter(|&(q, _)| queues[q].0 == tenant)
+        .filter(|&(q, _)| keep(queues[q].0))
         .map(|(q, depth)| {
-            let (_, queue) = queues[q];
+            let (tenant, queue) = queues[q];
             let mut w = std::mem::take(&mut waiting[q]);
             w.sort_by(|a, b| {
                 b.priority
@@ -839,7 +853,7 @@ pub fn queue_tree<'a>(
                     .then(a.name.cmp(&b.name))
             });
             w.truncate(PENDING_SHOWN);
-            QueueRow {
+            let row = QueueRow {
                 name: queue.name.clone(),
                 parent: queue.parent.clone(),
                 depth,
@@ -853,7 +867,8 @@ pub fn queue_tree<'a>(
                 running_jobs: running_jobs[q],
                 pending_jobs: pending_jobs[q],
                 waiting: w,
-            }
+            };
+            (tenant, row)
         })
         .collect()
 }
